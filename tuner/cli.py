@@ -1,0 +1,61 @@
+"""The `tune` command line: parses options and calls entry-point functions, nothing more.
+
+Sub-commands live beside the code they drive (`tuner.workload.cli`, `tuner.sim.cli`, ...) and are only
+registered here. `UserError` anywhere below becomes one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from tuner.errors import UserError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Find the vllm serve configuration that serves the most traffic inside an SLO.")
+
+
+def _register() -> None:
+    import importlib
+
+    for module, name in [
+        ("tuner.workload.cli", "workload"),
+        ("tuner.sim.cli", "sim"),
+        ("tuner.search.cli", None),
+        ("tuner.report.cli", None),
+    ]:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:  # a sub-command not built yet
+            if e.name == module:
+                continue
+            raise
+        mod.register(app) if name is None else app.add_typer(mod.app, name=name)
+
+
+_register()
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=False)
+    except UserError as e:
+        print(f"error: {e.format()}", file=sys.stderr)
+        sys.exit(2)
+    except (typer.Abort, KeyboardInterrupt):
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as e:  # click usage errors carry their own exit code
+        import click
+
+        if isinstance(e, click.exceptions.ClickException):
+            e.show()
+            sys.exit(e.exit_code if e.exit_code else 2)
+        if isinstance(e, click.exceptions.Exit):
+            sys.exit(e.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

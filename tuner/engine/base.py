@@ -1,0 +1,81 @@
+"""The tiny interface between the tuner and whatever serves the model.
+
+Like httpx's transports: the tuner only calls `Engine.launch(knobs)` and `Server.run_load(...)`; the
+in-process simulator (virtual time), the HTTP simulator (a subprocess) and real `vllm serve` differ only
+behind this line. A launch that fails raises `LaunchFailure` with a classified `kind`, so the search can
+learn from it (a utilisation that OOMs rules out higher ones) instead of just seeing "failed".
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import ClassVar, Literal, Sequence
+
+from pydantic import BaseModel
+
+from tuner.knobs import Knobs
+from tuner.replay.record import LoadRun
+from tuner.workload.model import WorkloadRequest
+
+LaunchFailureKind = Literal[
+    "oom",                 # torch.OutOfMemoryError / weights do not fit
+    "no_cache_blocks",     # "No available memory for the cache blocks"
+    "max_model_len",       # KV too small for one max_model_len sequence
+    "memory_utilization",  # "Free memory on device ... less than desired GPU memory utilization"
+    "bad_flag",            # argparse invalid choice / invalid value / unsupported combination
+    "unsupported",         # the hardware or build lacks a kernel (e.g. fp8 on CPU)
+    "timeout",             # never became healthy in time
+    "crash",               # exited for another reason
+]
+
+
+class LaunchFailure(Exception):
+    def __init__(self, kind: LaunchFailureKind, message: str, log_tail: str = ""):
+        self.kind = kind
+        self.message = message
+        self.log_tail = log_tail
+        super().__init__(f"{kind}: {message}")
+
+
+class LaunchInfo(BaseModel):
+    """What a healthy launch told us about itself (parsed from its log, or known to the simulator)."""
+
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    startup_s: float = 0.0
+    log_path: str | None = None
+    base_url: str | None = None
+
+
+class Server(abc.ABC):
+    """One launched configuration. Use as a context manager so it is always stopped."""
+
+    info: LaunchInfo
+
+    @abc.abstractmethod
+    def run_load(self, requests: Sequence[WorkloadRequest], send_times: Sequence[float], *,
+                 offered_rate: float, request_timeout_s: float = 120.0,
+                 warmup_s: float = 0.0, cooldown_s: float = 0.0) -> LoadRun:
+        """Send `requests[i]` at `send_times[i]` seconds (open loop) and measure every one."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Stop the server and release everything it held (process group, port, GPU memory)."""
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class Engine(abc.ABC):
+    """A way to launch servers. One instance per study; `launch` once per trial."""
+
+    name: ClassVar[str]
+    #: True when load runs take virtual time (the in-process simulator): the tuner may run many.
+    virtual_time: ClassVar[bool] = False
+
+    @abc.abstractmethod
+    def launch(self, knobs: Knobs) -> Server:
+        """Start a server with these knobs and wait until it is healthy, or raise `LaunchFailure`."""

@@ -1,0 +1,43 @@
+"""Engine-side measurements of one load run, in vLLM's own terms.
+
+Filled either by scraping `/metrics` (real vLLM, HTTP simulator, Prometheus) or directly by the
+in-process simulator, so the diagnosis reads one shape whatever the engine. Counter values are deltas
+over the measured window (vLLM counters are cumulative since launch).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+# Canonical counter keys (vLLM V1 names without the `vllm:` prefix and `_total` suffix).
+PREEMPTIONS = "num_preemptions"
+PREFIX_QUERIES = "prefix_cache_queries"
+PREFIX_HITS = "prefix_cache_hits"
+PROMPT_TOKENS = "prompt_tokens"
+GENERATION_TOKENS = "generation_tokens"
+REQUEST_SUCCESS = "request_success"
+
+
+class GaugeSample(BaseModel):
+    t: float
+    running: float
+    waiting: float
+    kv_usage: float
+
+
+class HistogramDelta(BaseModel):
+    """Cumulative bucket counts (le -> count) of the window, plus sum and count."""
+
+    buckets: dict[float, float] = Field(default_factory=dict)
+    sum: float = 0.0
+    count: float = 0.0
+
+
+class MetricsWindow(BaseModel):
+    samples: list[GaugeSample] = Field(default_factory=list)
+    counters: dict[str, float] = Field(default_factory=dict)
+    histograms: dict[str, HistogramDelta] = Field(default_factory=dict)
+    cache_config: dict[str, str] = Field(default_factory=dict)
+
+    def counter(self, key: str) -> float:
+        return self.counters.get(key, 0.0)

@@ -1,0 +1,69 @@
+"""What one load run measured, request by request, on the client's clock.
+
+Both the HTTP replay client and the in-process simulator produce these, so scoring, diagnosis and reports
+never know which engine measured them. Times are seconds relative to the start of the load run.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from tuner.metrics.window import MetricsWindow
+
+
+class RequestRecord(BaseModel):
+    index: int
+    scheduled_s: float
+    sent_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    token_times: list[float] | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int = 0
+    expected_output_tokens: int = 0
+    error: str | None = None
+    in_window: bool = True
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.finish_s is not None
+
+    @property
+    def ttft(self) -> float | None:
+        if self.first_token_s is None or self.sent_s is None:
+            return None
+        return self.first_token_s - self.sent_s
+
+    @property
+    def e2el(self) -> float | None:
+        if self.finish_s is None or self.sent_s is None:
+            return None
+        return self.finish_s - self.sent_s
+
+    @property
+    def tpot(self) -> float | None:
+        """(E2EL - TTFT) / (output_tokens - 1), 0 for one-token outputs (vLLM bench serve's definition)."""
+        if self.ttft is None or self.e2el is None:
+            return None
+        if self.output_tokens <= 1:
+            return 0.0
+        return (self.e2el - self.ttft) / (self.output_tokens - 1)
+
+    @property
+    def itls(self) -> list[float]:
+        t = self.token_times or []
+        return [b - a for a, b in zip(t, t[1:])]
+
+
+class LoadRun(BaseModel):
+    """One open-loop load run at one offered rate against one launched configuration."""
+
+    offered_rate: float
+    duration_s: float
+    window_start_s: float = 0.0
+    window_end_s: float = 0.0
+    records: list[RequestRecord]
+    metrics: MetricsWindow | None = None
+    warnings: list[str] = Field(default_factory=list)
+    engine: str = ""
+    time_scale: float = 1.0
