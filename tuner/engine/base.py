@@ -9,33 +9,14 @@ learn from it (a utilisation that OOMs rules out higher ones) instead of just se
 from __future__ import annotations
 
 import abc
-from typing import ClassVar, Literal, Sequence
+from typing import ClassVar, Sequence
 
 from pydantic import BaseModel
 
+from tuner.failures import LaunchFailure, LaunchFailureKind  # noqa: F401  (re-exported)
 from tuner.knobs import Knobs
 from tuner.replay.record import LoadRun
 from tuner.workload.model import WorkloadRequest
-
-LaunchFailureKind = Literal[
-    "oom",                 # torch.OutOfMemoryError / weights do not fit
-    "no_cache_blocks",     # "No available memory for the cache blocks"
-    "max_model_len",       # KV too small for one max_model_len sequence
-    "memory_utilization",  # "Free memory on device ... less than desired GPU memory utilization"
-    "bad_flag",            # argparse invalid choice / invalid value / unsupported combination
-    "unsupported",         # the hardware or build lacks a kernel (e.g. fp8 on CPU)
-    "timeout",             # never became healthy in time
-    "crash",               # exited for another reason
-]
-
-
-class LaunchFailure(Exception):
-    def __init__(self, kind: LaunchFailureKind, message: str, log_tail: str = ""):
-        self.kind = kind
-        self.message = message
-        self.log_tail = log_tail
-        super().__init__(f"{kind}: {message}")
-
 
 class LaunchInfo(BaseModel):
     """What a healthy launch told us about itself (parsed from its log, or known to the simulator)."""

@@ -1,0 +1,170 @@
+"""Resolve `vllm serve` knobs against a GPU and model the way vLLM does at start-up, or fail like it.
+
+vLLM's defaults for unset knobs, its memory profiling (weights, activation peak, non-torch memory, then
+the KV pool from what `gpu_memory_utilization` leaves), and its start-up errors with their messages
+(REFERENCE.md section 3). A configuration that would not launch on the GPU does not launch here either,
+with the same message, so the tuner's failure classifier learns the same lessons on both.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel
+
+from tuner.failures import LaunchFailure
+from tuner.knobs import KV_CACHE_DTYPES, Knobs
+from tuner.profiles.gpus import GIB, GPUProfile
+from tuner.profiles.models import ModelProfile, quant_family
+
+VLLM_VERSION = "0.32"
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py in 0.32 (0.9 in older versions)
+BLOCK_SIZE = 16
+# Memory outside vLLM's control: the CUDA context, and what the driver holds, before vLLM starts.
+DEFAULT_OTHER_USED_GIB = 0.45
+# Non-torch memory (NCCL buffers, cuBLAS workspaces) plus CUDA graph pools: vLLM subtracts it from the
+# KV budget after profiling.
+NON_TORCH_GIB = 0.6
+QUANT_CHOICES = ("awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "compressed-tensors")
+
+
+def vllm_batch_defaults(gpu: GPUProfile) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) for `vllm serve` (EngineArgs.get_batch_defaults, 0.32)."""
+    if gpu.memory_gib >= 160:
+        return 1024, 16384
+    if gpu.memory_gib >= 70 and not gpu.is_a100:
+        return 1024, 8192
+    return 256, 2048
+
+
+class ResolvedConfig(BaseModel):
+    """What the engine actually runs with after defaults and memory profiling."""
+
+    gpu: GPUProfile
+    model: ModelProfile
+    knobs: Knobs
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    gpu_memory_utilization: float
+    kv_cache_dtype: str
+    enable_prefix_caching: bool
+    max_model_len: int
+    quantization: str | None
+    block_size: int = BLOCK_SIZE
+    weight_bytes: float
+    activation_bytes: float
+    kv_cache_bytes: float
+    num_gpu_blocks: int
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.model.kv_bytes_per_token(self.kv_cache_dtype)
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        return self.num_gpu_blocks * self.block_size
+
+    @property
+    def max_concurrency(self) -> float:
+        return self.kv_cache_tokens / self.max_model_len
+
+    def launch_log(self) -> str:
+        """The lines of vLLM's start-up log that the launchers parse, with vLLM's wording."""
+        return "\n".join([
+            f"INFO [gpu_worker.py] Available KV cache memory: {self.kv_cache_bytes / GIB:.2f} GiB",
+            f"INFO [kv_cache_utils.py] GPU KV cache size: {self.kv_cache_tokens:,} tokens",
+            f"INFO [kv_cache_utils.py] Maximum concurrency for {self.max_model_len:,} tokens per "
+            f"request: {self.max_concurrency:.2f}x",
+        ])
+
+
+def _bad_choice(flag: str, value: str, choices) -> LaunchFailure:
+    msg = (f"vllm serve: error: argument --{flag}: invalid choice: '{value}' "
+           f"(choose from {', '.join(choices)})")
+    return LaunchFailure("bad_flag", msg)
+
+
+def activation_bytes(model: ModelProfile, max_num_batched_tokens: int, max_num_seqs: int) -> float:
+    """Peak activation memory of vLLM's profiling run: a forward pass over `max_num_batched_tokens`
+    tokens (hidden states, QKV, the gated MLP's two intermediate tensors) plus the sampler's dummy run
+    over `max_num_seqs` rows of fp32 logits."""
+    per_token = (2 * model.hidden_size + model.q_dim + 2 * model.kv_heads * model.hd
+                 + 2 * model.intermediate_size) * 2
+    return 1.5 * max_num_batched_tokens * per_token + max_num_seqs * model.vocab_size * 4
+
+
+def resolve(gpu: GPUProfile, model: ModelProfile, knobs: Knobs, *,
+            other_used_gib: float = DEFAULT_OTHER_USED_GIB) -> ResolvedConfig:
+    """Apply vLLM's defaults and start-up checks; raise `LaunchFailure` exactly where vLLM fails."""
+    kv_dtype = knobs.kv_cache_dtype or "auto"
+    if kv_dtype not in KV_CACHE_DTYPES:
+        raise _bad_choice("kv-cache-dtype", kv_dtype, KV_CACHE_DTYPES)
+    quant = knobs.quantization
+    if quant is not None and quant not in QUANT_CHOICES:
+        raise _bad_choice("quantization", quant, QUANT_CHOICES)
+    fam = quant_family(quant) if quant else model.quantization
+    if quant and quant_family(quant) in ("awq", "gptq") and model.quantization != quant_family(quant):
+        raise LaunchFailure("bad_flag", f"ValueError: Cannot find the config file for {quant}")
+    if quant == "fp8" and model.quantization in ("awq", "gptq"):
+        raise LaunchFailure("bad_flag", f"ValueError: Quantization method specified in the model config "
+                            f"({model.quantization}) does not match the quantization method specified "
+                            f"in the `quantization` argument (fp8).")
+    if fam == "fp8" and gpu.compute_capability < 8.0:
+        raise LaunchFailure("unsupported", "ValueError: The quantization method fp8 is not supported for "
+                            f"the current GPU. Minimum capability: 80. Current capability: "
+                            f"{int(gpu.compute_capability * 10)}.")
+
+    d_seqs, d_tokens = vllm_batch_defaults(gpu)
+    max_num_seqs = knobs.max_num_seqs or d_seqs
+    max_model_len = knobs.max_model_len or model.max_position_embeddings
+    if max_model_len > model.max_position_embeddings:
+        raise LaunchFailure("bad_flag", f"ValueError: User-specified max_model_len ({max_model_len}) is "
+                            f"greater than the derived max_model_len (max_position_embeddings="
+                            f"{model.max_position_embeddings} or model_max_length=None in model's "
+                            f"config.json).")
+    mnbt = knobs.max_num_batched_tokens or d_tokens
+    if mnbt < max_num_seqs:
+        raise LaunchFailure("bad_flag", f"ValueError: max_num_batched_tokens ({mnbt}) must be greater "
+                            f"than or equal to max_num_seqs ({max_num_seqs}).")
+
+    util = knobs.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
+    total = gpu.memory_bytes
+    free = total - other_used_gib * GIB
+    requested = util * total
+    if requested > free:
+        raise LaunchFailure("memory_utilization", (
+            f"ValueError: Free memory on device ({free / GIB:.2f}/{total / GIB:.2f} GiB) on startup is "
+            f"less than desired GPU memory utilization ({util}, {requested / GIB:.2f} GiB). Decrease GPU "
+            f"memory utilization or reduce GPU memory used by other processes."))
+    weights = model.weight_bytes(fam)
+    if weights > free:
+        raise LaunchFailure("oom", (
+            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+            f"{(weights - free) / 2**20:.2f} MiB. GPU 0 has a total capacity of {total / GIB:.2f} GiB of "
+            f"which {max(free - weights, 0) / 2**20:.2f} MiB is free."))
+    act = activation_bytes(model, mnbt, max_num_seqs)
+    kv_bytes = requested - weights - act - NON_TORCH_GIB * GIB
+    bpt = model.kv_bytes_per_token(kv_dtype)
+    num_blocks = int(kv_bytes // (bpt * BLOCK_SIZE)) if kv_bytes > 0 else 0
+    if num_blocks <= 0:
+        raise LaunchFailure("no_cache_blocks", "ValueError: No available memory for the cache blocks. "
+                            "Try increasing `gpu_memory_utilization` when initializing the engine.")
+    if num_blocks * BLOCK_SIZE < max_model_len:
+        need = max_model_len * bpt / GIB
+        est = num_blocks * BLOCK_SIZE
+        raise LaunchFailure("max_model_len", (
+            f"ValueError: To serve at least one request with the models's max seq len ({max_model_len}), "
+            f"({need:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
+            f"({kv_bytes / GIB:.2f} GiB). Based on the available memory, the estimated maximum model "
+            f"length is {est}. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` "
+            f"when initializing the engine."))
+    return ResolvedConfig(
+        gpu=gpu, model=model, knobs=knobs, max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt,
+        gpu_memory_utilization=util, kv_cache_dtype=kv_dtype,
+        enable_prefix_caching=True if knobs.enable_prefix_caching is None else knobs.enable_prefix_caching,
+        max_model_len=max_model_len, quantization=fam, weight_bytes=weights, activation_bytes=act,
+        kv_cache_bytes=kv_bytes, num_gpu_blocks=num_blocks)
+
+
+def blocks_for(tokens: int, block_size: int = BLOCK_SIZE) -> int:
+    return math.ceil(tokens / block_size)
