@@ -1,0 +1,94 @@
+"""Sample vLLM's queue and KV gauges through a load run.
+
+Gauges say what the engine was bound by (batch cap: running pinned at max_num_seqs with a queue; KV: usage
+at 1.0 with preemptions), but only as a time series, so they are sampled every `interval_s` during the run.
+
+Two ways to run it, same samples: as an asyncio task inside the replay client's loop (`run`), where each
+sample parses only the three gauge families so it never holds the loop long enough to make a send late, or
+on a background thread (`start`/`stop`) for callers without an event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import httpx
+
+from tuner.metrics.parse import KV_USAGE, RUNNING, SAMPLED_GAUGES, WAITING, Snapshot, parse_metrics
+from tuner.metrics.window import GaugeSample
+
+
+class GaugeSampler:
+    """Collects `GaugeSample`s with `t` in seconds since `t0` (a `time.monotonic()` value), divided by
+    `time_scale` so samples share the clock of a time-scaled load run's records."""
+
+    def __init__(self, base_url: str, *, interval_s: float = 0.5, api_key: str | None = None,
+                 t0: float | None = None, time_scale: float = 1.0, timeout_s: float = 5.0):
+        self.url = base_url.rstrip("/") + "/metrics"
+        self.interval_s = interval_s
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.t0 = time.monotonic() if t0 is None else t0
+        self.time_scale = time_scale
+        self.timeout_s = timeout_s
+        self.samples: list[GaugeSample] = []
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _record(self, t: float, text: str) -> None:
+        snap: Snapshot = parse_metrics(text, only=SAMPLED_GAUGES, t=t)
+        self.samples.append(GaugeSample(
+            t=(t - self.t0) / self.time_scale, running=snap.gauge(RUNNING), waiting=snap.gauge(WAITING),
+            kv_usage=snap.gauge(KV_USAGE)))
+
+    def _next_tick(self, n: int) -> float:
+        # Ticks on a fixed grid so a slow scrape does not drift the series.
+        return self.t0 + n * self.interval_s
+
+    async def run(self, client: httpx.AsyncClient) -> None:
+        """Sample until cancelled (the caller cancels the task when the load run ends)."""
+        n = 0
+        while True:
+            t = time.monotonic()
+            try:
+                r = await client.get(self.url, headers=self.headers, timeout=self.timeout_s)
+                if r.status_code < 400:
+                    self._record(t, r.text)
+                else:
+                    self.errors += 1
+            except httpx.HTTPError:
+                self.errors += 1
+            n = max(n + 1, int((time.monotonic() - self.t0) / self.interval_s) + 1)
+            await asyncio.sleep(max(0.0, self._next_tick(n) - time.monotonic()))
+
+    def start(self) -> "GaugeSampler":
+        """Sample on a background thread until `stop()`."""
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._thread_main, name="gauge-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[GaugeSample]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.timeout_s + 1)
+            self._thread = None
+        return self.samples
+
+    def _thread_main(self) -> None:
+        n = 0
+        with httpx.Client(timeout=self.timeout_s) as client:
+            while not self._stop.is_set():
+                t = time.monotonic()
+                try:
+                    r = client.get(self.url, headers=self.headers)
+                    if r.status_code < 400:
+                        self._record(t, r.text)
+                    else:
+                        self.errors += 1
+                except httpx.HTTPError:
+                    self.errors += 1
+                n = max(n + 1, int((time.monotonic() - self.t0) / self.interval_s) + 1)
+                self._stop.wait(max(0.0, self._next_tick(n) - time.monotonic()))
