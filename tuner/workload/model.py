@@ -48,6 +48,9 @@ class Workload(BaseModel):
     name: str
     source_format: str
     requests: list[WorkloadRequest]
+    # Lines dropped by `load_workload(..., skip_invalid=True)`, each as its one-line `file:line: field: msg`
+    # error, so a caller can report how much of the file was not used instead of hiding it.
+    skipped: list[str] = Field(default_factory=list)
 
     @property
     def has_arrivals(self) -> bool:

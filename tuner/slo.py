@@ -1,0 +1,277 @@
+"""The latency SLO a configuration must meet, and the score of one load run against it.
+
+Scoring is per request (vLLM `--goodput`, DistServe): a request is *good* when every given threshold holds for
+it, and attainment is good / all requests sent in the window, failures included. That is stricter and more
+honest than checking each metric's percentile separately, which lets a run pass with different requests
+failing different metrics. The percentile of each threshold sets the default attainment target (p99 -> 0.99).
+
+ITL is checked per request on the request's *largest* inter-token gap: a p99 ITL promise is about stalls a
+user sees, and a request with one 2 s stall is not good even if its mean gap (TPOT) is fine. The aggregate
+ITL percentiles are over all gaps pooled, as `vllm bench serve` reports them.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tuner.errors import UserError
+from tuner.replay.record import LoadRun, RequestRecord
+from tuner.workload._validation import first_error
+
+METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")
+Z95 = 1.959963984540054
+
+
+class Threshold(BaseModel):
+    """`metric <= max_ms` at `percentile` (the percentile only sets the default attainment target)."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_ms: float = Field(gt=0, allow_inf_nan=False)
+    percentile: float = Field(default=99.0, gt=0, le=100)
+
+
+def _normalize(data: Any) -> tuple[Any, dict[str, str]]:
+    """Expand compact thresholds (`ttft_ms: 300`, `ttft: 300`) into `ttft: {max_ms: 300}`.
+
+    Returns the expanded mapping and, for error messages, which key the user actually wrote for each
+    expanded field, so an error names `ttft_ms`, not a field the user never typed.
+    """
+    if not isinstance(data, dict):
+        return data, {}
+    out, origin = dict(data), {}
+    for m in METRICS:
+        compact = f"{m}_ms"
+        if compact in out:
+            if m in out:
+                raise ValueError(f"give {m} or {compact}, not both")
+            out[m] = {"max_ms": out.pop(compact)}
+            origin[f"{m}.max_ms"] = origin[m] = compact
+        elif isinstance(out.get(m), (int, float)) and not isinstance(out.get(m), bool):
+            out[m] = {"max_ms": out[m]}
+            origin[f"{m}.max_ms"] = m
+    return out, origin
+
+
+class SLO(BaseModel):
+    """Thresholds plus what the capacity plan needs (peak rate, headroom, price)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = None
+    description: str | None = None
+    ttft: Threshold | None = None
+    tpot: Threshold | None = None
+    itl: Threshold | None = None
+    e2el: Threshold | None = None
+    # Fraction of requests that must be good. Default: the strictest threshold percentile / 100.
+    target: float | None = Field(default=None, gt=0, le=1)
+    peak_rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    headroom: float = Field(default=0.7, gt=0, le=1)
+    price_per_gpu_hour: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _compact(cls, data: Any) -> Any:
+        return _normalize(data)[0]
+
+    @model_validator(mode="after")
+    def _defaults(self) -> "SLO":
+        if not self.thresholds:
+            raise ValueError(f"no thresholds: give at least one of {', '.join(METRICS)}")
+        if self.target is None:
+            self.target = max(t.percentile for t in self.thresholds.values()) / 100.0
+        return self
+
+    @property
+    def thresholds(self) -> dict[str, Threshold]:
+        return {m: getattr(self, m) for m in METRICS if getattr(self, m) is not None}
+
+    def describe(self) -> str:
+        parts = [f"p{t.percentile:g} {m.upper()} <= {t.max_ms:g} ms" for m, t in self.thresholds.items()]
+        return f"{', '.join(parts)}; target {self.target:g}"
+
+
+def _yaml_line(root: yaml.Node | None, path: list[str]) -> int | None:
+    """Line of the deepest key of `path` found in the composed YAML, for `file:line` errors."""
+    line, node = None, root
+    for part in path:
+        if not isinstance(node, yaml.MappingNode):
+            break
+        for k, v in node.value:
+            if getattr(k, "value", None) == part:
+                line, node = k.start_mark.line + 1, v
+                break
+        else:
+            break
+    return line
+
+
+def load_slo(path: str | Path) -> SLO:
+    """Read an SLO YAML file; any mistake is a `UserError` naming the file, line and field."""
+    p = Path(path)
+    if not p.exists():
+        raise UserError("no such file", file=p)
+    if p.is_dir():
+        raise UserError("is a directory, not an SLO file", file=p)
+    try:
+        text = p.read_text(encoding="utf-8")
+        root = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except UnicodeDecodeError as e:
+        raise UserError(f"not UTF-8 text (byte {e.start})", file=p) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UserError(f"invalid YAML: {problem}", file=p, line=mark.line + 1 if mark else None) from None
+    if data is None:
+        raise UserError("empty SLO file", file=p)
+    if not isinstance(data, dict):
+        raise UserError(f"expected a mapping of thresholds, got {type(data).__name__}", file=p, line=1)
+    try:
+        _, origin = _normalize(data)
+    except ValueError as e:
+        raise UserError(str(e), file=p) from None
+    try:
+        return SLO.model_validate(data)
+    except ValidationError as e:
+        field, msg = first_error(e)
+        if field is not None:
+            line = _yaml_line(root, [origin.get(field, field.split(".")[0])] +
+                              ([] if field in origin else field.split(".")[1:]))
+            field = origin.get(field, field)
+        else:
+            line = None
+        if msg == "unknown field" and field and "." not in field:
+            msg += f" (known: {', '.join(SLO.model_fields)}, or <metric>_ms)"
+        raise UserError(msg, file=p, line=line, field=field) from None
+
+
+# --- scoring ----------------------------------------------------------------------------------------------
+
+
+class MetricStats(BaseModel):
+    """Distribution of one metric over finished requests, in milliseconds (None when nothing finished)."""
+
+    n: int
+    mean_ms: float | None = None
+    p50_ms: float | None = None
+    p90_ms: float | None = None
+    p99_ms: float | None = None
+
+
+class Score(BaseModel):
+    n: int
+    n_good: int
+    attainment: float
+    ci_low: float
+    ci_high: float
+    target: float
+    meets_target: bool
+    goodput: float | None  # good requests per second of the window
+    window_s: float | None
+    errors: int  # failed, timed out or unfinished: never good
+    violations: dict[str, int]  # finished requests that broke each threshold
+    binding: str | None  # the threshold broken most often: the one to tune for
+    metrics: dict[str, MetricStats]
+    percentile_values_ms: dict[str, float | None]  # each threshold's metric at its own percentile
+    warnings: list[str] = Field(default_factory=list)
+
+
+def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval for k successes of n: sane at 0 and at n (unlike the normal approximation),
+    which is exactly where a 0.99 attainment target lives."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _per_request_ms(r: RequestRecord, metric: str) -> tuple[float | None, bool]:
+    """(value in ms for the per-request check, whether ITL fell back to TPOT for lack of token times)."""
+    if metric == "itl":
+        if r.token_times is not None:
+            gaps = r.itls
+            return (max(gaps) * 1000.0 if gaps else 0.0), False
+        if r.output_tokens <= 1:
+            return 0.0, False
+        v = r.tpot
+        return (v * 1000.0 if v is not None else None), True
+    v = getattr(r, metric)
+    return (v * 1000.0 if v is not None else None), False
+
+
+def _default_window(records: list[RequestRecord]) -> float | None:
+    """Send span stretched by one mean gap (n requests occupy n gaps), so goodput = attainment x rate."""
+    if len(records) < 2:
+        return None
+    t = [r.scheduled_s for r in records]
+    span = max(t) - min(t)
+    return span * len(records) / (len(records) - 1) if span > 0 else None
+
+
+def score(records: Iterable[RequestRecord], slo: SLO, window: float | None = None) -> Score:
+    """Score the in-window records of one load run against `slo` (per-request check)."""
+    recs = [r for r in records if r.in_window]
+    if window is not None and (not math.isfinite(window) or window <= 0):
+        raise UserError(f"must be > 0 seconds, got {window}", field="window")
+    window_s = window if window is not None else _default_window(recs)
+    th = slo.thresholds
+    violations = {m: 0 for m in th}
+    n_good = errors = fallback = 0
+    for r in recs:
+        if not r.ok:
+            errors += 1
+            continue
+        good = True
+        for m, t in th.items():
+            v, fb = _per_request_ms(r, m)
+            fallback += fb
+            if v is None or v > t.max_ms:
+                violations[m] += 1
+                good = False
+        n_good += good
+    finished = [r for r in recs if r.ok]
+    values: dict[str, list[float]] = {}
+    for m in METRICS:
+        if m == "itl":
+            values[m] = [g * 1000.0 for r in finished for g in r.itls]
+        else:
+            values[m] = [getattr(r, m) * 1000.0 for r in finished if getattr(r, m) is not None]
+    metrics = {}
+    for m, vals in values.items():
+        if vals:
+            p50, p90, p99 = np.percentile(vals, [50, 90, 99])
+            metrics[m] = MetricStats(n=len(vals), mean_ms=float(np.mean(vals)), p50_ms=float(p50),
+                                     p90_ms=float(p90), p99_ms=float(p99))
+        else:
+            metrics[m] = MetricStats(n=0)
+    pct = {m: (float(np.percentile(values[m], t.percentile)) if values[m] else None) for m, t in th.items()}
+    n = len(recs)
+    attainment = n_good / n if n else 0.0
+    lo, hi = wilson_interval(n_good, n)
+    worst = max(violations.items(), key=lambda kv: kv[1], default=(None, 0))
+    warnings = []
+    if fallback:
+        warnings.append(f"{fallback} requests had no token times: their ITL was checked on TPOT (mean gap)")
+    if n == 0:
+        warnings.append("no requests in the window")
+    target = float(slo.target)  # type: ignore[arg-type]  # always set by the SLO validator
+    return Score(n=n, n_good=n_good, attainment=attainment, ci_low=lo, ci_high=hi, target=target,
+                 meets_target=n > 0 and attainment >= target,
+                 goodput=(n_good / window_s) if window_s else None, window_s=window_s, errors=errors,
+                 violations=violations, binding=worst[0] if worst[1] > 0 else None, metrics=metrics,
+                 percentile_values_ms=pct, warnings=warnings)
+
+
+def score_run(run: LoadRun, slo: SLO) -> Score:
+    """`score` over a load run's own measured window (its records' send span when the run has none)."""
+    span = run.window_end_s - run.window_start_s
+    return score(run.records, slo, window=span if span > 0 else None)
