@@ -1,0 +1,77 @@
+"""Roofline cost of one engine step.
+
+One vLLM step runs every scheduled token (decode tokens and prefill chunks together) through the model
+once. Its time is the sum of parts, each max(compute time, memory time) at calibrated efficiencies:
+
+- linear layers: weights are read once per step whatever the batch (memory), GEMM FLOPs grow with every
+  token (compute). Small batches are bandwidth-bound (the decode floor W / beta_eff), big prefills are
+  compute-bound. Weight quantization shrinks the bytes and adds dequantisation work on the compute side.
+- attention: decode reads each sequence's whole KV (bytes ~ context), prefill is FLOP-bound (~ n x ctx).
+  FP8 KV halves the bytes read.
+- a fixed per-step overhead (scheduling, input preparation, sampling) plus a small per-sequence part.
+
+Efficiencies are fitted to published vLLM measurements (docs/calibration.md), not chosen per scenario.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuner.profiles.models import QUANT_DEQUANT_FACTOR
+from tuner.sim.config import ResolvedConfig
+
+
+@dataclass(frozen=True)
+class CostParams:
+    bw_eff: float = 0.70          # achieved / peak HBM bandwidth for weight and KV streaming
+    gemm_eff: float = 0.55        # achieved / peak tensor throughput for large GEMMs
+    attn_eff: float = 0.50        # achieved / peak for (flash) attention FLOPs
+    step_overhead_s: float = 0.0015
+    per_seq_overhead_s: float = 8e-6
+
+
+class CostModel:
+    """Step time for a batch, with everything that does not depend on the batch precomputed."""
+
+    def __init__(self, cfg: ResolvedConfig, params: CostParams | None = None):
+        p = self.params = params or CostParams()
+        gpu, model = cfg.gpu, cfg.model
+        fam = cfg.quantization
+        native_fp8 = fam == "fp8" and gpu.fp8_native
+        gemm_peak = (gpu.fp8_tflops if native_fp8 else gpu.bf16_tflops) * 1e12
+        dequant = 1.0 if native_fp8 else QUANT_DEQUANT_FACTOR.get(fam, 1.0)
+        if fam == "fp8" and not gpu.fp8_native:
+            dequant = 1.15  # FP8 weight-only Marlin on Ampere
+        self._mem_bw = gpu.bandwidth * p.bw_eff
+        self._weight_time = cfg.weight_bytes / self._mem_bw
+        # seconds of GEMM compute per token through the decoder layers / the lm_head
+        self._gemm_per_token = 2.0 * model.linear_params * dequant / (gemm_peak * p.gemm_eff)
+        self._lm_head_per_token = 2.0 * model.lm_head_params() / (gpu.bf16_tflops * 1e12 * p.gemm_eff)
+        attn_peak = gpu.bf16_tflops * 1e12 * p.attn_eff
+        # attention: 4 FLOPs per (query token, context token, head dim, head, layer): QK^T and AV
+        self._attn_flop_per_pair = 4.0 * model.q_dim * model.num_hidden_layers / attn_peak
+        self._kv_read_per_token = cfg.kv_bytes_per_token / self._mem_bw
+        self._overhead = p.step_overhead_s
+        self._per_seq = p.per_seq_overhead_s
+
+    def decode_floor(self) -> float:
+        """TPOT at batch 1: the weights read once per token (REFERENCE.md: W / beta_eff)."""
+        return self._weight_time
+
+    def step_time(self, prefill_tokens: int, prefill_pairs: float, prefill_kv_tokens: int,
+                  n_decode: int, decode_ctx: int, n_logits: int) -> float:
+        """Seconds for one step.
+
+        prefill_tokens: prefill tokens scheduled; prefill_pairs: sum over those tokens of the context each
+        attends to; prefill_kv_tokens: KV tokens the chunks read or write; n_decode: decoding sequences;
+        decode_ctx: their summed context length; n_logits: rows sampled (decodes + finished prefills).
+        """
+        tokens = prefill_tokens + n_decode
+        gemm = tokens * self._gemm_per_token + n_logits * self._lm_head_per_token
+        linear = gemm if gemm > self._weight_time else self._weight_time
+        dec_c = n_decode and decode_ctx * self._attn_flop_per_pair
+        dec_m = decode_ctx * self._kv_read_per_token
+        pre_c = prefill_pairs * self._attn_flop_per_pair
+        pre_m = prefill_kv_tokens * self._kv_read_per_token
+        attn = (dec_c if dec_c > dec_m else dec_m) + (pre_c if pre_c > pre_m else pre_m)
+        return self._overhead + self._per_seq * (n_decode + (prefill_tokens > 0)) + linear + attn

@@ -1,0 +1,326 @@
+"""The simulated engine core: vLLM V1's scheduler driving the roofline cost model.
+
+It knows nothing of clocks, HTTP or search: `step(now)` schedules one batch, returns how long the GPU
+would take, and the caller advances whichever clock it runs on (virtual time in `virtual.py`, the wall
+clock in the HTTP server). One engine core, two clocks.
+
+Scheduling follows vLLM V1 (`vllm/v1/core/sched/scheduler.py`): every step first schedules the running
+decodes, then running chunked prefills, then admits waiting requests FCFS into what is left of the
+`max_num_batched_tokens` budget, never more than `max_num_seqs` running. KV lives in 16-token blocks;
+when a running request needs a block and none is free, the most recently admitted request is preempted
+by recompute (its blocks freed, back to the front of the queue), and no new request is admitted that
+step. Prefix caching reuses a waiting request's cached prompt blocks (never the last prompt token).
+
+Decoding sequences are tracked in aggregate (counts per block phase, summed context), so a step costs
+O(prefills + finishes), not O(batch): the simulator runs far faster than the GPU it models.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+from tuner.sim.config import ResolvedConfig
+from tuner.sim.costs import CostModel, CostParams
+from tuner.sim.kvcache import BlockPool
+
+
+@dataclass(slots=True, eq=False)
+class Seq:
+    """One request inside the engine. Times are on the caller's clock; `steps` lists the engine steps
+    that emitted its tokens as flat (first_step, count) pairs."""
+
+    rid: int
+    arrival: float
+    prompt_len: int
+    output_len: int
+    hashes: list[int]
+    produced: int = 0
+    computed: int = 0
+    target: int = 0
+    held: list[int] = field(default_factory=list)
+    n_blocks: int = 0
+    decoding: bool = False
+    t0: int = 0
+    c0: int = 0
+    key: int = 0
+    epoch: int = 0
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    prefill_done: float | None = None
+    finish: float | None = None
+    steps: list[int] = field(default_factory=list)
+    preemptions: int = 0
+    cached_tokens: int = 0
+    error: str | None = None
+    payload: object = None
+
+
+class EngineCore:
+    def __init__(self, cfg: ResolvedConfig, cost_params: CostParams | None = None, *, noise: float = 0.0,
+                 seed: int = 0, keep_step_times: bool = True):
+        self.cfg = cfg
+        self.cost = CostModel(cfg, cost_params)
+        self.block = cfg.block_size
+        self.pool = BlockPool(cfg.num_gpu_blocks, cfg.enable_prefix_caching)
+        self.waiting: deque[Seq] = deque()
+        self.running: dict[int, Seq] = {}
+        self.prefilling: list[Seq] = []
+        self.n_dec = 0
+        self.dec_ctx = 0
+        self.phase = [0] * self.block
+        self.finish_at: dict[int, list[tuple[Seq, int]]] = {}
+        self.step_idx = 0
+        self.keep_step_times = keep_step_times
+        self.step_end: list[float] = []
+        self.rng = random.Random(seed)
+        self.noise = noise
+        self.launch_factor = math.exp(self.rng.gauss(0.0, noise)) if noise else 1.0
+        # vLLM counters, cumulative since launch (same meaning as /metrics)
+        self.preemptions = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.requests_finished = 0
+        self.last_step_tokens = 0
+
+    # -- requests -------------------------------------------------------------------------------
+    def check(self, prompt_len: int, output_len: int) -> str | None:
+        """vLLM's 400 for a request that cannot fit the context window, else None."""
+        limit = self.cfg.max_model_len
+        if prompt_len + output_len > limit:
+            return (f"This model's maximum context length is {limit} tokens. However, you requested "
+                    f"{prompt_len + output_len} tokens ({prompt_len} in the messages, {output_len} in "
+                    f"the completion). Please reduce the length of the messages or completion.")
+        return None
+
+    def add(self, seq: Seq) -> None:
+        seq.target = seq.prompt_len
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.running) or bool(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    # -- one step -------------------------------------------------------------------------------
+    def step(self, now: float, events: list | None = None) -> tuple[float, list[Seq]]:
+        """Schedule and 'run' one batch starting at `now`. Returns (duration, finished sequences).
+        With `events` (a list), appends every sequence that emitted a token this step."""
+        t = self.step_idx
+        B = self.block
+        pool = self.pool
+        budget = self.cfg.max_num_batched_tokens
+        preempted = False
+
+        # 1. running decodes: one token each; a new block for those whose KV fills its last block
+        key_now = (-t) % B
+        while self.phase[key_now] > pool.num_free:
+            self._preempt_tail(t, scheduled_decodes=False)
+            preempted = True
+        pool.take(self.phase[key_now])
+        n_dec_sched = self.n_dec
+        budget -= n_dec_sched
+
+        # 2. running chunked prefills, in admission order
+        chunks: list[tuple[Seq, int]] = []
+        for seq in list(self.prefilling):
+            if budget <= 0:
+                break
+            if seq.rid not in self.running:
+                continue  # preempted earlier in this loop
+            n = min(seq.target - seq.computed, budget)
+            new_blocks = -(-(seq.computed + n) // B) - seq.n_blocks
+            while new_blocks > pool.num_free:
+                victim, was_decoding = self._preempt_tail(t, scheduled_decodes=True)
+                preempted = True
+                if was_decoding:
+                    budget += 1
+                if victim is seq:
+                    break
+            if seq.rid not in self.running:
+                break
+            pool.take(new_blocks)
+            seq.n_blocks += new_blocks
+            chunks.append((seq, n))
+            budget -= n
+
+        # 3. admit waiting requests FCFS (not in a step that had to preempt, as vLLM)
+        if not preempted:
+            self._admit(now, budget, chunks)
+
+        # cost of the batch
+        prefill_tokens = 0
+        pairs = 0.0
+        kv_tokens = 0
+        completing = 0
+        for seq, n in chunks:
+            c = seq.computed
+            prefill_tokens += n
+            pairs += n * c + n * (n + 1) / 2
+            kv_tokens += c + n
+            if c + n == seq.target:
+                completing += 1
+        n_dec = self.n_dec
+        dur = self.cost.step_time(prefill_tokens, pairs, kv_tokens, n_dec, self.dec_ctx + n_dec,
+                                  n_dec + completing)
+        if self.noise:
+            dur *= self.launch_factor * math.exp(self.rng.gauss(0.0, self.noise))
+        end = now + dur
+        if self.keep_step_times:
+            self.step_end.append(end)
+        self.last_step_tokens = prefill_tokens + n_dec
+        self.generation_tokens += n_dec + completing
+
+        if events is not None:
+            events.extend(s for s in self.running.values() if s.decoding)
+        # decodes advance
+        self.dec_ctx += n_dec
+
+        finished: list[Seq] = []
+        # prefill chunks land
+        for seq, n in chunks:
+            self._land_chunk(seq, n, t, end, finished, events)
+        # decodes that produced their last token this step
+        for seq, epoch in self.finish_at.pop(t, ()):
+            if epoch == seq.epoch and seq.decoding:
+                computed = seq.c0 + (t - seq.t0 + 1)
+                self._stop_decoding(seq, computed, t + 1)
+                self._finish(seq, end, finished)
+        self.step_idx += 1
+        return dur, finished
+
+    # -- internals ------------------------------------------------------------------------------
+    def _admit(self, now: float, budget: int, chunks: list) -> None:
+        B = self.block
+        pool = self.pool
+        caching = pool.caching
+        max_seqs = self.cfg.max_num_seqs
+        while self.waiting and budget > 0 and len(self.running) < max_seqs:
+            seq = self.waiting[0]
+            n_hit, from_free = pool.match(seq.hashes, (seq.target - 1) // B) if caching else (0, 0)
+            hit_tokens = n_hit * B
+            n = min(seq.target - hit_tokens, budget)
+            new_blocks = -(-(hit_tokens + n) // B) - n_hit
+            if new_blocks + from_free > pool.num_free:
+                break
+            if n_hit:
+                held = seq.hashes[:n_hit]
+                pool.ref(held)
+                seq.held = list(held)
+            pool.take(new_blocks)
+            seq.n_blocks = n_hit + new_blocks
+            seq.computed = hit_tokens
+            if caching:
+                self.prefix_queries += seq.target
+                self.prefix_hits += hit_tokens
+            if seq.first_scheduled is None:
+                seq.first_scheduled = now
+                seq.cached_tokens = hit_tokens
+            self.waiting.popleft()
+            self.running[seq.rid] = seq
+            self.prefilling.append(seq)
+            chunks.append((seq, n))
+            budget -= n
+
+    def _land_chunk(self, seq: Seq, n: int, t: int, end: float, finished: list, events) -> None:
+        B = self.block
+        old = seq.computed
+        seq.computed = new = old + n
+        hashes = seq.hashes
+        if self.pool.caching and hashes:
+            register = self.pool.register
+            for b in range(old // B, min(new // B, len(hashes))):
+                if b >= len(seq.held) and register(hashes[b]):
+                    seq.held.append(hashes[b])
+        if new < seq.target:
+            return
+        # prefill complete: it samples one token
+        self.prefilling.remove(seq)
+        if seq.prefill_done is None:
+            seq.prefill_done = end
+            self.prompt_tokens += seq.prompt_len
+        seq.produced += 1
+        seq.steps += (t, 1)
+        if seq.first_token is None:
+            seq.first_token = end
+        if events is not None:
+            events.append(seq)
+        if seq.produced >= seq.output_len:
+            self._release(seq, new)
+            self._finish(seq, end, finished)
+            return
+        seq.decoding = True
+        seq.t0 = t + 1
+        seq.c0 = new
+        seq.key = (new - t - 1) % B
+        self.phase[seq.key] += 1
+        self.n_dec += 1
+        self.dec_ctx += new
+        fin = seq.t0 + (seq.output_len - seq.produced) - 1
+        self.finish_at.setdefault(fin, []).append((seq, seq.epoch))
+
+    def _stop_decoding(self, seq: Seq, computed: int, upto_step: int) -> None:
+        """Leave the decode aggregate, crediting the tokens of steps t0..upto_step-1; free its blocks."""
+        self.phase[seq.key] -= 1
+        self.n_dec -= 1
+        self.dec_ctx -= computed
+        count = upto_step - seq.t0
+        if count > 0:
+            seq.steps += (seq.t0, count)
+            seq.produced += count
+        self._release(seq, computed)
+        seq.decoding = False
+
+    def _release(self, seq: Seq, computed: int) -> None:
+        n_blocks = seq.n_blocks if not seq.decoding else -(-computed // self.block)
+        self.pool.release(seq.held, n_blocks - len(seq.held))
+        seq.held = []
+        seq.n_blocks = 0
+        self.running.pop(seq.rid, None)
+
+    def _preempt_tail(self, t: int, scheduled_decodes: bool) -> tuple[Seq, bool]:
+        """Preempt the most recently admitted running request (recompute), as vLLM V1 does."""
+        rid, seq = self.running.popitem()
+        self.running[rid] = seq  # _release pops it
+        self.preemptions += 1
+        seq.preemptions += 1
+        seq.epoch += 1
+        was_decoding = seq.decoding
+        if was_decoding:
+            computed = seq.c0 + (t - seq.t0)
+            # step 1 of this step may already have given it a block: give that back too
+            if scheduled_decodes and (seq.key + t) % self.block == 0:
+                self.pool.free_anon += 1
+            self._stop_decoding(seq, computed, t)
+        else:
+            self.prefilling.remove(seq)
+            self._release(seq, seq.computed)
+        seq.computed = 0
+        seq.target = seq.prompt_len + seq.produced
+        self.waiting.appendleft(seq)
+        return seq, was_decoding
+
+    def _finish(self, seq: Seq, end: float, finished: list) -> None:
+        seq.finish = end
+        self.requests_finished += 1
+        finished.append(seq)
+
+    # -- results --------------------------------------------------------------------------------
+    def token_times(self, seq: Seq) -> list[float]:
+        ends = self.step_end
+        out: list[float] = []
+        s = seq.steps
+        for i in range(0, len(s), 2):
+            a = s[i]
+            out.extend(ends[a:a + s[i + 1]])
+        return out

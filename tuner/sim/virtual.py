@@ -1,0 +1,173 @@
+"""Run a workload through the simulated engine in virtual time.
+
+The clock jumps from step to step (and across idle gaps to the next arrival), so a ten-minute load run
+takes a fraction of a second. Output is the same shape the HTTP replay client measures: one
+`RequestRecord` per request (arrival, first token, every token's time, finish, error) and a
+`MetricsWindow` of vLLM's gauges and counters, so scoring and diagnosis cannot tell the engines apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from tuner.metrics.window import (GENERATION_TOKENS, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES,
+                                  PROMPT_TOKENS, REQUEST_SUCCESS, GaugeSample, HistogramDelta,
+                                  MetricsWindow)
+from tuner.replay.record import RequestRecord
+from tuner.sim.config import ResolvedConfig
+from tuner.sim.costs import CostParams
+from tuner.sim.engine import EngineCore, Seq
+from tuner.sim.vllm_metrics import (ITERATION_TOKENS_BUCKETS, REQUEST_LATENCY_BUCKETS,
+                                    TTFT_BUCKETS)
+
+
+@dataclass(frozen=True, slots=True)
+class SimRequest:
+    """What the engine needs of a request: when it arrives, its lengths, its prompt's block hashes."""
+
+    arrival: float
+    prompt_len: int
+    output_len: int
+    hashes: tuple[int, ...] | list[int] = ()
+
+
+@dataclass
+class VirtualRun:
+    records: list[RequestRecord]
+    metrics: MetricsWindow
+    duration_s: float
+    steps: int
+    engine: EngineCore
+
+
+def _hist(values: Sequence[float], buckets: Sequence[float]) -> HistogramDelta:
+    arr = np.asarray(values, dtype=float)
+    cum = np.searchsorted(np.sort(arr), np.asarray(buckets, dtype=float), side="right")
+    b = {float(le): float(c) for le, c in zip(buckets, cum)}
+    b[float("inf")] = float(len(arr))
+    return HistogramDelta(buckets=b, sum=float(arr.sum()), count=float(len(arr)))
+
+
+def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
+                cost_params: CostParams | None = None, noise: float = 0.0, seed: int = 0,
+                sample_interval_s: float = 0.5, request_timeout_s: float | None = None,
+                warmup_s: float = 0.0, cooldown_s: float = 0.0, token_times: bool = True,
+                engine: EngineCore | None = None) -> VirtualRun:
+    """Replay `requests` (sorted or not) open-loop; every request arrives at its time whatever happens.
+
+    A request still unfinished `request_timeout_s` after its arrival counts as a timeout (as the replay
+    client would abort it) and the run stops once nothing can still finish in time, so an overloaded
+    configuration costs bounded work. Pass `engine` to keep one launch's state (its prefix cache)
+    across load runs.
+    """
+    core = engine or EngineCore(cfg, cost_params, noise=noise, seed=seed)
+    base_step = core.step_idx
+    order = sorted(range(len(requests)), key=lambda i: requests[i].arrival)
+    seqs: list[Seq | None] = [None] * len(requests)
+    errors: dict[int, str] = {}
+    n = len(order)
+    last_arrival = requests[order[-1]].arrival if n else 0.0
+    deadline = last_arrival + request_timeout_s if request_timeout_s else float("inf")
+    t0 = core.step_end[-1] if core.step_end else 0.0  # this run's zero on the engine's clock
+    now = t0
+    i = 0
+    samples: list[GaugeSample] = []
+    next_sample = 0.0
+    it_tokens: list[int] = []
+    pool = core.pool
+    c0 = (core.preemptions, core.prefix_queries, core.prefix_hits, core.prompt_tokens,
+          core.generation_tokens, core.requests_finished)
+    while True:
+        rel = now - t0
+        while i < n and requests[order[i]].arrival <= rel:
+            idx = order[i]
+            r = requests[idx]
+            err = core.check(r.prompt_len, r.output_len)
+            if err:
+                errors[idx] = err
+            else:
+                seq = Seq(rid=idx + base_step * 1_000_003, arrival=t0 + r.arrival, prompt_len=r.prompt_len,
+                          output_len=r.output_len, hashes=list(r.hashes))
+                seqs[idx] = seq
+                core.add(seq)
+            i += 1
+        if not core.has_work():
+            if i >= n:
+                break
+            now = t0 + requests[order[i]].arrival
+            continue
+        while next_sample <= rel:
+            samples.append(GaugeSample(t=next_sample, running=core.num_running,
+                                       waiting=core.num_waiting, kv_usage=pool.usage))
+            next_sample += sample_interval_s
+        if rel > deadline:
+            break
+        dur, _ = core.step(now)
+        it_tokens.append(core.last_step_tokens)
+        now += dur
+    end_rel = now - t0
+    samples.append(GaugeSample(t=end_rel, running=core.num_running, waiting=core.num_waiting,
+                               kv_usage=pool.usage))
+
+    records: list[RequestRecord] = []
+    ttfts, e2es, queues, prefills = [], [], [], []
+    for idx, r in enumerate(requests):
+        seq = seqs[idx]
+        rec = RequestRecord.model_construct(
+            index=idx, scheduled_s=r.arrival, sent_s=r.arrival, first_token_s=None, finish_s=None,
+            token_times=None, prompt_tokens=r.prompt_len, output_tokens=0,
+            expected_output_tokens=r.output_len, error=errors.get(idx), in_window=True)
+        if seq is not None:
+            if seq.first_token is not None:
+                rec.first_token_s = seq.first_token - t0
+            if seq.finish is not None and (request_timeout_s is None
+                                           or seq.finish - seq.arrival <= request_timeout_s):
+                rec.finish_s = seq.finish - t0
+                rec.output_tokens = seq.output_len
+                ttfts.append(seq.first_token - seq.arrival)
+                e2es.append(seq.finish - seq.arrival)
+                queues.append((seq.first_scheduled or seq.arrival) - seq.arrival)
+                prefills.append(seq.prefill_done - (seq.first_scheduled or seq.arrival))
+            else:
+                rec.error = "timeout"
+                rec.output_tokens = seq.produced
+            if token_times and seq.steps:
+                rec.token_times = [x - t0 for x in core.token_times(seq)]
+        records.append(rec)
+    _mark_window(records, warmup_s, cooldown_s)
+
+    c1 = (core.preemptions, core.prefix_queries, core.prefix_hits, core.prompt_tokens,
+          core.generation_tokens, core.requests_finished)
+    d = [b - a for a, b in zip(c0, c1)]
+    cc = cfg
+    metrics = MetricsWindow(
+        samples=samples,
+        counters={PREEMPTIONS: d[0], PREFIX_QUERIES: d[1], PREFIX_HITS: d[2], PROMPT_TOKENS: d[3],
+                  GENERATION_TOKENS: d[4], REQUEST_SUCCESS: d[5]},
+        histograms={
+            "time_to_first_token_seconds": _hist(ttfts, TTFT_BUCKETS),
+            "e2e_request_latency_seconds": _hist(e2es, REQUEST_LATENCY_BUCKETS),
+            "request_queue_time_seconds": _hist(queues, REQUEST_LATENCY_BUCKETS),
+            "request_prefill_time_seconds": _hist(prefills, REQUEST_LATENCY_BUCKETS),
+            "iteration_tokens_total": _hist(it_tokens, ITERATION_TOKENS_BUCKETS),
+        },
+        cache_config={"gpu_memory_utilization": str(cc.gpu_memory_utilization),
+                      "cache_dtype": cc.kv_cache_dtype, "block_size": str(cc.block_size),
+                      "enable_prefix_caching": str(cc.enable_prefix_caching),
+                      "num_gpu_blocks": str(cc.num_gpu_blocks)},
+    )
+    return VirtualRun(records=records, metrics=metrics, duration_s=end_rel,
+                      steps=core.step_idx - base_step, engine=core)
+
+
+def _mark_window(records: list[RequestRecord], warmup_s: float, cooldown_s: float) -> None:
+    """Requests scheduled in the first `warmup_s` or the last `cooldown_s` of the schedule are measured
+    but not scored (the same rule as the HTTP replay client)."""
+    if not records or (warmup_s <= 0 and cooldown_s <= 0):
+        return
+    last = max(r.scheduled_s for r in records)
+    for r in records:
+        r.in_window = warmup_s <= r.scheduled_s <= last - cooldown_s
