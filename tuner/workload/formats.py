@@ -22,6 +22,7 @@ from tuner.workload.model import WorkloadRequest
 MOONCAKE_BLOCK = 512
 HUMAN_ROLES = frozenset({"human", "user"})
 ANSWER_ROLES = frozenset({"gpt", "chatgpt", "assistant", "bing", "bard", "model"})
+TUNER_ONLY_KEYS = frozenset(WorkloadRequest.model_fields) - {"prompt", "output_tokens"}
 
 
 class RecordError(Exception):
@@ -75,6 +76,12 @@ class VllmCustomRecord(BaseModel):
 
 
 def convert_vllm_custom(raw: Any) -> Converted:
+    # Extra keys are ignored, except our own fields: those mean the file is really ours (detection saw only
+    # prompt/output_tokens on line 1), and ignoring them would silently drop lengths, ids or arrivals.
+    ours = sorted(set(raw) & TUNER_ONLY_KEYS) if isinstance(raw, dict) else []
+    if ours:
+        raise RecordError(ours[0], "not a vllm-custom field (read as vllm-custom from the first line; "
+                                   "pass --format tuner for the project's format)")
     rec = _validate(VllmCustomRecord, raw)
     return Converted(WorkloadRequest(prompt=rec.prompt, output_tokens=rec.output_tokens))
 
@@ -189,8 +196,6 @@ FORMATS: dict[str, FormatSpec] = {
 ALIASES = {"jsonl": "tuner", "vllm": "vllm-custom", "custom": "vllm-custom", "azure-csv": "azure",
            "timed-trace": "mooncake", "trace": "mooncake"}
 
-_TUNER_ONLY_KEYS = set(WorkloadRequest.model_fields) - {"prompt", "output_tokens"}
-
 
 def guess_from_record(raw: Any) -> str | None:
     """The format a first JSON record looks like, or None; keys decide, values are checked later."""
@@ -201,9 +206,8 @@ def guess_from_record(raw: Any) -> str | None:
         return "sharegpt"
     if {"timestamp", "input_length"} <= keys or {"input_length", "output_length"} <= keys:
         return "mooncake"
-    if keys & _TUNER_ONLY_KEYS:
+    if keys & TUNER_ONLY_KEYS:
         return "tuner"
     if "prompt" in keys:
-        # {"prompt", "output_tokens"} is valid in both; only extra keys say it is vLLM's (ours forbids them)
-        return "tuner" if keys <= {"prompt", "output_tokens"} else "vllm-custom"
+        return "vllm-custom"  # {"prompt", "output_tokens"} reads the same in both; vLLM's tolerates extra keys
     return None

@@ -11,15 +11,18 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+import itertools
 import json
 from pathlib import Path
 from typing import Any, Iterator
 
 from tuner.errors import UserError
-from tuner.workload.formats import (ALIASES, AZURE_COLUMNS, FORMATS, RecordError, guess_from_record)
+from tuner.workload.formats import (ALIASES, AZURE_COLUMNS, FORMATS, TUNER_ONLY_KEYS, RecordError,
+                                    guess_from_record)
 from tuner.workload.model import Workload
 
 _DETECT_LINES = 20
+_AMBIGUOUS_LINES = 1000
 
 
 def format_names() -> list[str]:
@@ -106,6 +109,8 @@ def _json_list_records(text: str, path: Path) -> Iterator[tuple[int, Any]]:
             if skip_ws(i + 1) < n:
                 raise fail(skip_ws(i + 1), "invalid JSON: extra data after the list")
             return
+        if i >= n:
+            raise fail(n, "invalid JSON: unexpected end of file (the list is not closed)")
         raise fail(i, "invalid JSON: expected ',' or ']' between list elements")
 
 
@@ -122,6 +127,20 @@ def _csv_records(text: str, path: Path) -> Iterator[tuple[int, Any]]:
         yield reader.line_num, {k: v for k, v in row.items() if k is not None and v is not None}
 
 
+def _ours_or_vllm(records: Iterator[tuple[int, Any]]) -> str:
+    """A file that opens with `{"prompt", "output_tokens"}` is vLLM's unless a later record uses our fields.
+
+    Our own writer emits such lines too (a request with only text), so look further before deciding.
+    """
+    try:
+        for _, rec in itertools.islice(records, _AMBIGUOUS_LINES):
+            if isinstance(rec, dict) and rec.keys() & TUNER_ONLY_KEYS:
+                return "tuner"
+    except UserError:  # broken JSON further on: loading will report it with its line
+        pass
+    return "vllm-custom"
+
+
 def detect_format(path: str | Path, text: str | None = None) -> str:
     """The format of `path` from its extension and its first record; `UserError` when it is not clear."""
     p = Path(path)
@@ -135,17 +154,15 @@ def detect_format(path: str | Path, text: str | None = None) -> str:
             return "azure"
         raise UserError(f"cannot tell the format from the first line {header[:60]!r} "
                         f"(pass --format, one of {', '.join(FORMATS)})", file=p, line=1)
-    if body[0] == "[":
-        first = next(_json_list_records(text, p), None)
-        candidates = [] if first is None else [first]
-    else:
-        candidates = [r for _, r in zip(range(_DETECT_LINES), _jsonl_records(text))]
+    records = _json_list_records(text, p) if body[0] == "[" else _jsonl_records(text)
     first_error: tuple[int, RecordError] | None = None
-    for line, rec in candidates:
+    for line, rec in itertools.islice(records, _DETECT_LINES):
         if isinstance(rec, RecordError):
             first_error = first_error or (line, rec)
             continue
         guess = guess_from_record(rec)
+        if guess == "vllm-custom":
+            return _ours_or_vllm(records)
         if guess:
             return guess
         keys = ", ".join(sorted(rec)) if isinstance(rec, dict) else type(rec).__name__
