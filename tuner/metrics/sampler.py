@@ -48,8 +48,9 @@ class GaugeSampler:
         return self.t0 + n * self.interval_s
 
     async def run(self, client: httpx.AsyncClient) -> None:
-        """Sample until cancelled (the caller cancels the task when the load run ends)."""
+        """Sample from `t0` until cancelled (the caller cancels the task when the load run ends)."""
         n = 0
+        await asyncio.sleep(max(0.0, self.t0 - time.monotonic()))
         while True:
             t = time.monotonic()
             try:
@@ -79,6 +80,7 @@ class GaugeSampler:
 
     def _thread_main(self) -> None:
         n = 0
+        self._stop.wait(max(0.0, self.t0 - time.monotonic()))
         with httpx.Client(timeout=self.timeout_s) as client:
             while not self._stop.is_set():
                 t = time.monotonic()

@@ -67,3 +67,8 @@ class LoadRun(BaseModel):
     warnings: list[str] = Field(default_factory=list)
     engine: str = ""
     time_scale: float = 1.0
+    #: True when the run was cancelled (Ctrl-C) before every request finished; unfinished ones carry
+    #: error "cancelled".
+    interrupted: bool = False
+    #: Wall-clock (Unix) time of the run's t=0, to match server-side series (e.g. a Prometheus server).
+    started_unix: float | None = None
