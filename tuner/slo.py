@@ -191,7 +191,9 @@ def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    lo = 0.0 if k == 0 else max(0.0, centre - half)  # exact ends: rounding must not move them off 0 and 1
+    hi = 1.0 if k == n else min(1.0, centre + half)
+    return lo, hi
 
 
 def _per_request_ms(r: RequestRecord, metric: str) -> tuple[float | None, bool]:
