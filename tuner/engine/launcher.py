@@ -1,0 +1,342 @@
+"""Start, watch and stop one server subprocess so that no trial can be spoiled by the one before it.
+
+Every subprocess engine (real `vllm serve`, the HTTP simulator, a user's wrapper command) goes through
+here, because the failure modes are the same and each one silently corrupts a tuning study:
+
+- A server outliving the tool (tool SIGKILLed, CI timeout) keeps its port and GPU memory, so the *next*
+  trial fails with "Free memory on device ... less than desired" and the search learns a false lesson.
+  Hence: a new session and process group per server (one signal reaches vLLM's engine-core and worker
+  children too), `PR_SET_PDEATHSIG=SIGKILL` in the direct child (the server is exec'd directly, no shell in
+  between, so the kernel kills it when the tool dies), and a pidfile `server.pid` that `reap_stale` uses
+  on `--resume` to find what a killed tool left behind.
+- "Stopped" must mean released: after SIGTERM, then SIGKILL, to the whole group, `stop` waits until the
+  port can be bound again and, where `nvidia-smi` exists, until the GPU no longer lists the group's pids.
+- A launch that dies must say why: we fail fast when the process exits before `/health` answers 200 and
+  classify its log (`tuner.engine.classify`), so a bad configuration is told apart from a broken one.
+
+The API key never appears on a command line (visible in `ps` and the pidfile); callers pass it in `env`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import json
+import logging
+import os
+import queue
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import httpx
+
+from tuner.engine import procs
+from tuner.engine.base import LaunchFailure, LaunchInfo
+from tuner.engine.classify import classify_failure, parse_launch_info
+from tuner.errors import UserError
+
+log = logging.getLogger(__name__)
+
+PIDFILE = "server.pid"
+TOKEN_ENV = "TUNER_LAUNCH_TOKEN"
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on right now (the kernel's pick). Another process could take it before the
+    server binds; a launch that then fails is classified as a crash with the bind error in its log."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """True when a new server could bind `port` now (SO_REUSEADDR, as uvicorn binds: TIME_WAIT is fine)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def wait_port_free(host: str, port: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not port_is_free(host, port):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _pdeathsig_preexec():
+    """A preexec_fn that makes the kernel SIGKILL the child when its parent dies.
+
+    libc is resolved here, before fork, so the child runs no imports. If the parent already died between
+    fork and prctl the signal would never come, so the child checks and kills itself.
+    """
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: no pdeathsig, the pidfile still allows reaping
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+class _Spawner:
+    """Runs every Popen on one thread that lives as long as the process.
+
+    PDEATHSIG fires when the *thread* that forked the child exits, not the process. A study that launches
+    from a worker thread (a thread pool, a timeout helper) would see its server SIGKILLed when that thread
+    ends. The main thread forks directly; other threads hand the fork to this long-lived daemon thread.
+    """
+
+    _lock = threading.Lock()
+    _queue: "queue.Queue | None" = None
+
+    @classmethod
+    def popen(cls, argv: list[str], **kwargs) -> subprocess.Popen:
+        if threading.current_thread() is threading.main_thread():
+            return subprocess.Popen(argv, **kwargs)
+        with cls._lock:
+            if cls._queue is None:
+                cls._queue = queue.Queue()
+                threading.Thread(target=cls._serve, args=(cls._queue,), name="tuner-spawner",
+                                 daemon=True).start()
+        reply: queue.Queue = queue.Queue(maxsize=1)
+        cls._queue.put((argv, kwargs, reply))
+        ok, value = reply.get()
+        if not ok:
+            raise value
+        return value
+
+    @staticmethod
+    def _serve(q: "queue.Queue") -> None:
+        while True:
+            argv, kwargs, reply = q.get()
+            try:
+                reply.put((True, subprocess.Popen(argv, **kwargs)))
+            except BaseException as e:  # handed back to the caller's thread
+                reply.put((False, e))
+
+
+_live: "set[ManagedProcess]" = set()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    """A normal interpreter exit (even after an unhandled error) never leaves a server behind."""
+    for proc in list(_live):
+        try:
+            proc.stop(term_timeout_s=5, kill_timeout_s=5, release_timeout_s=5)
+        except Exception:  # best effort at exit
+            pass
+
+
+class ManagedProcess:
+    """One running server process group, its log, its pidfile."""
+
+    def __init__(self, popen: subprocess.Popen, *, argv: Sequence[str], host: str, port: int,
+                 run_dir: Path, log_path: Path, token: str):
+        self.popen = popen
+        self.argv = list(argv)
+        self.pid = popen.pid
+        self.pgid = popen.pid  # start_new_session: the child leads its own session and group
+        self.host = host
+        self.port = port
+        self.run_dir = run_dir
+        self.log_path = log_path
+        self.token = token
+        self.started = time.monotonic()
+        self.stopped = False
+        self.pidfile = run_dir / PIDFILE
+        self._write_pidfile()
+        _live.add(self)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _write_pidfile(self) -> None:
+        record = {"pid": self.pid, "pgid": self.pgid, "port": self.port, "host": self.host,
+                  "token": self.token, "start_ticks": procs.start_ticks(self.pid),
+                  "log": str(self.log_path), "argv0": self.argv[0] if self.argv else ""}
+        tmp = self.pidfile.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record) + "\n")
+        tmp.replace(self.pidfile)
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def members(self) -> list[int]:
+        """Live (non-zombie) pids of the server's process group."""
+        return procs.group_members(self.pgid)
+
+    def read_log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def wait_healthy(self, timeout_s: float, *, health_path: str = "/health",
+                     headers: Mapping[str, str] | None = None, interval_s: float = 0.25) -> float:
+        """Poll `GET health_path` until 200; return seconds since start.
+
+        Raises `LaunchFailure` (classified from the log) as soon as the process exits, or kind `timeout`.
+        The caller stops the process on failure.
+        """
+        deadline = self.started + timeout_s
+        url = self.base_url + health_path
+        with httpx.Client(timeout=httpx.Timeout(5.0, connect=1.0), headers=dict(headers or {})) as client:
+            while True:
+                rc = self.poll()
+                if rc is not None:
+                    kind, message = classify_failure(self.read_log(), returncode=rc)
+                    raise LaunchFailure(kind, message, _tail(self.read_log()))
+                try:
+                    if client.get(url).status_code == 200:
+                        return time.monotonic() - self.started
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    kind, message = classify_failure(self.read_log(), timed_out=True, timeout_s=timeout_s)
+                    raise LaunchFailure(kind, message, _tail(self.read_log()))
+                time.sleep(interval_s)
+
+    def stop(self, *, term_timeout_s: float = 30.0, kill_timeout_s: float = 10.0,
+             release_timeout_s: float = 60.0) -> None:
+        """SIGTERM the group, wait, SIGKILL it, then wait until the port and GPU memory are released.
+
+        Idempotent. A Ctrl-C while stopping still SIGKILLs the group before it propagates.
+        """
+        if self.stopped:
+            return
+        seen = set(self.members()) | {self.pid}
+        try:
+            procs.signal_group(self.pgid, signal.SIGTERM)
+            if not self._wait_gone(term_timeout_s, seen):
+                log.warning("server group %d ignored SIGTERM for %.0f s; sending SIGKILL", self.pgid,
+                            term_timeout_s)
+                procs.signal_group(self.pgid, signal.SIGKILL)
+                if not self._wait_gone(kill_timeout_s, seen):
+                    log.error("server group %d still has processes after SIGKILL: %s", self.pgid,
+                              self.members())
+        except BaseException:
+            procs.signal_group(self.pgid, signal.SIGKILL)
+            self._reap()
+            raise
+        finally:
+            self._reap()
+        if not wait_port_free(self.host, self.port, release_timeout_s):
+            log.warning("port %d still busy %.0f s after the server stopped", self.port, release_timeout_s)
+        if not procs.wait_gpu_released(seen, release_timeout_s):
+            log.warning("GPU memory of pids %s not released after %.0f s", sorted(seen), release_timeout_s)
+        self.stopped = True
+        _live.discard(self)
+        self.pidfile.unlink(missing_ok=True)
+
+    def _wait_gone(self, timeout_s: float, seen: set[int]) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._reap()
+            live = self.members()
+            seen.update(live)
+            if not live:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+
+    def _reap(self) -> None:
+        try:
+            self.popen.wait(timeout=0)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _tail(text: str, lines: int = 40) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def start_process(argv: Sequence[str], *, run_dir: str | Path, port: int, host: str = "127.0.0.1",
+                  env: Mapping[str, str] | None = None, log_name: str = "server.log",
+                  cwd: str | Path | None = None) -> ManagedProcess:
+    """Exec `argv` as a new session with pdeathsig, stdout+stderr to `run_dir/log_name`; write the pidfile.
+
+    `env` is added to this process's environment. Raises `UserError` when the program does not exist.
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir / log_name
+    token = uuid.uuid4().hex
+    full_env = {**os.environ, **(env or {}), TOKEN_ENV: token, "PYTHONUNBUFFERED": "1"}
+    with open(log_path, "ab") as logf:
+        try:
+            popen = _Spawner.popen(list(argv), stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
+                                   env=full_env, cwd=cwd, start_new_session=True,
+                                   preexec_fn=_pdeathsig_preexec(), close_fds=True)
+        except FileNotFoundError as e:
+            raise UserError(f"cannot run {argv[0]!r}: not found ({e.strerror})", field="command") from e
+        except PermissionError as e:
+            raise UserError(f"cannot run {argv[0]!r}: {e.strerror}", field="command") from e
+    return ManagedProcess(popen, argv=argv, host=host, port=port, run_dir=run_dir, log_path=log_path,
+                          token=token)
+
+
+def launch(argv: Sequence[str], *, run_dir: str | Path, port: int, host: str = "127.0.0.1",
+           env: Mapping[str, str] | None = None, startup_timeout_s: float = 600.0,
+           health_path: str = "/health", headers: Mapping[str, str] | None = None,
+           log_name: str = "server.log", stop_timeout_s: float = 30.0) -> tuple[ManagedProcess, LaunchInfo]:
+    """Start a server and wait until healthy; return it with what its log says about itself.
+
+    On any failure (exit, timeout, Ctrl-C) the whole group is stopped before the error propagates, so a
+    failed trial leaves nothing behind; failures to come up raise a classified `LaunchFailure`.
+    """
+    proc = start_process(argv, run_dir=run_dir, port=port, host=host, env=env, log_name=log_name)
+    try:
+        startup_s = proc.wait_healthy(startup_timeout_s, health_path=health_path, headers=headers)
+    except BaseException:
+        proc.stop(term_timeout_s=min(stop_timeout_s, 10.0))
+        raise
+    fields = parse_launch_info(proc.read_log())
+    info = LaunchInfo(startup_s=startup_s, log_path=str(proc.log_path), base_url=proc.base_url, **fields)
+    return proc, info
+
+
+def reap_stale(run_dir: str | Path, *, timeout_s: float = 30.0) -> list[dict]:
+    """Stop servers that a killed tool left behind under `run_dir` (found by their `server.pid` files).
+
+    Only processes that still carry the launch's token in their environment are signalled (checked through
+    /proc), so a pid reused by an unrelated process is never killed. Returns the pidfile records of the
+    servers found running, each with `killed` (pids signalled); removes every pidfile it reads.
+    """
+    found = []
+    for pidfile in sorted(Path(run_dir).rglob(PIDFILE)):
+        try:
+            record = json.loads(pidfile.read_text())
+            pgid, token = int(record["pgid"]), str(record["token"])
+        except (OSError, ValueError, KeyError, TypeError):
+            log.warning("ignoring unreadable pidfile %s", pidfile)
+            continue
+        members = procs.tagged_members(pgid, TOKEN_ENV, token, record.get("start_ticks"))
+        if members:
+            log.warning("stopping server left by an earlier run: pgid %d, pids %s", pgid, members)
+            procs.stop_pids(members, pgid, timeout_s)
+            wait_port_free(record.get("host", "127.0.0.1"), int(record.get("port", 0)), timeout_s)
+            procs.wait_gpu_released(set(members), timeout_s)
+            found.append({**record, "killed": members})
+        pidfile.unlink(missing_ok=True)
+    return found

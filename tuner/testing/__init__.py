@@ -1,0 +1,1 @@
+"""Test-support code shipped with the package (the tiny model generator, stand-in servers)."""
