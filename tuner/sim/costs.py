@@ -28,6 +28,8 @@ class CostParams:
     attn_eff: float = 0.50        # achieved / peak for (flash) attention FLOPs
     step_overhead_s: float = 0.0015
     per_seq_overhead_s: float = 8e-6
+    gemm_half_tokens: float = 64.0  # GEMM efficiency is half its peak at this many tokens (tile/wave
+    #                                 quantisation): small chunks cost more per token than big ones
 
 
 class CostModel:
@@ -46,6 +48,8 @@ class CostModel:
         self._weight_time = cfg.weight_bytes / self._mem_bw
         # seconds of GEMM compute per token through the decoder layers / the lm_head
         self._gemm_per_token = 2.0 * model.linear_params * dequant / (gemm_peak * p.gemm_eff)
+        # tile padding: a GEMM of M tokens costs about M + m_half tokens of tensor work (no dequant)
+        self._gemm_floor = p.gemm_half_tokens * 2.0 * model.linear_params / (gemm_peak * p.gemm_eff)
         self._lm_head_per_token = 2.0 * model.lm_head_params() / (gpu.bf16_tflops * 1e12 * p.gemm_eff)
         attn_peak = gpu.bf16_tflops * 1e12 * p.attn_eff
         # attention: 4 FLOPs per (query token, context token, head dim, head, layer): QK^T and AV
@@ -67,7 +71,7 @@ class CostModel:
         decode_ctx: their summed context length; n_logits: rows sampled (decodes + finished prefills).
         """
         tokens = prefill_tokens + n_decode
-        gemm = tokens * self._gemm_per_token + n_logits * self._lm_head_per_token
+        gemm = self._gemm_floor + tokens * self._gemm_per_token + n_logits * self._lm_head_per_token
         linear = gemm if gemm > self._weight_time else self._weight_time
         dec_c = n_decode and decode_ctx * self._attn_flop_per_pair
         dec_m = decode_ctx * self._kv_read_per_token

@@ -1,0 +1,106 @@
+"""The in-process simulated engine: launches and load runs in virtual time.
+
+Same `Engine`/`Server` contract as real `vllm serve`, so the tuner runs unchanged; a launch that vLLM
+would refuse raises the same classified `LaunchFailure`, and a load run takes milliseconds. Requests are
+turned into what the engine core needs (prompt length, chained block hashes) exactly as the HTTP
+simulator would derive them from the prompt text.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from tuner.engine.base import Engine, LaunchInfo, Server
+from tuner.knobs import Knobs
+from tuner.profiles.gpus import GPUProfile, get_gpu
+from tuner.profiles.models import ModelProfile, get_model
+from tuner.replay.record import LoadRun
+from tuner.sim.config import ResolvedConfig, resolve
+from tuner.sim.costs import CostParams
+from tuner.sim.engine import EngineCore
+from tuner.sim.tokens import block_hashes, block_hashes_from_ids, count_tokens, tokenize
+from tuner.sim.virtual import SimRequest, run_virtual
+from tuner.workload.model import WorkloadRequest
+
+
+def request_shape(req: WorkloadRequest, index: int) -> tuple[int, list[int]]:
+    """(prompt tokens, prompt block hashes) of a workload request, as the simulator sees it."""
+    if req.prefix_hash_ids is not None:
+        n = req.prompt_tokens or count_tokens(_text(req))
+        return n, block_hashes_from_ids(req.prefix_hash_ids, req.hash_block_size, n, unique=index)
+    if req.prompt is not None or req.messages:
+        toks = tokenize(_text(req))
+        return len(toks), block_hashes(toks)
+    return req.prompt_tokens, []  # nothing shared: no hashes needed
+
+
+def _text(req: WorkloadRequest) -> str:
+    if req.prompt is not None:
+        return req.prompt
+    return "".join(m.content for m in req.messages or [])
+
+
+class SimServer(Server):
+    def __init__(self, cfg: ResolvedConfig, cost_params: CostParams | None, noise: float, seed: int):
+        self.cfg = cfg
+        self.core = EngineCore(cfg, cost_params, noise=noise, seed=seed, keep_step_times=True)
+        self.info = LaunchInfo(kv_cache_tokens=cfg.kv_cache_tokens, max_concurrency=cfg.max_concurrency)
+        self.launch_log = cfg.launch_log()
+        self._shapes: dict[int, tuple[WorkloadRequest, int, list[int]]] = {}
+
+    def _shape(self, req: WorkloadRequest, index: int) -> tuple[int, list[int]]:
+        hit = self._shapes.get(id(req))
+        if hit is None or hit[0] is not req:
+            n, h = request_shape(req, index)
+            hit = self._shapes[id(req)] = (req, n, h)
+        return hit[1], hit[2]
+
+    def run_load(self, requests: Sequence[WorkloadRequest], send_times: Sequence[float], *,
+                 offered_rate: float, request_timeout_s: float = 120.0, warmup_s: float = 0.0,
+                 cooldown_s: float = 0.0, token_times: bool = True) -> LoadRun:
+        sims = []
+        for i, (req, t) in enumerate(zip(requests, send_times)):
+            n, h = self._shape(req, i)
+            sims.append(SimRequest(float(t), n, req.output_tokens, h))
+        # a fresh step clock per load run keeps memory bounded; the KV pool (prefix cache) carries over
+        self.core.step_end.clear()
+        self.core.step_idx = 0
+        self.core.finish_at.clear()
+        run = run_virtual(self.cfg, sims, engine=self.core, request_timeout_s=request_timeout_s,
+                          warmup_s=warmup_s, cooldown_s=cooldown_s, token_times=token_times)
+        self._drain()
+        return LoadRun(offered_rate=offered_rate, duration_s=run.duration_s, records=run.records,
+                       metrics=run.metrics, engine="sim", window_start_s=warmup_s,
+                       window_end_s=max(send_times, default=0.0) - cooldown_s)
+
+    def _drain(self) -> None:
+        """Abort whatever a timed-out run left in the engine, as clients disconnecting would."""
+        core = self.core
+        while core.running:
+            core._preempt_tail(core.step_idx, scheduled_decodes=False)
+        core.waiting.clear()
+        core.prefilling.clear()
+
+    def stop(self) -> None:
+        self._shapes.clear()
+
+
+class SimEngine(Engine):
+    """`--engine sim`: the simulator in this process, in virtual time."""
+
+    name = "sim"
+    virtual_time = True
+
+    def __init__(self, gpu: str | GPUProfile, model: str | ModelProfile, *,
+                 cost_params: CostParams | None = None, noise: float = 0.0, seed: int = 0):
+        self.gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
+        self.model = get_model(model) if isinstance(model, str) else model
+        self.cost_params = cost_params
+        self.noise = noise
+        self.seed = seed
+        self.launches = 0
+
+    def launch(self, knobs: Knobs) -> SimServer:
+        self.launches += 1
+        cfg = resolve(self.gpu, self.model, knobs)
+        return SimServer(cfg, self.cost_params, self.noise, self.seed + self.launches)
