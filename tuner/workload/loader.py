@@ -148,7 +148,7 @@ def detect_format(path: str | Path, text: str | None = None) -> str:
     body = text.lstrip()
     if not body:
         raise UserError("empty file", file=p)
-    if _suffix(p) in (".csv", ".tsv", ".txt") or body[0] not in "[{":
+    if _suffix(p) == ".csv" or body[0] not in "[{":
         header = body.splitlines()[0]
         if all(c in header for c in AZURE_COLUMNS):
             return "azure"
