@@ -142,7 +142,7 @@ def _ours_or_vllm(records: Iterator[tuple[int, Any]]) -> str:
 
 
 def detect_format(path: str | Path, text: str | None = None) -> str:
-    """The format of `path` from its extension and its first record; `UserError` when it is not clear."""
+    """The format of `path` from its extension and first records; `UserError` when it is not clear."""
     p = Path(path)
     text = _read_text(p) if text is None else text
     body = text.lstrip()
