@@ -101,6 +101,27 @@ class EngineCore:
         seq.target = seq.prompt_len
         self.waiting.append(seq)
 
+    def abort(self, seq: Seq) -> bool:
+        """Remove a request whose client went away, between steps, as vLLM aborts on disconnect: a
+        waiting one is dropped, a running one gives back its blocks (cached prompt blocks stay cached).
+        False when it is not in the engine (already finished, or never added)."""
+        if seq.finish is not None:
+            return False
+        if self.running.get(seq.rid) is seq:
+            seq.epoch += 1  # its pending finish_at entry is stale now
+            if seq.decoding:
+                t = self.step_idx  # steps t0..t-1 ran, so its KV holds c0 + (t - t0) tokens
+                self._stop_decoding(seq, seq.c0 + (t - seq.t0), t)
+            else:
+                self.prefilling.remove(seq)
+                self._release(seq, seq.computed)
+            return True
+        try:
+            self.waiting.remove(seq)
+        except ValueError:
+            return False
+        return True
+
     def has_work(self) -> bool:
         return bool(self.running) or bool(self.waiting)
 

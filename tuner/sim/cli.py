@@ -1,0 +1,143 @@
+"""`tune sim serve` / `python -m tuner.sim`: start the HTTP simulator with `vllm serve`'s flags.
+
+The flags are parsed with argparse, not typer, because the point is to fail like vLLM: an invalid choice
+prints argparse's `error: argument --kv-cache-dtype: invalid choice: ...` and exits 2, which the
+launch-log classifier (`tuner.engine.classify`) files as a bad flag exactly as it would for vLLM. Typer
+only passes the arguments through.
+
+Start-up order follows vLLM: resolve the configuration (defaults, memory profiling), and on a launch
+vLLM would refuse, print its error and exit 1 *before* binding the port; otherwise print the KV-cache log
+lines the launchers parse, then serve.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from typing import Sequence
+
+import typer
+
+from tuner.knobs import KV_CACHE_DTYPES
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="The simulated vLLM engine (no GPU needed).")
+
+_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+# pydantic config classes vLLM validates each knob in (for its error wording)
+_CONFIG_OF = {"max_num_seqs": "SchedulerConfig", "max_num_batched_tokens": "SchedulerConfig",
+              "gpu_memory_utilization": "CacheConfig", "max_model_len": "ModelConfig"}
+
+
+def human_readable_int(value: str) -> int:
+    """vLLM's parser for token counts: `8k` = 8000, `8K` = 8192, `25.6k` = 25600, or a plain int."""
+    value = value.strip()
+    m = _HUMAN_INT.fullmatch(value)
+    if m:
+        number, suffix = m.groups()
+        if suffix in "kmgt":
+            return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
+        if "." in number:
+            raise argparse.ArgumentTypeError(
+                f"Decimals are not allowed with binary suffixes like {suffix}. Did you mean to use "
+                f"{number}{suffix.lower()} instead?")
+        return int(number) * 2 ** (10 * ("KMGT".index(suffix) + 1))
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: '{value}'") from None
+
+
+def build_parser(prog: str = "tune sim serve") -> argparse.ArgumentParser:
+    from tuner.sim.config import QUANT_CHOICES
+
+    p = argparse.ArgumentParser(
+        prog=prog, description="Serve a simulated vLLM (OpenAI API, /metrics) for a GPU and model profile. "
+        "Knob flags are vLLM's.")
+    sim = p.add_argument_group("simulation")
+    sim.add_argument("--gpu", required=True, help="GPU profile: a built-in name or a profile .yaml")
+    sim.add_argument("--model", required=True, help="a built-in model id/alias, or a config.json / model folder")
+    sim.add_argument("--time-scale", type=float, default=1.0, metavar="K",
+                     help="run the simulated GPU K times slower than real (clients divide timings by K)")
+    sim.add_argument("--noise", type=float, default=0.0, help="log-normal sigma of step-time noise")
+    sim.add_argument("--seed", type=int, default=0)
+    v = p.add_argument_group("vllm serve flags")
+    v.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (vLLM binds all interfaces by default; the simulator stays local)")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 (or VLLM_API_KEY)")
+    v.add_argument("--served-model-name", nargs="+", default=None)
+    v.add_argument("--max-num-seqs", type=int, default=None)
+    v.add_argument("--max-num-batched-tokens", type=human_readable_int, default=None)
+    v.add_argument("--gpu-memory-utilization", type=float, default=None)
+    v.add_argument("--quantization", "-q", choices=QUANT_CHOICES, default=None)
+    v.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=None)
+    v.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    v.add_argument("--max-model-len", type=human_readable_int, default=None)
+    return p
+
+
+def _knobs(args: argparse.Namespace):
+    """`Knobs` from the flags, or (out of range) the error vLLM's pydantic config validation prints."""
+    from pydantic import ValidationError
+
+    from tuner.knobs import Knobs
+
+    values = {name: getattr(args, name) for name in Knobs.model_fields}
+    try:
+        return Knobs(**values)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = str(err["loc"][0])
+        return (f"pydantic_core._pydantic_core.ValidationError: 1 validation error for "
+                f"{_CONFIG_OF.get(field, 'EngineArgs')}\n{field}\n  {err['msg']} [type={err['type']}, "
+                f"input_value={err['input']!r}, input_type={type(err['input']).__name__}]")
+
+
+def _fail(message: str, code: int = 1) -> int:
+    print(message, file=sys.stderr, flush=True)
+    return code
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "tune sim serve") -> int:
+    """Parse, resolve, serve. Returns the exit code (argparse exits 2 by itself on a bad flag)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["serve"]:
+        argv = argv[1:]
+    args = build_parser(prog).parse_args(argv)
+    if not args.time_scale > 0:
+        return _fail(f"{prog}: error: argument --time-scale: must be > 0, got {args.time_scale}", 2)
+
+    from tuner.errors import UserError
+    from tuner.failures import LaunchFailure
+    from tuner.profiles.gpus import get_gpu
+    from tuner.profiles.models import get_model
+    from tuner.sim.config import resolve
+
+    knobs = _knobs(args)
+    if isinstance(knobs, str):
+        return _fail(knobs)
+    try:
+        gpu, model = get_gpu(args.gpu), get_model(args.model)
+        cfg = resolve(gpu, model, knobs)
+    except UserError as e:
+        return _fail(f"error: {e.format()}", 2)
+    except LaunchFailure as e:
+        return _fail(e.message)  # vLLM logs the exception line and exits before binding
+    print(cfg.launch_log(), flush=True)
+
+    api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
+    names = args.served_model_name or [args.model]
+    from tuner.sim.server import run_server
+
+    return run_server(cfg, host=args.host, port=args.port, served_names=names, api_key=api_key,
+                      time_scale=args.time_scale, noise=args.noise, seed=args.seed, root=args.model)
+
+
+@app.command("serve", add_help_option=False,
+             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def serve(ctx: typer.Context) -> None:
+    """Serve the simulated vLLM over HTTP: --gpu, --model, vLLM's knob flags, --time-scale (see --help)."""
+    raise SystemExit(main(ctx.args))

@@ -1,0 +1,425 @@
+"""The HTTP simulator: vLLM's OpenAI server in front of the simulated engine core, on the wall clock.
+
+Why it exists: the tuner's real-vLLM path (launch a subprocess, wait for `/health`, replay load over HTTP,
+scrape `/metrics`, stop the process group) must be testable without a GPU. This server is that subprocess.
+It schedules with the same `EngineCore` as the in-process engine (`tuner.engine.sim`), so the two cannot
+disagree about scheduling; only the clock differs.
+
+Clock: one asyncio task (`EngineLoop.run`) drives `EngineCore.step`. A step the model says takes `dur`
+seconds of GPU time is waited out for `dur * time_scale` wall seconds, measured from absolute deadlines
+(the next step starts at the previous deadline, not at whenever the event loop woke), so scheduling
+jitter does not accumulate. `time_scale` K > 1 runs the simulated GPU K times slower than a real one, so a
+small CPU can deliver every token on time; clients read K from `/v1/models` and divide their timings by it
+(`tuner.replay.client`). Everything the server reports (`/metrics` histograms) is in simulated GPU time:
+the engine core runs on the simulated clock `(wall - t0) / K` directly.
+
+Requests are added to the core as they arrive and admitted at the next step (vLLM's behaviour); a client
+that disconnects is aborted (`EngineCore.abort`), so its KV blocks go back to the pool at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from typing import Sequence
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from tuner.sim.config import ResolvedConfig
+from tuner.sim.engine import EngineCore, Seq
+from tuner.sim.protocol import UNAUTHORIZED, BadRequest, ParsedRequest, Renderer, parse_request
+from tuner.sim.tokens import block_hashes
+from tuner.sim.vllm_metrics import (ITERATION_TOKENS_BUCKETS, ITL_BUCKETS, REQUEST_LATENCY_BUCKETS,
+                                    TTFT_BUCKETS, tokens_buckets)
+
+#: When the event loop falls further behind the simulated GPU than this (wall seconds), the simulated
+#: clock gives up catching up: the host, not the modelled GPU, is the bottleneck, and latencies show it.
+MAX_LAG_S = 0.25
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+
+
+class SimRequest:
+    """What a handler waits on: tokens delivered so far, and whether the request is over."""
+
+    __slots__ = ("seq", "tokens", "done", "aborted", "event", "last_token")
+
+    def __init__(self, seq: Seq):
+        self.seq = seq
+        self.tokens = 0
+        self.done = False
+        self.aborted = False
+        self.event = asyncio.Event()
+        self.last_token: float | None = None
+
+
+class SimMetrics:
+    """vLLM's `/metrics` families with its names, types, labels and buckets, in its own registry.
+
+    Gauges and counters are read from the engine core at scrape time (it keeps vLLM's cumulative
+    counters); histograms are observed as requests progress, in simulated seconds.
+    """
+
+    def __init__(self, cfg: ResolvedConfig, core: EngineCore, model_name: str):
+        self.cfg, self.core = cfg, core
+        self.labels = {"engine": "0", "model_name": model_name}
+        self.started = time.time()
+        self.aborted = 0
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(self)
+        names = ["engine", "model_name"]
+
+        def hist(name: str, doc: str, buckets) -> Histogram:
+            h = Histogram(name, doc, names, buckets=buckets, registry=self.registry)
+            return h.labels(**self.labels)
+
+        tok = tokens_buckets(cfg.max_model_len)
+        self.ttft = hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                         TTFT_BUCKETS)
+        self.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                        ITL_BUCKETS)
+        self.e2e = hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                        REQUEST_LATENCY_BUCKETS)
+        self.queue = hist("vllm:request_queue_time_seconds",
+                          "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.inference = hist("vllm:request_inference_time_seconds",
+                              "Histogram of time spent in RUNNING phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.prefill = hist("vllm:request_prefill_time_seconds",
+                            "Histogram of time spent in PREFILL phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.decode = hist("vllm:request_decode_time_seconds",
+                           "Histogram of time spent in DECODE phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.iteration = hist("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                              ITERATION_TOKENS_BUCKETS)
+        self.prompt_len = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tok)
+        self.gen_len = hist("vllm:request_generation_tokens", "Number of generation tokens processed.", tok)
+
+    def collect(self):
+        """The gauge and counter families, from the core's live state (prometheus_client calls this)."""
+        core, keys, vals = self.core, list(self.labels), list(self.labels.values())
+
+        def gauge(name, doc, value):
+            g = GaugeMetricFamily(name, doc, labels=keys)
+            g.add_metric(vals, value)
+            return g
+
+        def counter(name, doc, value):
+            c = CounterMetricFamily(name, doc, labels=keys)
+            c.add_metric(vals, value, created=self.started)
+            return c
+
+        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
+                    core.num_running)
+        yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                    core.num_waiting)
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", core.pool.usage)
+        yield counter("vllm:prefix_cache_queries",
+                      "Prefix cache queries, in terms of number of queried tokens.", core.prefix_queries)
+        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+                      core.prefix_hits)
+        yield counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+                      core.preemptions)
+        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", core.prompt_tokens)
+        yield counter("vllm:generation_tokens", "Number of generation tokens processed.",
+                      core.generation_tokens)
+        success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
+                                      labels=[*keys, "finished_reason"])
+        done = {"length": core.requests_finished, "abort": self.aborted}
+        for reason in FINISHED_REASONS:
+            success.add_metric([*vals, reason], done.get(reason, 0), created=self.started)
+        yield success
+        cache = self.cache_labels()
+        info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                                 labels=[*keys, *cache])
+        info.add_metric([*vals, *cache.values()], 1.0)
+        yield info
+
+    def cache_labels(self) -> dict[str, str]:
+        cfg = self.cfg
+        return {"block_size": str(cfg.block_size), "cache_dtype": cfg.kv_cache_dtype,
+                "enable_prefix_caching": str(cfg.enable_prefix_caching),
+                "gpu_memory_utilization": str(cfg.gpu_memory_utilization),
+                "kv_cache_memory_bytes": str(int(cfg.kv_cache_bytes)),
+                "kv_cache_size_tokens": str(cfg.kv_cache_tokens),
+                "kv_cache_max_concurrency": str(round(cfg.max_concurrency, 2)),
+                "num_cpu_blocks": "None", "num_gpu_blocks": str(cfg.num_gpu_blocks),
+                "prefix_caching_hash_algo": "sha256", "sliding_window": "None"}
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class EngineLoop:
+    """Drives the engine core on the wall clock and hands each request its tokens."""
+
+    def __init__(self, cfg: ResolvedConfig, *, time_scale: float = 1.0, noise: float = 0.0, seed: int = 0,
+                 model_name: str = "model"):
+        if not time_scale > 0:
+            raise ValueError(f"time_scale must be > 0, got {time_scale}")
+        self.cfg = cfg
+        self.k = float(time_scale)
+        self.core = EngineCore(cfg, noise=noise, seed=seed, keep_step_times=False)
+        self.metrics = SimMetrics(cfg, self.core, model_name)
+        self.t0 = time.monotonic()
+        self._rid = itertools.count()
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self.steps = 0
+
+    def sim_now(self) -> float:
+        """Seconds on the simulated GPU's clock."""
+        return (time.monotonic() - self.t0) / self.k
+
+    # -- requests -------------------------------------------------------------------------------
+    def check(self, prompt_len: int, max_tokens: int) -> str | None:
+        return self.core.check(prompt_len, max_tokens)
+
+    def submit(self, prompt_ids: Sequence[int], max_tokens: int) -> SimRequest:
+        """Queue a request in the engine; it is admitted at the next step."""
+        seq = Seq(rid=next(self._rid), arrival=self.sim_now(), prompt_len=len(prompt_ids),
+                  output_len=max_tokens, hashes=block_hashes(prompt_ids, self.cfg.block_size)
+                  if self.cfg.enable_prefix_caching else [])
+        req = SimRequest(seq)
+        seq.payload = req
+        self.core.add(seq)
+        if self._wake is not None:
+            self._wake.set()
+        return req
+
+    def abort(self, req: SimRequest) -> None:
+        """The client left: take the request out of the engine (no-op once it has finished)."""
+        if req.done or req.aborted:
+            return
+        req.aborted = True
+        if self.core.abort(req.seq):
+            self.metrics.aborted += 1
+
+    # -- the loop -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self.run(), name="sim-engine-loop")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def run(self) -> None:
+        core, k, t0, m = self.core, self.k, self.t0, self.metrics
+        wake = self._wake if self._wake is not None else asyncio.Event()
+        self._wake = wake
+        deadline: float | None = None
+        while True:
+            if not core.has_work():
+                wake.clear()
+                await wake.wait()
+                deadline = None  # idle: the GPU starts the next step when work arrives
+                continue
+            wall = time.monotonic()
+            start = wall if deadline is None else max(deadline, wall - MAX_LAG_S)
+            begin = (start - t0) / k
+            events: list[Seq] = []
+            dur, finished = core.step(begin, events)
+            self.steps += 1
+            if core.last_step_tokens:
+                m.iteration.observe(core.last_step_tokens)
+            deadline = start + dur * k
+            delay = deadline - time.monotonic()
+            await asyncio.sleep(delay if delay > 0 else 0)
+            self._deliver(begin + dur, events, finished)
+
+    def _deliver(self, end: float, events: list[Seq], finished: list[Seq]) -> None:
+        """Hand out the tokens of a step that ended at simulated time `end`; O(sequences in the step)."""
+        m = self.metrics
+        itl = m.itl
+        for seq in events:
+            req: SimRequest = seq.payload
+            if req.aborted:
+                continue
+            req.tokens += 1
+            if req.last_token is None:
+                m.ttft.observe(end - seq.arrival)
+            else:
+                itl.observe(end - req.last_token)
+            req.last_token = end
+            req.event.set()
+        for seq in finished:
+            req = seq.payload
+            if req.aborted:
+                continue
+            req.done = True
+            req.event.set()
+            scheduled = seq.first_scheduled if seq.first_scheduled is not None else seq.arrival
+            first = seq.first_token if seq.first_token is not None else end
+            m.e2e.observe(end - seq.arrival)
+            m.queue.observe(max(0.0, scheduled - seq.arrival))
+            m.inference.observe(max(0.0, end - scheduled))
+            m.prefill.observe(max(0.0, first - scheduled))
+            m.decode.observe(end - first)
+            m.prompt_len.observe(seq.prompt_len)
+            m.gen_len.observe(seq.output_len)
+
+
+class _WatchedStream(StreamingResponse):
+    """A streaming response that notices a client leaving even while it has nothing to send.
+
+    Starlette (ASGI 2.4 servers) only learns of a disconnect when a write fails, but a queued request
+    writes nothing until its first token; the engine must drop it as soon as its client is gone.
+    """
+
+    async def __call__(self, scope, receive, send) -> None:
+        stream = asyncio.ensure_future(self.stream_response(send))
+        watch = asyncio.ensure_future(self.listen_for_disconnect(receive))
+        try:
+            await asyncio.wait((stream, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (stream, watch):
+                task.cancel()
+            results = await asyncio.gather(stream, watch, return_exceptions=True)
+            # a generator cancelled in the middle of a write never reached its `finally`: close it now
+            await self.body_iterator.aclose()
+        err = results[0]
+        if isinstance(err, BaseException) and not isinstance(err, (asyncio.CancelledError, OSError)):
+            raise err
+
+
+async def _until_done_or_gone(req: SimRequest, receive) -> bool:
+    """Wait for a non-streamed request to finish; False if the client disconnected first."""
+    async def gone() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(gone())
+    try:
+        while not req.done:
+            waiter = asyncio.ensure_future(req.event.wait())
+            await asyncio.wait((waiter, watch), return_when=asyncio.FIRST_COMPLETED)
+            if watch.done():
+                waiter.cancel()
+                return req.done
+            req.event.clear()
+        return True
+    finally:
+        watch.cancel()
+
+
+def build_app(loop: EngineLoop, *, served_names: Sequence[str], api_key: str | None = None,
+              root: str | None = None) -> Starlette:
+    """The Starlette app: vLLM's endpoints over `loop`. `served_names[0]` labels the metrics."""
+    served = tuple(served_names)
+    cfg = loop.cfg
+    auth = f"Bearer {api_key}" if api_key else None
+
+    def unauthorized(request: Request) -> JSONResponse | None:
+        if auth is not None and request.headers.get("authorization") != auth:
+            return JSONResponse(UNAUTHORIZED, status_code=401)
+        return None
+
+    async def health(request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def metrics(request: Request) -> Response:
+        return Response(loop.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    async def models(request: Request) -> Response:
+        denied = unauthorized(request)
+        if denied:
+            return denied
+        created = int(loop.metrics.started)
+        data = [{"id": name, "object": "model", "created": created, "owned_by": "vllm",
+                 "root": root or name, "parent": None, "max_model_len": cfg.max_model_len,
+                 "sim_time_scale": loop.k, "sim_gpu": cfg.gpu.name} for name in served]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def generate(request: Request, chat: bool) -> Response:
+        denied = unauthorized(request)
+        if denied:
+            return denied
+        try:
+            p = parse_request(await request.body(), chat=chat, served=served)
+            err = loop.check(len(p.prompt_ids), p.max_tokens)
+            if err:
+                raise BadRequest(err)
+        except BadRequest as e:
+            return JSONResponse(e.body(), status_code=e.status)
+        req = loop.submit(p.prompt_ids, p.max_tokens)
+        out = Renderer(chat, p.model)
+        if p.stream:
+            return _WatchedStream(_sse(loop, req, p, out), media_type="text/event-stream")
+        if not await _until_done_or_gone(req, request.receive):
+            loop.abort(req)
+            return Response(status_code=499)
+        return JSONResponse(out.full(len(p.prompt_ids), p.max_tokens))
+
+    async def completions(request: Request) -> Response:
+        return await generate(request, chat=False)
+
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, chat=True)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        loop.start()
+        try:
+            yield
+        finally:
+            await loop.stop()
+
+    return Starlette(routes=[
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    ], lifespan=lifespan)
+
+
+async def _sse(loop: EngineLoop, req: SimRequest, p: ParsedRequest, out: Renderer):
+    """The SSE body: one event per token as the engine delivers them; aborts the request if cancelled."""
+    total = p.max_tokens
+    sent = 0
+    try:
+        while sent < total:
+            await req.event.wait()
+            req.event.clear()
+            n = req.tokens
+            if n > sent:
+                chunk = out.token_events(sent, n, total)
+                if sent == 0 and out.chat:
+                    chunk = out.role_event() + chunk
+                sent = n
+                if sent >= total:
+                    break
+                yield chunk
+        tail = chunk
+        if p.include_usage:
+            tail += out.usage_event(len(p.prompt_ids), total)
+        yield tail + b"data: [DONE]\n\n"
+    finally:
+        loop.abort(req)  # a no-op once the request finished
+
+
+def run_server(cfg: ResolvedConfig, *, host: str, port: int, served_names: Sequence[str],
+               api_key: str | None = None, time_scale: float = 1.0, noise: float = 0.0, seed: int = 0,
+               root: str | None = None) -> int:
+    """Serve until SIGINT/SIGTERM; the exit code (1 when the port could not be bound)."""
+    import uvicorn
+
+    loop = EngineLoop(cfg, time_scale=time_scale, noise=noise, seed=seed, model_name=served_names[0])
+    app = build_app(loop, served_names=served_names, api_key=api_key, root=root)
+    print(f"INFO [api_server.py] Starting simulated vLLM API server on http://{host}:{port} "
+          f"({cfg.gpu.name}, {cfg.model.name}, time scale {time_scale:g})", flush=True)
+    # access logs off: a line per request would cost more CPU than the simulation on a small machine;
+    # a short graceful shutdown, so SIGTERM with streams still open ends in seconds, as the launcher expects
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=2, timeout_keep_alive=30)
+    server = uvicorn.Server(config)
+    server.run()
+    return 0 if server.started else 1
