@@ -9,6 +9,9 @@ here, because the failure modes are the same and each one silently corrupts a tu
   children too), `PR_SET_PDEATHSIG=SIGKILL` in the direct child (the server is exec'd directly, no shell in
   between, so the kernel kills it when the tool dies), and a pidfile `server.pid` that `reap_stale` uses
   on `--resume` to find what a killed tool left behind.
+- pdeathsig reaches only the direct child, and vLLM's engine core and workers outlive a SIGKILLed API
+  server; so each server also gets a watchdog process (`tuner.engine.watchdog`) that kills the whole group
+  when the tool's end of a pipe closes, i.e. when the tool dies by any means.
 - "Stopped" must mean released: after SIGTERM, then SIGKILL, to the whole group, `stop` waits until the
   port can be bound again and, where `nvidia-smi` exists, until the GPU no longer lists the group's pids.
 - A launch that dies must say why: we fail fast when the process exits before `/health` answers 200 and
@@ -28,6 +31,7 @@ import queue
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -152,6 +156,8 @@ class ManagedProcess:
     def __init__(self, popen: subprocess.Popen, *, argv: Sequence[str], host: str, port: int,
                  run_dir: Path, log_path: Path, token: str):
         self.popen = popen
+        self.watchdog: subprocess.Popen | None = None
+        self._watch_fd: int | None = None
         self.argv = list(argv)
         self.pid = popen.pid
         self.pgid = popen.pid  # start_new_session: the child leads its own session and group
@@ -165,14 +171,49 @@ class ManagedProcess:
         self.pidfile = run_dir / PIDFILE
         self._write_pidfile()
         _live.add(self)
+        self._start_watchdog()
+
+    def _start_watchdog(self) -> None:
+        """See `tuner.engine.watchdog`. Without one (spawn failed) pdeathsig and the pidfile remain."""
+        import tuner
+
+        r, w = os.pipe()  # both non-inheritable: no other child of the tool keeps the write end open
+        pkg_root = str(Path(tuner.__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pkg_root, os.environ.get("PYTHONPATH")]))}
+        try:
+            with open(self.log_path, "ab") as logf:
+                self.watchdog = _Spawner.popen(
+                    [sys.executable, "-m", "tuner.engine.watchdog", str(r), str(self.pgid), TOKEN_ENV,
+                     self.token, str(self.pidfile)],
+                    pass_fds=(r,), start_new_session=True, stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL, stderr=logf, env=env, close_fds=True)
+            self._watch_fd = w
+        except OSError as e:
+            log.warning("no watchdog for server %d (%s); relying on pdeathsig and the pidfile", self.pid, e)
+            os.close(w)
+        finally:
+            os.close(r)
+
+    def _release_watchdog(self) -> None:
+        if self._watch_fd is not None:
+            os.close(self._watch_fd)
+            self._watch_fd = None
+        if self.watchdog is not None:
+            try:
+                self.watchdog.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.watchdog.kill()
+                self.watchdog.wait()
 
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     def _write_pidfile(self) -> None:
+        """Record what `reap_stale` needs. Rewritten once healthy, when vLLM has forked its engine core
+        and workers: their (pid, start ticks) prove the group is ours after the leader is gone."""
         record = {"pid": self.pid, "pgid": self.pgid, "port": self.port, "host": self.host,
-                  "token": self.token, "start_ticks": procs.start_ticks(self.pid),
+                  "token": self.token, "members": procs.snapshot(dict.fromkeys([self.pid, *self.members()])),
                   "log": str(self.log_path), "argv0": self.argv[0] if self.argv else ""}
         tmp = self.pidfile.with_suffix(".tmp")
         tmp.write_text(json.dumps(record) + "\n")
@@ -208,6 +249,7 @@ class ManagedProcess:
                     raise LaunchFailure(kind, message, _tail(self.read_log()))
                 try:
                     if client.get(url).status_code == 200:
+                        self._write_pidfile()
                         return time.monotonic() - self.started
                 except httpx.HTTPError:
                     pass
@@ -246,6 +288,7 @@ class ManagedProcess:
             log.warning("GPU memory of pids %s not released after %.0f s", sorted(seen), release_timeout_s)
         self.stopped = True
         _live.discard(self)
+        self._release_watchdog()
         self.pidfile.unlink(missing_ok=True)
 
     def _wait_gone(self, timeout_s: float, seen: set[int]) -> bool:
@@ -319,8 +362,9 @@ def launch(argv: Sequence[str], *, run_dir: str | Path, port: int, host: str = "
 def reap_stale(run_dir: str | Path, *, timeout_s: float = 30.0) -> list[dict]:
     """Stop servers that a killed tool left behind under `run_dir` (found by their `server.pid` files).
 
-    Only processes that still carry the launch's token in their environment are signalled (checked through
-    /proc), so a pid reused by an unrelated process is never killed. Returns the pidfile records of the
+    A group is signalled only when one of its members is provably the launch's (`procs.owned_members`:
+    the launch token in its environment, or a recorded pid and start time), so a reused pid or group id
+    is never killed. Returns the pidfile records of the
     servers found running, each with `killed` (pids signalled); removes every pidfile it reads.
     """
     found = []
@@ -331,10 +375,10 @@ def reap_stale(run_dir: str | Path, *, timeout_s: float = 30.0) -> list[dict]:
         except (OSError, ValueError, KeyError, TypeError):
             log.warning("ignoring unreadable pidfile %s", pidfile)
             continue
-        members = procs.tagged_members(pgid, TOKEN_ENV, token, record.get("start_ticks"))
+        members = procs.owned_members(pgid, TOKEN_ENV, token, record.get("members") or [])
         if members:
             log.warning("stopping server left by an earlier run: pgid %d, pids %s", pgid, members)
-            procs.stop_pids(members, pgid, timeout_s)
+            procs.stop_group(pgid, timeout_s)
             wait_port_free(record.get("host", "127.0.0.1"), int(record.get("port", 0)), timeout_s)
             procs.wait_gpu_released(set(members), timeout_s)
             found.append({**record, "killed": members})

@@ -73,18 +73,30 @@ def has_env(pid: int, key: str, value: str) -> bool | None:
     return f"{key}={value}".encode() in env.split(b"\0")
 
 
-def tagged_members(pgid: int, key: str, value: str, min_start_ticks: int | None = None) -> list[int]:
-    """Members of group `pgid` that provably belong to one launch: they carry key=value in their environment
-    (inherited by every child the server forks). Where the environment is unreadable, a start time not
-    earlier than the launch's stands in."""
+def owned_members(pgid: int, key: str, value: str, known: Iterable[tuple[int, int]] = ()) -> list[int]:
+    """Live members of group `pgid` if that group is provably one launch's, else [].
+
+    Proof needs just one member: one that carries key=value in its environment (every child inherits it),
+    or one whose (pid, start ticks) was recorded while the launch ran. One is enough because Linux never
+    reuses a process-group id while any process is in the group, so a group with one of ours is all ours.
+    Both tests are needed: vLLM's engine core and workers call setproctitle, which overwrites the memory
+    /proc/PID/environ reads, so they show no token; the recorded pairs cover them.
+    """
+    members = group_members(pgid)
+    known = set(map(tuple, known))
+    for pid in members:
+        if has_env(pid, key, value) or (pid, start_ticks(pid)) in known:
+            return members
+    return []
+
+
+def snapshot(pids: Iterable[int]) -> list[tuple[int, int]]:
+    """(pid, start ticks) pairs of live pids, to recognise exactly these processes later."""
     out = []
-    for pid in group_members(pgid):
-        tagged = has_env(pid, key, value)
-        if tagged is None:
-            ticks = start_ticks(pid)
-            tagged = min_start_ticks is not None and ticks is not None and ticks >= min_start_ticks
-        if tagged:
-            out.append(pid)
+    for pid in pids:
+        ticks = start_ticks(pid)
+        if ticks is not None:
+            out.append((pid, ticks))
     return out
 
 
@@ -99,31 +111,23 @@ def signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
-def _signal_pids(pids: Iterable[int], sig: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+def stop_group(pgid: int, timeout_s: float) -> bool:
+    """SIGTERM the group, wait up to `timeout_s`, SIGKILL it; True when no live member is left.
 
-
-def stop_pids(pids: list[int], pgid: int, timeout_s: float) -> bool:
-    """SIGTERM these pids, wait up to `timeout_s`, SIGKILL the rest; True when all are gone.
-
-    Signals the listed pids, not the group id, because the group's leader may be long gone and only the
-    verified members are known to be ours.
+    Only for groups proved ours (`owned_members`): a group id is signalled, not a list of pids, so children
+    forked while stopping are caught too.
     """
-    _signal_pids(pids, signal.SIGTERM)
+    signal_group(pgid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while any(is_alive(p) for p in pids):
+    while group_members(pgid):
         if time.monotonic() > deadline:
-            _signal_pids([p for p in pids if is_alive(p)], signal.SIGKILL)
+            signal_group(pgid, signal.SIGKILL)
             kill_deadline = time.monotonic() + 10
-            while any(is_alive(p) for p in pids) and time.monotonic() < kill_deadline:
+            while group_members(pgid) and time.monotonic() < kill_deadline:
                 time.sleep(0.1)
             break
         time.sleep(0.1)
-    return not any(is_alive(p) for p in pids)
+    return not group_members(pgid)
 
 
 def gpu_pids() -> dict[int, int] | None:
