@@ -25,6 +25,7 @@ Clock and window rules (also in docs/measurement.md):
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import random
 import time
@@ -36,9 +37,10 @@ from tuner.metrics.parse import Snapshot
 from tuner.metrics.sampler import GaugeSampler
 from tuner.metrics.scrape import ascrape, window
 from tuner.metrics.window import MetricsWindow
+from tuner.replay.pool import ShardedClient
 from tuner.replay.record import LoadRun, RequestRecord
 from tuner.replay.schedule import sleep_until
-from tuner.replay.sse import stream_request
+from tuner.replay.sse import build_request, stream_request
 from tuner.workload.model import WorkloadRequest
 from tuner.workload.prompts import render_messages, render_prompt
 
@@ -50,6 +52,8 @@ LEAD_S = 0.05
 #: Time between the run's setup and the first scheduled send.
 START_DELAY_S = 0.1
 CAP_ERROR = "in-flight cap"
+#: Connection pools to spread streams over (see tuner.replay.pool).
+SHARDS = 16
 CANCELLED = "cancelled"
 
 
@@ -107,9 +111,10 @@ class _Runner:
             body["prompt"] = render_prompt(req, i, salt=self.salt)
         return json.dumps(body).encode()
 
-    async def _one(self, client: httpx.AsyncClient, url: str, i: int, deadline: float) -> None:
+    async def _one(self, pool: ShardedClient, url: str, i: int, deadline: float) -> None:
         rec = self.records[i]
-        body = self._body(i)
+        request = build_request(pool.any, url, self._body(i), self.headers,
+                                stall_timeout_s=self.stall_timeout_s * self.scale)
         await sleep_until(deadline)
         self.sent += 1
         if self.in_flight >= self.max_in_flight:
@@ -119,11 +124,13 @@ class _Runner:
             self.done += 1
             return
         self.in_flight += 1
+        shard = pool.pick()
         try:
-            await stream_request(client, url, body, self.headers, rec, self.clock,
+            await stream_request(pool.clients[shard], request, rec, self.clock,
                                  request_timeout_s=self.request_timeout_s * self.scale,
                                  stall_timeout_s=self.stall_timeout_s * self.scale)
         finally:
+            pool.release(shard)
             self.in_flight -= 1
             self.done += 1
             if rec.ok:
@@ -171,18 +178,22 @@ class _Runner:
 
     async def run(self) -> LoadRun:
         url = self.base + ("/v1/chat/completions" if self.api == "chat" else "/v1/completions")
-        limits = httpx.Limits(max_connections=self.max_in_flight + 16,
-                              max_keepalive_connections=self.max_in_flight + 16, keepalive_expiry=30)
         tasks: list[asyncio.Task] = []
         helpers: list[asyncio.Task] = []
         before: Snapshot | None = None
         sampler: GaugeSampler | None = None
         started_unix = time.time()
-        async with httpx.AsyncClient(limits=limits, timeout=None) as client:
+        async with ShardedClient(SHARDS) as pool:
+            client = pool.any
             try:
                 await self._discover(client)
                 if self.metrics:
                     before = await self._scrape(client)
+                # Everything alive now lives through the run: keep the collector from re-scanning it, so
+                # collections during the run stay short (a full one over a big heap can take tens of ms
+                # and would show up as send lateness).
+                gc.collect()
+                gc.freeze()
                 self.t0 = time.monotonic() + START_DELAY_S
                 started_unix = time.time() + START_DELAY_S
                 if before is not None:
@@ -196,7 +207,7 @@ class _Runner:
                     create_at = deadline - LEAD_S
                     if create_at > time.monotonic():
                         await asyncio.sleep(create_at - time.monotonic())
-                    tasks.append(asyncio.create_task(self._one(client, url, i, deadline)))
+                    tasks.append(asyncio.create_task(self._one(pool, url, i, deadline)))
                 if tasks:
                     await asyncio.gather(*tasks)
                 end = time.monotonic()
@@ -218,6 +229,8 @@ class _Runner:
                 mw = MetricsWindow(samples=sampler.samples) if sampler else None
                 self.result = self._finish(time.monotonic(), mw, started_unix, interrupted=True)
                 raise
+            finally:
+                gc.unfreeze()
 
     def _finish(self, end: float, mw: MetricsWindow | None, started_unix: float,
                 interrupted: bool = False) -> LoadRun:

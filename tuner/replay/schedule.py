@@ -12,7 +12,7 @@ import asyncio
 import time
 
 #: Sleep normally until this long before the deadline, then yield in a loop.
-SPIN_S = 0.0015
+SPIN_S = 0.001
 
 
 async def sleep_until(deadline: float, *, spin_s: float = SPIN_S) -> None:

@@ -37,16 +37,25 @@ def _text_of(choice: dict) -> str:
     return text
 
 
-async def stream_request(client: httpx.AsyncClient, url: str, body: bytes, headers: dict[str, str],
-                         rec: RequestRecord, clock: Callable[[float], float], *,
-                         request_timeout_s: float, stall_timeout_s: float) -> None:
-    """Fill `rec` in place. `clock` maps `time.monotonic()` to the run's (scaled) seconds.
+def build_request(client: httpx.AsyncClient, url: str, body: bytes, headers: dict[str, str], *,
+                  stall_timeout_s: float) -> httpx.Request:
+    """The request, built ahead of its send time so that the send itself does as little as possible.
 
-    Timeouts here are real seconds (the caller scales them). Never raises except on cancellation, which
+    `stall_timeout_s` (real seconds) bounds every wait for the network: connect, write, and each read.
+    """
+    timeout = httpx.Timeout(stall_timeout_s)
+    return client.build_request("POST", url, content=body, headers=headers, timeout=timeout)
+
+
+async def stream_request(client: httpx.AsyncClient, request: httpx.Request, rec: RequestRecord,
+                         clock: Callable[[float], float], *, request_timeout_s: float,
+                         stall_timeout_s: float) -> None:
+    """Send `request` now and fill `rec` in place. `clock` maps `time.monotonic()` to the run's (scaled)
+    seconds.
+
+    Timeouts are real seconds (the caller scales them). Never raises except on cancellation, which
     leaves `rec` as measured so far for the caller to mark.
     """
-    timeout = httpx.Timeout(connect=stall_timeout_s, read=stall_timeout_s, write=stall_timeout_s,
-                            pool=stall_timeout_s)
     times: list[float] = []
     rec.token_times = times
     chunks = 0
@@ -56,7 +65,8 @@ async def stream_request(client: httpx.AsyncClient, url: str, body: bytes, heade
     rec.sent_s = clock(time.monotonic())
     try:
         async with asyncio.timeout(request_timeout_s):
-            async with client.stream("POST", url, content=body, headers=headers, timeout=timeout) as resp:
+            resp = await client.send(request, stream=True)
+            try:
                 if resp.status_code >= 400:
                     detail = (await resp.aread())[:300].decode("utf-8", "replace")
                     rec.error = f"HTTP {resp.status_code}: {detail}"
@@ -94,6 +104,8 @@ async def stream_request(client: httpx.AsyncClient, url: str, body: bytes, heade
                                     times.append(now)
                                     chunks += 1
                                 finish_reason = choice.get("finish_reason") or finish_reason
+            finally:
+                await resp.aclose()
         if not done:
             rec.error = ("stream ended before [DONE]" if finish_reason is None
                          else f"stream ended before [DONE] (finish_reason={finish_reason})")
