@@ -1,0 +1,88 @@
+"""Name the resource that binds at the knee, with its evidence and the knobs that answer it.
+
+Read from vLLM's own metrics just above the knee (the first failing rate: where the constraint shows)
+and from the client's timings, following REFERENCE.md section 2:
+
+| binds          | symptom                                                     | knobs, in order |
+|----------------|-------------------------------------------------------------|-----------------|
+| kv_capacity    | KV usage near 1.0, preemptions, running < max_num_seqs     | gpu_memory_utilization up, kv_cache_dtype fp8, quantization, max_model_len down |
+| batch_cap      | running == max_num_seqs, waiting > 0, KV usage < 0.9       | max_num_seqs up |
+| decode         | TPOT / ITL violated                                         | max_num_seqs down, max_num_batched_tokens down, quantization, kv_cache_dtype fp8 |
+| prefill        | TTFT violated, mostly prefill time rather than queue time  | max_num_batched_tokens up, enable_prefix_caching on, kv_cache_dtype fp8, quantization |
+| queue          | waiting climbs, batch not capped, KV has room, TTFT mostly queueing | none: add replicas (the capacity plan); quantization / fp8 KV make each step cheaper |
+
+Quantization is listed last wherever it appears: it changes output quality and is only tried when the
+search space allows it. Prefill is GEMM-compute-bound, which FP8 W8A8 (compute capability >= 8.9)
+doubles, so it answers prefill too; a compute-saturated GPU also gains from FP8 KV, which halves the
+attention bytes every step reads.
+"""
+
+from __future__ import annotations
+
+from tuner.search.records import Diagnosis, LoadRunSummary, MetricsDigest
+
+KNOBS = {
+    "kv_capacity": (["gpu_memory_utilization", "kv_cache_dtype", "quantization", "max_model_len"],
+                    {"gpu_memory_utilization": "up", "kv_cache_dtype": "any", "quantization": "any",
+                     "max_model_len": "down"}),
+    "batch_cap": (["max_num_seqs"], {"max_num_seqs": "up"}),
+    "decode": (["max_num_seqs", "max_num_batched_tokens", "quantization", "kv_cache_dtype"],
+               {"max_num_seqs": "down", "max_num_batched_tokens": "down", "quantization": "any",
+                "kv_cache_dtype": "any"}),
+    "prefill": (["max_num_batched_tokens", "enable_prefix_caching", "kv_cache_dtype", "quantization"],
+                {"max_num_batched_tokens": "up", "enable_prefix_caching": "on", "kv_cache_dtype": "any",
+                 "quantization": "any"}),
+    "queue": (["quantization", "kv_cache_dtype"], {"quantization": "any", "kv_cache_dtype": "any"}),
+}
+
+
+def diagnose(fail: LoadRunSummary | None, fail_metrics: MetricsDigest | None,
+             passing: LoadRunSummary | None = None) -> Diagnosis:
+    """The binding constraint just above the knee (`fail`), or at the highest rate measured."""
+    point = fail or passing
+    m = fail_metrics
+    if point is None or m is None:
+        return Diagnosis(kind="none", summary="no load run to read")
+    mns = m.max_num_seqs
+    batch_full = bool(mns) and m.running_p90 >= 0.95 * mns
+    kv_full = m.kv_usage_p90 >= 0.9 or m.kv_usage_max >= 0.98
+    preempting = m.preemptions > 0
+    queueing = m.waiting_p90 >= 1 or m.waiting_mean >= 0.5
+    q, pf = m.queue_time_mean_s, m.prefill_time_mean_s
+    queue_share = q / (q + pf) if q is not None and pf is not None and (q + pf) > 0 else None
+    binding = point.binding
+    ev: dict[str, float | str | None] = {
+        "rate": round(point.rate, 3), "attainment": round(point.attainment, 4),
+        "binding_slo_metric": binding, "running_p90": round(m.running_p90, 1),
+        "max_num_seqs": mns, "waiting_p90": round(m.waiting_p90, 1),
+        "kv_usage_p90": round(m.kv_usage_p90, 3), "preemptions": m.preemptions,
+        "queue_share_of_ttft": None if queue_share is None else round(queue_share, 3),
+        "p99_ttft_ms": _r(point.p99_ms.get("ttft")), "p99_tpot_ms": _r(point.p99_ms.get("tpot")),
+        "prefix_hit_rate": None if m.prefix_hit_rate is None else round(m.prefix_hit_rate, 3),
+    }
+
+    if kv_full and (preempting or not batch_full):
+        kind = "kv_capacity"
+        why = (f"KV cache {m.kv_usage_p90:.0%} full (p90) with {m.preemptions:.0f} preemptions while "
+               f"{m.running_p90:.0f} of {mns or '?'} sequences run")
+    elif batch_full and queueing:
+        kind = "batch_cap"
+        why = (f"running = max_num_seqs ({mns}) with {m.waiting_p90:.0f} waiting (p90) and KV only "
+               f"{m.kv_usage_p90:.0%} full")
+    elif binding in ("tpot", "itl"):
+        kind = "decode"
+        why = f"{binding.upper()} breaks the SLO first (p99 {_r(point.p99_ms.get(binding))} ms)"
+    elif binding in ("ttft", "e2el") and queue_share is not None and queue_share < 0.5:
+        kind = "prefill" if binding == "ttft" else "decode"
+        why = (f"{binding.upper()} breaks the SLO first and is mostly prefill/compute time "
+               f"(queueing {queue_share:.0%} of TTFT)")
+    else:
+        kind = "queue"
+        why = ("requests queue while the batch has room and KV has room: the engine is compute-"
+               "saturated; more replicas (the capacity plan) or a cheaper step help")
+    knobs, directions = KNOBS[kind]
+    return Diagnosis(kind=kind, summary=why, evidence=ev, knobs=list(knobs), directions=dict(directions))
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 1)

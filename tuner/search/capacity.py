@@ -1,0 +1,202 @@
+"""Capacity of one configuration: the highest open-loop rate whose SLO attainment meets the target.
+
+Bracket, then close in. Unlike doubling-plus-bisection (vLLM's `serve_sla`) or stepping down 1 req/s
+(`auto_tune.sh`), every point's *badness* (the target-quantile of each request's worst metric/threshold
+ratio, 1.0 = exactly on the SLO) tells how far it is from the knee, so the next rate is interpolated, not
+halved; once the interpolated knee is bracketed, one probe a precision-step beyond it closes the bracket.
+Noise-aware: when the attainment's confidence interval straddles the target the point is measured again
+(longer) instead of being guessed. Racing: a candidate is first measured at the incumbent's capacity;
+failing there, it cannot be better, and the trial ends after that one load run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from tuner.engine.base import Server
+from tuner.replay.record import RequestRecord
+from tuner.search.measure import LoadSettings, Measurement, digest, measure, summarize
+from tuner.search.records import LoadRunSummary, MetricsDigest
+from tuner.slo import SLO
+from tuner.workload.model import Workload
+
+BADNESS_CAP = 4.0  # beyond this a point is simply "far over": do not extrapolate from it
+
+
+@dataclass
+class KneeSettings:
+    precision: float = 0.05        # stop when (lowest fail / highest pass) - 1 <= precision
+    max_runs: int = 12
+    remeasure: int = 1             # extra load runs for a point whose CI straddles the target
+    min_rate: float = 0.01
+    max_rate: float = 10_000.0
+
+
+@dataclass
+class KneeResult:
+    capacity: float | None
+    upper: float | None
+    points: list[LoadRunSummary]
+    raced_out: bool = False
+    pass_digest: MetricsDigest | None = None
+    fail_digest: MetricsDigest | None = None
+    fail_summary: LoadRunSummary | None = None
+    pass_records: list[RequestRecord] = field(default_factory=list, repr=False)
+    engine_s: float = 0.0
+    interrupted: bool = False
+
+    @property
+    def runs(self) -> int:
+        return sum(p.repeats for p in self.points)
+
+
+class KneeSearch:
+    def __init__(self, server: Server, workload: Workload, slo: SLO, load: LoadSettings,
+                 knee: KneeSettings | None = None, *, max_num_seqs: int | None = None,
+                 on_point: Callable[[LoadRunSummary], None] | None = None):
+        self.server, self.workload, self.slo = server, workload, slo
+        self.load, self.knee = load, knee or KneeSettings()
+        self.max_num_seqs = max_num_seqs
+        self.on_point = on_point
+        self.result = KneeResult(capacity=None, upper=None, points=[])
+        self._seed = load.seed  # re-measurements draw fresh requests from seed + 1, + 2, ...
+        self._last_interp = False
+
+    # -- measuring ----------------------------------------------------------------------------
+    def evaluate(self, rate: float) -> Measurement:
+        """Measure `rate`; while the verdict is inside the noise, measure again and pool."""
+        m, run = measure(self.server, self.workload, self.slo, rate, self.load, seed=self.load.seed,
+                         max_num_seqs=self.max_num_seqs)
+        self.result.engine_s += run.duration_s
+        records = list(m.records)
+        repeats = 1
+        s = m.summary
+        while repeats <= self.knee.remeasure and s.ci_low < s.attainment and \
+                s.ci_low <= self.slo.target <= s.ci_high and 0 < s.badness < BADNESS_CAP:
+            m2, run2 = measure(self.server, self.workload, self.slo, rate, self.load,
+                               seed=self._next_seed(), max_num_seqs=self.max_num_seqs)
+            self.result.engine_s += run2.duration_s
+            records += m2.records
+            repeats += 1
+            s = summarize(records, self.slo, rate, run2, repeats, s.wall_s + m2.summary.wall_s)
+            m = Measurement(s, m2.digest, records)
+        self._record(m)
+        return m
+
+    def _next_seed(self) -> int:
+        self._seed += 1
+        return self._seed
+
+    def _record(self, m: Measurement) -> None:
+        s = m.summary
+        r = self.result
+        r.points.append(s)
+        if s.passed:
+            if r.capacity is None or s.rate > r.capacity:
+                r.capacity, r.pass_digest, r.pass_records = s.rate, m.digest, m.records
+        else:
+            if r.upper is None or s.rate < r.upper:
+                r.upper, r.fail_digest, r.fail_summary = s.rate, m.digest, s
+        if self.on_point:
+            self.on_point(s)
+
+    # -- choosing the next rate ---------------------------------------------------------------
+    def _point(self, rate: float) -> LoadRunSummary:
+        return next(p for p in reversed(self.result.points) if p.rate == rate)
+
+    def _up_factor(self, p: LoadRunSummary) -> float:
+        """Latency stays flat until close to saturation, so a comfortable pass says little about where
+        the knee is: double. Near the threshold, step by twice the precision."""
+        g = p.badness if p.badness is not None else 1.0
+        return 2.0 if g < 0.9 else 1.0 + 2 * self.knee.precision
+
+    def _down_rate(self, p: LoadRunSummary) -> float:
+        """From a failing point: an overloaded engine still serves its maximum throughput, which bounds
+        the knee from above; a near miss steps down by its distance from the threshold."""
+        g = p.badness if p.badness is not None and math.isfinite(p.badness) else BADNESS_CAP * 10
+        served = p.throughput_rps
+        if g >= BADNESS_CAP:
+            guess = p.rate / 2
+            if served and served < p.rate:
+                guess = max(guess, 0.9 * served)
+            return guess
+        return p.rate / min(2.0, 1.0 + max(self.knee.precision * 2, (g - 1.0)))
+
+    def _interpolate(self, lo: float, hi: float) -> float:
+        glo = max(self._point(lo).badness or 1e-3, 1e-3)
+        ghi = self._point(hi).badness or BADNESS_CAP
+        ghi = min(ghi if math.isfinite(ghi) else BADNESS_CAP, BADNESS_CAP)
+        a, b = math.log(glo), math.log(max(ghi, glo * 1.0001))
+        x = lo + (hi - lo) * (0.0 - a) / (b - a)
+        return x
+
+    def next_rate(self, start: float) -> float | None:
+        r, p = self.result, self.knee.precision
+        lo, hi = r.capacity, r.upper
+        if lo is None and hi is None:
+            return start
+        if hi is None:
+            return min(lo * self._up_factor(self._point(lo)), self.knee.max_rate) \
+                if lo < self.knee.max_rate else None
+        if lo is None:
+            nxt = self._down_rate(self._point(hi))
+            return nxt if nxt >= self.knee.min_rate else None
+        step = 1 + p
+        if hi / lo <= step:
+            return None
+        if hi / lo <= step * step:  # one probe closes it
+            return math.sqrt(lo * hi) if hi / lo > step * 1.0001 else None
+        fail = self._point(hi)
+        if fail.badness is None or not math.isfinite(fail.badness) or fail.badness >= BADNESS_CAP:
+            # far over: bisect geometrically below the throughput it still served
+            top = min(hi, fail.throughput_rps) if fail.throughput_rps and fail.throughput_rps > lo else hi
+            x = math.sqrt(lo * top)
+        elif self._last_interp:
+            # the interpolated shot landed: confirm it from its side with one precision step
+            last = r.points[-1]
+            x = lo * step if last.passed else hi / step
+            self._last_interp = False
+            return min(max(x, lo * step), hi / step)
+        else:
+            x = self._interpolate(lo, hi)
+            self._last_interp = True
+        return min(max(x, lo * step), hi / step)
+
+    # -- the search ---------------------------------------------------------------------------
+    def run(self, start_rate: float, race_rate: float | None = None) -> KneeResult:
+        if race_rate is not None:
+            m = self.evaluate(race_rate)
+            if not m.summary.passed:
+                self.result.raced_out = True
+                return self.result
+        try:
+            while self.result.runs < self.knee.max_runs:
+                nxt = self.next_rate(start_rate)
+                if nxt is None:
+                    break
+                self.evaluate(nxt)
+        except KeyboardInterrupt:
+            self.result.interrupted = True
+            raise
+        return self.result
+
+
+def find_capacity(server: Server, workload: Workload, slo: SLO, *, start_rate: float,
+                  load: LoadSettings | None = None, knee: KneeSettings | None = None,
+                  race_rate: float | None = None, max_num_seqs: int | None = None,
+                  on_point: Callable[[LoadRunSummary], None] | None = None) -> KneeResult:
+    """The capacity of the launched `server` for `workload` under `slo` (see module docstring)."""
+    return KneeSearch(server, workload, slo, load or LoadSettings(), knee, max_num_seqs=max_num_seqs,
+                      on_point=on_point).run(start_rate, race_rate)
+
+
+def measure_point(server: Server, workload: Workload, slo: SLO, rate: float, *,
+                  load: LoadSettings | None = None) -> tuple[LoadRunSummary, MetricsDigest]:
+    """One scored load run at `rate` (the regression gate's check)."""
+    m, _ = measure(server, workload, slo, rate, load or LoadSettings(), seed=(load or LoadSettings()).seed)
+    return m.summary, m.digest
+
+
+__all__ = ["KneeSearch", "KneeSettings", "KneeResult", "find_capacity", "measure_point", "digest"]

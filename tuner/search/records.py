@@ -1,0 +1,128 @@
+"""What the study storage holds, as Pydantic models: the contract between the search and the report.
+
+Every trial's knobs, launch result, load runs (the knee curve), capacity, diagnosis and engine metrics at
+the knee are stored as Optuna trial user attributes (JSON of these models); the study's own attributes
+hold the workload, SLO and engine. `tune report RUN_DIR` rebuilds everything from that storage alone.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from tuner.metrics.window import GaugeSample
+
+SCHEMA_VERSION = 1
+
+
+class LoadRunSummary(BaseModel):
+    """One load run at one offered rate: a point of the knee curve."""
+
+    rate: float                       # offered req/s
+    n: int                            # requests scored (in window)
+    attainment: float
+    ci_low: float
+    ci_high: float
+    passed: bool                      # attainment >= target (after re-measurement when inconclusive)
+    goodput: float | None             # good req/s in the window
+    throughput_rps: float | None = None   # finished req/s (what the engine actually served)
+    badness: float | None = None      # target-quantile of max(metric / threshold): 1.0 = on the SLO
+    p99_ms: dict[str, float | None] = Field(default_factory=dict)   # ttft, tpot, itl, e2el
+    p50_ms: dict[str, float | None] = Field(default_factory=dict)
+    errors: int = 0
+    binding: str | None = None        # the SLO metric violated most
+    violations: dict[str, int] = Field(default_factory=dict)
+    repeats: int = 1                  # load runs pooled into this point (noise-aware re-measurement)
+    duration_s: float = 0.0           # engine time the run took (virtual or real)
+    wall_s: float = 0.0
+
+
+class MetricsDigest(BaseModel):
+    """Engine metrics of one load run, condensed for the diagnosis and the report's time series."""
+
+    samples: list[GaugeSample] = Field(default_factory=list)
+    running_p90: float = 0.0
+    waiting_mean: float = 0.0
+    waiting_p90: float = 0.0
+    kv_usage_p90: float = 0.0
+    kv_usage_max: float = 0.0
+    preemptions: float = 0.0
+    prefix_hit_rate: float | None = None
+    queue_time_mean_s: float | None = None
+    prefill_time_mean_s: float | None = None
+    max_num_seqs: int | None = None
+    rate: float = 0.0
+
+
+DiagnosisKind = Literal["queue", "batch_cap", "kv_capacity", "prefill", "decode", "launch_failure",
+                        "none"]
+
+
+class Diagnosis(BaseModel):
+    """The binding constraint at the knee, its evidence, and the knobs that answer it, in order."""
+
+    kind: DiagnosisKind
+    summary: str
+    evidence: dict[str, float | str | None] = Field(default_factory=dict)
+    knobs: list[str] = Field(default_factory=list)      # knob names, first = try first
+    directions: dict[str, Literal["up", "down", "on", "off", "any"]] = Field(default_factory=dict)
+
+
+class LatencyQuantiles(BaseModel):
+    """Per-metric latency quantiles (ms) at the tuned capacity: the report's CDF plots."""
+
+    q: list[float] = Field(default_factory=list)                 # quantile levels 0..1
+    values_ms: dict[str, list[float]] = Field(default_factory=dict)
+
+
+class TrialRecord(BaseModel):
+    """Everything one trial did. Stored as the Optuna user attribute `record`."""
+
+    schema_version: int = SCHEMA_VERSION
+    number: int = 0
+    role: Literal["baseline", "candidate", "grid", "tpe", "random", "gate"] = "candidate"
+    knobs: dict = Field(default_factory=dict)           # set knobs only; {} = vLLM's defaults
+    changed_knob: str | None = None                     # the one knob this trial turned
+    launched: bool = False
+    launch_failure_kind: str | None = None
+    launch_failure_message: str | None = None
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    load_runs: list[LoadRunSummary] = Field(default_factory=list)
+    capacity_rps: float | None = None                   # highest passing rate found (None: none passed)
+    capacity_upper_rps: float | None = None             # lowest failing rate found
+    raced_out: bool = False                             # failed at the incumbent's capacity: stopped early
+    diagnosis: Diagnosis | None = None
+    knee_metrics: MetricsDigest | None = None           # engine metrics just above the knee
+    latency_at_capacity: LatencyQuantiles | None = None
+    incumbent_before: float | None = None               # incumbent capacity when this trial started
+    accepted: bool = False                              # became the new incumbent
+    interrupted: bool = False
+    wall_s: float = 0.0
+    engine_s: float = 0.0                               # engine (GPU) seconds spent in load runs
+
+
+class StudyInfo(BaseModel):
+    """Stored as the Optuna study user attribute `info`."""
+
+    schema_version: int = SCHEMA_VERSION
+    workload_path: str
+    workload_sha256: str
+    workload_requests: int
+    workload_mean_prompt_tokens: float
+    workload_mean_output_tokens: float
+    slo_path: str
+    slo_sha256: str
+    slo: dict
+    engine: str                                          # sim | sim-http | vllm
+    simulated: bool
+    gpu: str | None = None
+    model: str | None = None
+    search_space: dict = Field(default_factory=dict)
+    strategy: str = "guided"
+    precision: float = 0.05
+    noise_floor: float = 0.05
+    arrival: str = "poisson"
+    created_unix: float = 0.0
+    tool_version: str = ""

@@ -1,0 +1,179 @@
+"""One trial: launch a configuration, find its capacity, diagnose it, stop it, record everything.
+
+The strategies decide *which* knobs to try; this module is the only one that launches and measures, and
+it writes every trial into the Optuna study (params, value = capacity, user attribute `record` = the
+`TrialRecord`), so a crashed or interrupted study resumes from storage: a configuration already measured
+is read back, never re-launched.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner.diagnose import diagnose
+from tuner.engine.base import Engine
+from tuner.failures import LaunchFailure
+from tuner.knobs import Knobs
+from tuner.search.capacity import KneeSearch, KneeSettings
+from tuner.search.measure import LoadSettings, latency_quantiles
+from tuner.search.records import Diagnosis, LoadRunSummary, TrialRecord
+from tuner.search.space import SearchSpace
+from tuner.slo import SLO
+from tuner.workload.model import Workload
+
+# What a failed launch teaches, as a diagnosis the guided strategy can act on.
+LAUNCH_LESSONS = {
+    "max_model_len": (["max_model_len", "gpu_memory_utilization", "kv_cache_dtype"],
+                      {"max_model_len": "down", "gpu_memory_utilization": "up", "kv_cache_dtype": "any"}),
+    "no_cache_blocks": (["gpu_memory_utilization", "quantization"],
+                        {"gpu_memory_utilization": "up", "quantization": "any"}),
+    "memory_utilization": (["gpu_memory_utilization"], {"gpu_memory_utilization": "down"}),
+    "oom": (["gpu_memory_utilization", "quantization", "max_num_batched_tokens"],
+            {"gpu_memory_utilization": "down", "quantization": "any", "max_num_batched_tokens": "down"}),
+}
+
+
+class Reporter(Protocol):
+    def trial_started(self, number: int, knobs: Knobs, role: str) -> None: ...
+    def point(self, number: int, point: LoadRunSummary) -> None: ...
+    def trial_done(self, record: TrialRecord, incumbent: float | None) -> None: ...
+
+
+class NullReporter:
+    def trial_started(self, number, knobs, role): pass
+    def point(self, number, point): pass
+    def trial_done(self, record, incumbent): pass
+
+
+def knobs_key(knobs: Knobs) -> str:
+    return json.dumps(knobs.set_only(), sort_keys=True)
+
+
+@dataclass
+class TrialRunner:
+    study: optuna.Study
+    engine: Engine
+    workload: Workload
+    slo: SLO
+    space: SearchSpace
+    load: LoadSettings
+    knee: KneeSettings
+    defaults: dict[str, Any] = field(default_factory=dict)   # vLLM's resolved defaults, when known
+    reporter: Reporter = field(default_factory=NullReporter)
+    start_rate: float = 1.0
+    launches: int = 0
+    engine_s: float = 0.0
+    on_server: Callable[[Any], None] | None = None
+
+    # -- storage ----------------------------------------------------------------------------------
+    def finished(self) -> dict[str, TrialRecord]:
+        """Records of trials that ended (complete, raced out, failed to launch), by knobs."""
+        out: dict[str, TrialRecord] = {}
+        for t in self.study.get_trials(deepcopy=False):
+            rec = t.user_attrs.get("record")
+            if rec is None or t.state in (TrialState.RUNNING, TrialState.WAITING):
+                continue
+            r = TrialRecord(**rec)
+            if r.interrupted:
+                continue
+            out[knobs_key(Knobs(**r.knobs))] = r
+        return out
+
+    def choices(self, knob: str) -> list[Any]:
+        """A knob's Optuna choices: None (vLLM's default) and the space's values, each once."""
+        out: list[Any] = [None]
+        for v in self.space.knobs[knob].values:
+            if v not in out:
+                out.append(v)
+        return out
+
+    def distributions(self) -> dict[str, optuna.distributions.CategoricalDistribution]:
+        return {k: optuna.distributions.CategoricalDistribution(self.choices(k)) for k in self.space.knobs}
+
+    # -- one trial --------------------------------------------------------------------------------
+    def evaluate(self, knobs: Knobs, *, role: str = "candidate", changed_knob: str | None = None,
+                 race_rate: float | None = None, start_rate: float | None = None,
+                 incumbent: float | None = None, accept_above: float | None = None) -> TrialRecord:
+        """Measure `knobs` (or read back the stored result of an earlier identical trial). The trial
+        becomes the incumbent (`accepted`) when its capacity beats `accept_above` (None: any capacity)."""
+        done = self.finished().get(knobs_key(knobs))
+        if done is not None:
+            return done
+        params = {k: getattr(knobs, k) for k in self.space.knobs}
+        extra = {k: v for k, v in knobs.set_only().items() if k not in self.space.knobs}
+        self.study.enqueue_trial(params, user_attrs={"extra_knobs": extra}, skip_if_exists=False)
+        trial = self.study.ask(self.distributions())
+        return self.run_trial(trial, role=role, changed_knob=changed_knob, race_rate=race_rate,
+                              start_rate=start_rate, incumbent=incumbent, accept_above=accept_above)
+
+    def run_trial(self, trial: optuna.Trial, *, role: str, changed_knob: str | None = None,
+                  race_rate: float | None = None, start_rate: float | None = None,
+                  incumbent: float | None = None, accept_above: float | None = None) -> TrialRecord:
+        params = {k: trial.params.get(k) for k in self.space.knobs}
+        knobs = Knobs(**{k: v for k, v in {**params, **trial.user_attrs.get("extra_knobs", {})}.items()
+                         if v is not None})
+        rec = TrialRecord(number=trial.number, role=role, knobs=knobs.set_only(),
+                          changed_knob=changed_knob, incumbent_before=incumbent)
+        t0 = time.perf_counter()
+        self.reporter.trial_started(trial.number, knobs, role)
+        broken = self.space.allows(knobs, self.defaults)
+        if broken:
+            rec.launch_failure_kind, rec.launch_failure_message = "bad_flag", f"breaks constraint {broken}"
+            return self._tell(trial, rec, TrialState.FAIL, t0)
+        try:
+            self.launches += 1
+            server = self.engine.launch(knobs)
+        except LaunchFailure as e:
+            rec.launch_failure_kind, rec.launch_failure_message = e.kind, e.message
+            lesson = LAUNCH_LESSONS.get(e.kind)
+            if lesson:
+                rec.diagnosis = Diagnosis(kind="launch_failure", summary=e.message[:300],
+                                          evidence={"failure": e.kind}, knobs=lesson[0],
+                                          directions=lesson[1])
+            return self._tell(trial, rec, TrialState.FAIL, t0)
+        rec.launched = True
+        rec.kv_cache_tokens, rec.max_concurrency = server.info.kv_cache_tokens, server.info.max_concurrency
+        search = KneeSearch(server, self.workload, self.slo, self.load, self.knee,
+                            max_num_seqs=knobs.max_num_seqs or self.defaults.get("max_num_seqs"),
+                            on_point=lambda p: self.reporter.point(trial.number, p))
+        try:
+            with server:
+                if self.on_server:
+                    self.on_server(server)
+                result = search.run(start_rate or self.start_rate, race_rate)
+        except KeyboardInterrupt:
+            rec.interrupted = True
+            rec.load_runs = search.result.points
+            self._tell(trial, rec, TrialState.FAIL, t0)
+            raise
+        self.engine_s += result.engine_s
+        rec.engine_s = result.engine_s
+        rec.load_runs = sorted(result.points, key=lambda p: p.rate)
+        rec.capacity_rps, rec.capacity_upper_rps = result.capacity, result.upper
+        rec.raced_out = result.raced_out
+        rec.knee_metrics = result.fail_digest or result.pass_digest
+        if not result.raced_out:
+            passing = next((p for p in rec.load_runs if p.rate == result.capacity), None)
+            rec.diagnosis = diagnose(result.fail_summary, rec.knee_metrics, passing)
+            if result.pass_records:
+                rec.latency_at_capacity = latency_quantiles(result.pass_records)
+        rec.accepted = bool(rec.capacity_rps) and not result.raced_out and (
+            accept_above is None or rec.capacity_rps > accept_above)
+        state = TrialState.PRUNED if result.raced_out else TrialState.COMPLETE
+        return self._tell(trial, rec, state, t0)
+
+    def _tell(self, trial: optuna.Trial, rec: TrialRecord, state: TrialState, t0: float) -> TrialRecord:
+        rec.wall_s = time.perf_counter() - t0
+        trial.set_user_attr("record", rec.model_dump(mode="json"))
+        if state == TrialState.COMPLETE:
+            self.study.tell(trial, rec.capacity_rps or 0.0)
+        else:
+            self.study.tell(trial, state=state)
+        self.reporter.trial_done(rec, None)
+        return rec

@@ -1,0 +1,127 @@
+"""Search spaces: which knobs the tuner may turn, to which values (`search_spaces/*.yaml`).
+
+A knob's value `null` means "leave vLLM's default". Constraints are simple comparisons between knobs or
+with numbers (`max_num_batched_tokens >= max_num_seqs`, which vLLM itself enforces), checked before a
+launch so an impossible combination costs nothing.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+
+from tuner.errors import UserError
+from tuner.knobs import Knobs
+
+KNOB_NAMES = tuple(Knobs.model_fields)
+_OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq,
+        "!=": operator.ne}
+_CONSTRAINT = re.compile(r"^\s*(\w+)\s*(>=|<=|==|!=|>|<)\s*([\w.]+)\s*$")
+BUILTIN_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
+
+
+class KnobSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    values: list[Any]
+
+    @field_validator("values")
+    @classmethod
+    def _non_empty(cls, v: list[Any]) -> list[Any]:
+        if not v:
+            raise ValueError("needs at least one value")
+        return v
+
+
+class SearchSpace(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "custom"
+    description: str = ""
+    knobs: dict[str, KnobSpec]
+    constraints: list[str] = []
+
+    @model_validator(mode="after")
+    def _check(self) -> "SearchSpace":
+        for k, spec in self.knobs.items():
+            if k not in KNOB_NAMES:
+                raise ValueError(f"unknown knob {k!r} (known: {', '.join(KNOB_NAMES)})")
+            for v in spec.values:  # each value must make a valid Knobs
+                if v is not None:
+                    try:
+                        Knobs(**{k: v})
+                    except ValidationError as e:
+                        raise ValueError(f"{k}: bad value {v!r}: {e.errors()[0]['msg']}") from None
+        for c in self.constraints:
+            m = _CONSTRAINT.match(c)
+            if not m:
+                raise ValueError(f"constraint {c!r} is not of the form 'knob OP knob-or-number'")
+            if m.group(1) not in KNOB_NAMES:
+                raise ValueError(f"constraint {c!r}: unknown knob {m.group(1)!r}")
+        return self
+
+    def allows(self, knobs: Knobs, defaults: dict[str, Any] | None = None) -> str | None:
+        """None if `knobs` satisfies every constraint, else the first one it breaks. Unset knobs take
+        `defaults` (vLLM's resolved defaults) when given, else are not checked."""
+        vals = {**(defaults or {}), **knobs.set_only()}
+        for c in self.constraints:
+            a, op, b = _CONSTRAINT.match(c).groups()  # type: ignore[union-attr]
+            left = vals.get(a)
+            right = vals.get(b) if b in KNOB_NAMES else float(b)
+            if left is None or right is None:
+                continue
+            if not _OPS[op](left, right):
+                return c
+        return None
+
+    def grid(self) -> list[Knobs]:
+        """Every combination (the exhaustive ground truth for benchmarks), constraints applied."""
+        import itertools
+
+        names = list(self.knobs)
+        out = []
+        for combo in itertools.product(*(self.knobs[n].values for n in names)):
+            k = Knobs(**{n: v for n, v in zip(names, combo) if v is not None})
+            if self.allows(k) is None:
+                out.append(k)
+        return out
+
+
+def _line_of(text: str, key: str) -> int | None:
+    for i, line in enumerate(text.splitlines(), 1):
+        if re.match(rf"^\s*{re.escape(key)}\s*:", line):
+            return i
+    return None
+
+
+def load_space(name_or_path: str | Path) -> SearchSpace:
+    """A built-in space by name (`default`, `rag`, `multitenant`, ...) or a YAML file."""
+    p = Path(name_or_path)
+    if not p.exists() and not str(name_or_path).endswith((".yaml", ".yml")):
+        p = BUILTIN_DIR / f"{name_or_path}.yaml"
+    if not p.exists():
+        raise UserError("no such search space file", file=str(name_or_path))
+    text = p.read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise UserError(f"not valid YAML: {getattr(e, 'problem', e)}", file=str(p),
+                        line=mark.line + 1 if mark else None) from None
+    if not isinstance(data, dict):
+        raise UserError("expected a mapping with a 'knobs' section", file=str(p))
+    try:
+        space = SearchSpace(**data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = [str(x) for x in err["loc"]]
+        msg = err["msg"].removeprefix("Value error, ")
+        bad = re.search(r"unknown knob '(\w+)'", msg)
+        key = bad.group(1) if bad else (loc[-1] if loc else None)
+        raise UserError(msg, file=str(p), line=_line_of(text, key) if key else None,
+                        field=".".join(loc) if loc else None) from None
+    return space

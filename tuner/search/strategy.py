@@ -1,0 +1,175 @@
+"""How the next configuration is chosen.
+
+`guided` (the default) is the product's idea: diagnose the incumbent's binding constraint from vLLM's
+metrics, turn the first knob that answers it (the others held at the incumbent), accept a new incumbent
+only when its capacity beats the old one by more than the noise floor, re-diagnose, and stop once
+`plateau` knobs in a row gave nothing. Candidates race the incumbent: one load run at the incumbent's
+capacity decides whether a full knee search is worth it.
+
+`tpe`, `random` and `grid` search the whole space blind (what peer tools do), for comparison and for users
+who want them; they share the same trial runner and storage.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+
+from tuner.knobs import Knobs
+from tuner.search.records import Diagnosis, TrialRecord
+from tuner.search.runner import TrialRunner, knobs_key
+
+STRATEGIES = ("guided", "tpe", "random", "grid")
+
+
+@dataclass
+class Budget:
+    max_trials: int = 15
+    time_budget_s: float | None = None
+    started: float = 0.0
+
+    def left(self, runner: TrialRunner) -> bool:
+        if runner.launches >= self.max_trials:
+            return False
+        return not (self.time_budget_s and time.monotonic() - self.started > self.time_budget_s)
+
+
+@dataclass
+class Outcome:
+    baseline: TrialRecord | None
+    incumbent: TrialRecord | None
+    stop_reason: str
+
+
+def _order(value: Any, values: list[Any], direction: str) -> list[Any]:
+    """Candidate values of one knob in the order worth trying from the incumbent's `value`."""
+    others = [v for v in values if v != value and v is not None]
+    if direction in ("up", "down") and value is not None and all(isinstance(v, (int, float)) for v in others):
+        if direction == "up":
+            return sorted(v for v in others if v > value)
+        return sorted((v for v in others if v < value), reverse=True)
+    if value is not None and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in others):
+        # no preferred direction: nearest values first, alternating sides
+        return sorted(others, key=lambda v: abs(v / value - 1) if value else v)
+    if direction == "on":
+        return [v for v in others if v is True]
+    if direction == "off":
+        return [v for v in others if v is False]
+    return others
+
+
+def normalize(knobs: Knobs, defaults: dict[str, Any]) -> Knobs:
+    """Unset the knobs whose value is vLLM's default: `--kv-cache-dtype auto` is the baseline."""
+    always = {"kv_cache_dtype": "auto"}
+    keep = {k: v for k, v in knobs.set_only().items() if {**always, **defaults}.get(k, object()) != v}
+    return Knobs(**keep)
+
+
+def _current(knobs: Knobs, name: str, defaults: dict[str, Any]) -> Any:
+    v = getattr(knobs, name)
+    if v is None:
+        return {"kv_cache_dtype": "auto", **defaults}.get(name)
+    return v
+
+
+def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: int = 3,
+           max_visits: int = 2) -> Outcome:
+    base = runner.evaluate(Knobs(), role="baseline")
+    inc = base
+    if not base.capacity_rps and base.diagnosis is None:
+        return Outcome(base, None, "the baseline neither served the SLO at any rate nor told us why")
+    visits: Counter[str] = Counter()
+    done_for: set[tuple[str, int]] = set()  # (knob, incumbent trial) pairs already explored
+    dead: dict[str, set] = {}  # values a launch failure ruled out, per knob
+    streak = 0
+    while budget.left(runner):
+        diag: Diagnosis | None = inc.diagnosis
+        wanted = [k for k in (diag.knobs if diag else []) if k in runner.space.knobs]
+        order = [k for k in wanted if visits[k] < max_visits and (k, inc.number) not in done_for]
+        if not order:  # nothing the diagnosis names is left: explore the rest of the space once
+            order = [k for k in runner.space.knobs if visits[k] == 0]
+        if not order:
+            return Outcome(base, inc, "every knob tried: plateau")
+        knob = order[0]
+        direction = (diag.directions.get(knob, "any") if diag and knob in wanted else "any")
+        inc_knobs = Knobs(**inc.knobs)
+        cur = _current(inc_knobs, knob, runner.defaults)
+        cands = [v for v in _order(cur, runner.space.knobs[knob].values, direction)
+                 if v not in dead.get(knob, set())]
+        best = inc
+        misses = 0
+        ordered = direction in ("up", "down") or (len(cands) > 2 and cur is not None)
+        tried = 0
+        for v in cands:
+            if not budget.left(runner):
+                break
+            knobs = normalize(inc_knobs.with_(**{knob: v}), runner.defaults)
+            if runner.space.allows(knobs, runner.defaults) or knobs_key(knobs) in runner.finished():
+                continue  # impossible, or measured already (the same configuration as another trial)
+            floor = (best.capacity_rps or 0.0) * (1 + noise_floor)
+            tried += 1
+            rec = runner.evaluate(knobs, changed_knob=knob, incumbent=inc.capacity_rps,
+                                  race_rate=floor if best.capacity_rps else None,
+                                  start_rate=best.capacity_rps or runner.start_rate,
+                                  accept_above=floor if best.capacity_rps else None)
+            if rec.launch_failure_kind in ("memory_utilization", "oom") and knob == "gpu_memory_utilization":
+                dead.setdefault(knob, set()).update(x for x in cands if x >= v)
+                break
+            if rec.accepted and (rec.capacity_rps or 0) > floor:
+                best = rec
+                misses = 0
+            else:
+                misses += 1
+                if ordered and (best is not inc or misses >= 2):
+                    break  # past the peak of a one-dimensional, roughly unimodal response
+        visits[knob] += 1
+        done_for.add((knob, inc.number))
+        if not tried:
+            continue  # nothing to try for this knob (already at its best value): not a miss
+        if best is not inc:
+            inc = best
+            streak = 0
+        else:
+            streak += 1
+            if streak >= plateau and (not diag or all(visits[k] for k in wanted)):
+                return Outcome(base, inc, f"plateau: {plateau} knobs in a row gave no gain above the "
+                                          f"{noise_floor:.0%} noise floor")
+    return Outcome(base, inc, "budget spent")
+
+
+def whole_space(runner: TrialRunner, budget: Budget, *, sampler: str, noise_floor: float,
+                seed: int = 0, race: bool = False) -> Outcome:
+    """Peer-style blind search over the whole space, after the same baseline trial."""
+    base = runner.evaluate(Knobs(), role="baseline")
+    best = base if base.capacity_rps else None
+    if sampler == "grid":
+        search_space = {k: [v for v in runner.choices(k) if v is not None] or [None]
+                        for k in runner.space.knobs}
+        runner.study.sampler = optuna.samplers.GridSampler(search_space, seed=seed)
+    elif sampler == "random":
+        runner.study.sampler = optuna.samplers.RandomSampler(seed=seed)
+    else:
+        runner.study.sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
+    seen = set(runner.finished())
+    stale = 0
+    while budget.left(runner) and stale < 50:
+        trial = runner.study.ask()
+        picked = {k: trial.suggest_categorical(k, runner.choices(k)) for k in runner.space.knobs}
+        knobs = Knobs(**{k: v for k, v in picked.items() if v is not None})
+        if knobs_key(knobs) in seen or runner.space.allows(knobs, runner.defaults):
+            runner.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            stale += 1
+            continue
+        stale = 0
+        seen.add(knobs_key(knobs))
+        floor = (best.capacity_rps or 0) * (1 + noise_floor) if best else None
+        rec = runner.run_trial(trial, role=sampler, race_rate=floor if race else None,
+                               start_rate=(best.capacity_rps if best else None),
+                               incumbent=best.capacity_rps if best else None, accept_above=floor)
+        if rec.accepted:
+            best = rec
+    return Outcome(base, best, "budget spent" if stale < 50 else "space exhausted")

@@ -1,0 +1,219 @@
+"""A whole tuning run: open (or resume) the study storage, build the engine, run the strategy.
+
+The run directory holds everything: `study.db` (Optuna SQLite; or `storage.txt` naming a PostgreSQL URL
+shared by several `tune worker` hosts), the servers' logs, and at the end the report and the gate. A run
+killed at any point resumes with `--resume`: finished trials are read back from storage, the interrupted
+one is re-run, and a server orphaned by a SIGKILLed tool is found by its pidfile and stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from tuner import __version__
+from tuner.engine.base import Engine
+from tuner.errors import UserError
+from tuner.search.capacity import KneeSettings
+from tuner.search.measure import LoadSettings
+from tuner.search.records import StudyInfo
+from tuner.search.runner import NullReporter, Reporter, TrialRunner
+from tuner.search.space import SearchSpace, load_space
+from tuner.search.strategy import STRATEGIES, Budget, Outcome, guided, whole_space
+from tuner.slo import SLO, load_slo
+from tuner.workload.loader import load_workload
+from tuner.workload.model import Workload
+
+STUDY_NAME = "slo-tuner"
+ENGINES = ("sim", "sim-http", "vllm")
+
+
+@dataclass
+class TuneOptions:
+    workload: Path
+    slo: Path
+    out: Path
+    engine: str = "sim"
+    gpu: str | None = None
+    model: str | None = None
+    search_space: str = "default"
+    strategy: str = "guided"
+    max_trials: int = 15
+    time_budget_s: float | None = None
+    storage: str | None = None
+    resume: bool = False
+    seed: int = 0
+    precision: float = 0.05
+    noise_floor: float | None = None
+    plateau: int = 3
+    start_rate: float | None = None
+    requests_per_run: int | None = None
+    max_run_s: float | None = None
+    arrival: str = "poisson"
+    noise: float = 0.0
+    time_scale: float = 1.0
+    vllm_python: str | None = None
+    vllm_command: str | None = None
+    vllm_args: list[str] = field(default_factory=list)
+    api_key: str | None = None
+    write_outputs: bool = True
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def storage_url(opts: TuneOptions) -> str:
+    if opts.storage:
+        return opts.storage
+    saved = opts.out / "storage.txt"
+    if saved.exists():
+        return saved.read_text().strip()
+    return f"sqlite:///{(opts.out / 'study.db').resolve()}"
+
+
+def open_study(url: str, *, create: bool, resume: bool) -> optuna.Study:
+    heartbeat = None if url.startswith("sqlite") else 30
+    storage = optuna.storages.RDBStorage(
+        url, heartbeat_interval=heartbeat, grace_period=90 if heartbeat else None,
+        failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=2) if heartbeat else None,
+        engine_kwargs={"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {})
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    if STUDY_NAME in names and create and not resume:
+        raise UserError("a study already exists here: pass --resume to continue it, or another --out",
+                        field="--out")
+    if STUDY_NAME not in names and not create:
+        raise UserError("no study in this storage", field="--storage")
+    return optuna.create_study(study_name=STUDY_NAME, storage=storage, direction="maximize",
+                               load_if_exists=True)
+
+
+def engine_defaults(opts: TuneOptions) -> dict[str, Any]:
+    """vLLM's values for unset knobs on this GPU, where the GPU is known (constraints, directions)."""
+    if not opts.gpu:
+        return {}
+    from tuner.profiles.gpus import get_gpu
+    from tuner.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION, vllm_batch_defaults
+
+    seqs, tokens = vllm_batch_defaults(get_gpu(opts.gpu))
+    return {"max_num_seqs": seqs, "max_num_batched_tokens": tokens, "kv_cache_dtype": "auto",
+            "gpu_memory_utilization": DEFAULT_GPU_MEMORY_UTILIZATION, "enable_prefix_caching": True,
+            "quantization": None}
+
+
+def make_engine(opts: TuneOptions) -> Engine:
+    if opts.engine in ("sim", "sim-http") and not (opts.gpu and opts.model):
+        raise UserError(f"--engine {opts.engine} needs --gpu and --model", field="--engine")
+    if opts.engine == "sim":
+        from tuner.engine.sim import SimEngine
+
+        return SimEngine(opts.gpu, opts.model, noise=opts.noise, seed=opts.seed)
+    if opts.engine == "sim-http":
+        from tuner.engine.sim_http import SimHTTPEngine
+
+        return SimHTTPEngine(opts.gpu, opts.model, time_scale=opts.time_scale, run_dir=opts.out / "servers",
+                             api_key=opts.api_key, noise=opts.noise, seed=opts.seed)
+    if opts.engine == "vllm":
+        from tuner.engine.vllm import VllmEngine
+
+        if not opts.model:
+            raise UserError("--engine vllm needs --model (the model path or id to serve)", field="--model")
+        return VllmEngine(opts.model, run_root=opts.out / "servers", python=opts.vllm_python,
+                          command=opts.vllm_command, extra_args=opts.vllm_args, api_key=opts.api_key)
+    raise UserError(f"unknown engine {opts.engine!r} (known: {', '.join(ENGINES)})", field="--engine")
+
+
+def load_settings(opts: TuneOptions, engine: Engine) -> LoadSettings:
+    if engine.virtual_time:
+        return LoadSettings(requests=opts.requests_per_run or 1000, arrival=opts.arrival, seed=opts.seed)
+    return LoadSettings(requests=opts.requests_per_run or 200, max_duration_s=opts.max_run_s or 60.0,
+                        arrival=opts.arrival, seed=opts.seed, request_timeout_s=60.0)
+
+
+def study_info(opts: TuneOptions, workload: Workload, slo: SLO, space: SearchSpace) -> StudyInfo:
+    from tuner.workload.stats import prompt_length
+
+    reqs = workload.requests
+    return StudyInfo(
+        workload_path=str(opts.workload), workload_sha256=sha256(opts.workload),
+        workload_requests=len(reqs),
+        workload_mean_prompt_tokens=sum(prompt_length(r) for r in reqs) / max(len(reqs), 1),
+        workload_mean_output_tokens=sum(r.output_tokens for r in reqs) / max(len(reqs), 1),
+        slo_path=str(opts.slo), slo_sha256=sha256(opts.slo), slo=slo.model_dump(mode="json"),
+        engine=opts.engine, simulated=opts.engine != "vllm", gpu=opts.gpu, model=opts.model,
+        search_space=space.model_dump(mode="json"), strategy=opts.strategy, precision=opts.precision,
+        noise_floor=opts.noise_floor if opts.noise_floor is not None else opts.precision,
+        arrival=opts.arrival, created_unix=time.time(), tool_version=__version__)
+
+
+def prepare(opts: TuneOptions) -> tuple[Workload, SLO, SearchSpace]:
+    if opts.strategy not in STRATEGIES:
+        raise UserError(f"unknown strategy {opts.strategy!r} (known: {', '.join(STRATEGIES)})",
+                        field="--strategy")
+    if not opts.workload.exists():
+        raise UserError("no such file", file=str(opts.workload), field="--workload")
+    workload = load_workload(opts.workload)
+    if not workload.requests:
+        raise UserError("the workload has no requests", file=str(opts.workload))
+    return workload, load_slo(opts.slo), load_space(opts.search_space)
+
+
+def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outcome, Path]:
+    """Run (or resume) a study; returns the outcome and the run directory."""
+    workload, slo, space = prepare(opts)
+    opts.out.mkdir(parents=True, exist_ok=True)
+    if opts.resume:
+        from tuner.engine.launcher import reap_stale
+
+        for d in [opts.out, *sorted((opts.out / "servers").glob("*"))]:
+            reap_stale(d)
+    url = storage_url(opts)
+    study = open_study(url, create=True, resume=opts.resume)
+    if not url.startswith("sqlite"):
+        (opts.out / "storage.txt").write_text(url + "\n")
+    (opts.out / "study_name.txt").write_text(STUDY_NAME + "\n")
+    if "info" not in study.user_attrs:
+        study.set_user_attr("info", study_info(opts, workload, slo, space).model_dump(mode="json"))
+    engine = make_engine(opts)
+    noise_floor = opts.noise_floor if opts.noise_floor is not None else opts.precision
+    runner = TrialRunner(study=study, engine=engine, workload=workload, slo=slo, space=space,
+                         load=load_settings(opts, engine), knee=KneeSettings(precision=opts.precision),
+                         defaults=engine_defaults(opts), reporter=reporter or NullReporter(),
+                         start_rate=opts.start_rate or 1.0)
+    budget = Budget(max_trials=opts.max_trials, time_budget_s=opts.time_budget_s, started=time.monotonic())
+    if opts.strategy == "guided":
+        outcome = guided(runner, budget, noise_floor=noise_floor, plateau=opts.plateau)
+    else:
+        outcome = whole_space(runner, budget, sampler=opts.strategy, noise_floor=noise_floor, seed=opts.seed)
+    study.set_user_attr("outcome", {"stop_reason": outcome.stop_reason,
+                                    "baseline_trial": outcome.baseline.number if outcome.baseline else None,
+                                    "tuned_trial": outcome.incumbent.number if outcome.incumbent else None,
+                                    "launches": runner.launches, "engine_s": runner.engine_s})
+    if opts.write_outputs:
+        write_outputs(opts.out)
+    return outcome, opts.out
+
+
+def write_outputs(run_dir: Path) -> list[Path]:
+    """The report and the gate, when those modules are installed (they read the storage alone)."""
+    written: list[Path] = []
+    try:
+        from tuner.report import write_report  # type: ignore[attr-defined]
+    except ImportError:
+        write_report = None
+    if write_report is not None:
+        out = write_report(run_dir)
+        written += out if isinstance(out, list) else [run_dir / "report.md"]
+    try:
+        from tuner.gate import write_gate  # type: ignore[attr-defined]
+    except ImportError:
+        write_gate = None
+    if write_gate is not None:
+        write_gate(run_dir)
+        written.append(run_dir / "gate.yaml")
+    return written
