@@ -60,15 +60,14 @@ class HTTPServer(Server):
         dead = self.check_alive()
         if dead is not None:
             raise dead
-        options = {"model": self.model, "api": self.api, "api_key": self.api_key, **client_options}
+        options = {"model": self.model, "api": self.api, "api_key": self.api_key, "engine": self.engine_name,
+                   **client_options}
         run = run_load_http(self.base_url, requests, send_times, offered_rate=offered_rate,
                             request_timeout_s=request_timeout_s, warmup_s=warmup_s, cooldown_s=cooldown_s,
                             **options)
         dead = self.check_alive()
         if dead is not None:
             run.warnings.append(f"{dead.kind}: {dead.message}")
-        if not run.engine:
-            run.engine = self.engine_name
         return run
 
     def stop(self) -> None:
