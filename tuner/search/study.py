@@ -25,6 +25,7 @@ from tuner.search.records import StudyInfo
 from tuner.search.runner import NullReporter, Reporter, TrialRunner
 from tuner.search.space import SearchSpace, load_space
 from tuner.search.strategy import STRATEGIES, Budget, Outcome, guided, whole_space
+from tuner.search.worker import enqueue_grid, work
 from tuner.slo import SLO, load_slo
 from tuner.workload.loader import load_workload
 from tuner.workload.model import Workload
@@ -188,6 +189,8 @@ def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outco
     budget = Budget(max_trials=opts.max_trials, time_budget_s=opts.time_budget_s, started=time.monotonic())
     if opts.strategy == "guided":
         outcome = guided(runner, budget, noise_floor=noise_floor, plateau=opts.plateau)
+    elif opts.strategy == "grid":
+        outcome = grid(runner, opts.max_trials)
     else:
         outcome = whole_space(runner, budget, sampler=opts.strategy, noise_floor=noise_floor, seed=opts.seed)
     study.set_user_attr("outcome", {"stop_reason": outcome.stop_reason,
@@ -197,6 +200,19 @@ def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outco
     if opts.write_outputs:
         write_outputs(opts.out)
     return outcome, opts.out
+
+
+def grid(runner: TrialRunner, max_trials: int) -> Outcome:
+    """Exhaustive search through the trial queue: `tune worker` processes on other hosts can share it."""
+    from tuner.knobs import Knobs
+
+    base = runner.evaluate(Knobs(), role="baseline")
+    enqueue_grid(runner)
+    work(runner, max_trials=max(0, max_trials - runner.launches), idle_exit_s=0.0)
+    recs = [r for r in runner.finished().values() if r.capacity_rps]
+    best = max(recs, key=lambda r: r.capacity_rps, default=None)
+    return Outcome(base, best, "grid done" if not runner.study.get_trials(
+        deepcopy=False, states=(optuna.trial.TrialState.WAITING,)) else "budget spent")
 
 
 def write_outputs(run_dir: Path) -> list[Path]:
@@ -217,3 +233,23 @@ def write_outputs(run_dir: Path) -> list[Path]:
         write_gate(run_dir)
         written.append(run_dir / "gate.yaml")
     return written
+
+
+def run_worker(run_dir: Path, *, storage: str | None = None, max_trials: int | None = None,
+               idle_exit_s: float = 10.0, vllm_python: str | None = None, vllm_command: str | None = None,
+               api_key: str | None = None) -> int:
+    """`tune worker`: join the study in `run_dir` (or `storage`) and run its queued trials."""
+    url = storage or storage_url(TuneOptions(workload=Path(), slo=Path(), out=run_dir))
+    study = open_study(url, create=False, resume=True)
+    info = StudyInfo(**study.user_attrs["info"])
+    opts = TuneOptions(workload=Path(info.workload_path), slo=Path(info.slo_path), out=run_dir,
+                       engine=info.engine, gpu=info.gpu, model=info.model, strategy=info.strategy,
+                       precision=info.precision, vllm_python=vllm_python, vllm_command=vllm_command,
+                       api_key=api_key)
+    workload, slo, _ = prepare(opts)
+    space = SearchSpace(**info.search_space)
+    engine = make_engine(opts)
+    runner = TrialRunner(study=study, engine=engine, workload=workload, slo=slo, space=space,
+                         load=load_settings(opts, engine), knee=KneeSettings(precision=info.precision),
+                         defaults=engine_defaults(opts))
+    return work(runner, max_trials=max_trials, idle_exit_s=idle_exit_s)

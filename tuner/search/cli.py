@@ -1,0 +1,122 @@
+"""`tune --workload W --slo S` (the main job) and `tune worker` (scale-out on a shared database)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from tuner.errors import UserError
+
+
+def _sigterm_to_interrupt() -> None:
+    """SIGTERM unwinds like Ctrl-C, so the server is stopped and the trial recorded as interrupted."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, handler)
+
+
+def register(app: typer.Typer) -> None:
+    @app.callback(invoke_without_command=True)
+    def tune(
+        ctx: typer.Context,
+        workload: Optional[Path] = typer.Option(None, "--workload", "-w", help="Workload file (any supported format)."),
+        slo: Optional[Path] = typer.Option(None, "--slo", "-s", help="SLO YAML file."),
+        engine: str = typer.Option("sim", help="sim (in-process simulator) | sim-http | vllm."),
+        gpu: Optional[str] = typer.Option(None, help="GPU profile (simulated engines; optional for vllm)."),
+        model: Optional[str] = typer.Option(None, help="Model: profile name, config.json path, or what vllm serves."),
+        search_space: str = typer.Option("default", help="Built-in space name or a YAML file."),
+        strategy: str = typer.Option("guided", help="guided | tpe | random | grid."),
+        max_trials: int = typer.Option(15, help="Engine launches at most (the baseline included)."),
+        time_budget: Optional[float] = typer.Option(None, help="Stop starting trials after this many seconds."),
+        out: Optional[Path] = typer.Option(None, help="Run directory (default runs/<timestamp>)."),
+        storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: SQLite in --out)."),
+        resume: bool = typer.Option(False, help="Continue the study in --out."),
+        json_out: bool = typer.Option(False, "--json", help="Print report.json (or a summary) to stdout."),
+        seed: int = typer.Option(0),
+        precision: float = typer.Option(0.05, help="Capacity precision of each knee search."),
+        start_rate: Optional[float] = typer.Option(None, help="First offered rate of the baseline (req/s)."),
+        requests_per_run: Optional[int] = typer.Option(None, help="Requests per load run."),
+        max_run_s: Optional[float] = typer.Option(None, help="Cap on a real-time load run's span (s)."),
+        arrival: str = typer.Option("poisson", help="poisson | gamma | trace."),
+        noise: float = typer.Option(0.0, help="Simulator run-to-run noise (sigma, e.g. 0.03)."),
+        time_scale: float = typer.Option(1.0, help="sim-http: simulated GPU runs this many times slower."),
+        vllm_python: Optional[str] = typer.Option(None, help="vllm: interpreter of a venv with vLLM."),
+        vllm_command: Optional[str] = typer.Option(None, help="vllm: launch template with {model} {port} {host} {args}."),
+        api_key: Optional[str] = typer.Option(None, envvar="VLLM_API_KEY", help="API key (env VLLM_API_KEY)."),
+    ) -> None:
+        """Tune vllm serve for the most traffic inside the SLO; writes report, plan and gate to --out."""
+        if ctx.invoked_subcommand is not None:
+            return
+        if workload is None or slo is None:
+            raise UserError("give --workload and --slo (see tune --help)", field="--workload")
+        from tuner.search.progress import RichReporter
+        from tuner.search.study import TuneOptions, run_tune
+
+        import time as _t
+        run_dir = out or Path("runs") / _t.strftime("%Y%m%d-%H%M%S")
+        opts = TuneOptions(workload=workload, slo=slo, out=run_dir, engine=engine, gpu=gpu, model=model,
+                           search_space=search_space, strategy=strategy, max_trials=max_trials,
+                           time_budget_s=time_budget, storage=storage, resume=resume, seed=seed,
+                           precision=precision, start_rate=start_rate, requests_per_run=requests_per_run,
+                           max_run_s=max_run_s, arrival=arrival, noise=noise, time_scale=time_scale,
+                           vllm_python=vllm_python, vllm_command=vllm_command, api_key=api_key)
+        _sigterm_to_interrupt()
+        reporter = RichReporter()
+        try:
+            outcome, run_dir = run_tune(opts, reporter)
+        except KeyboardInterrupt:
+            print(f"interrupted: the study is saved; continue with: tune --workload {workload} --slo {slo} "
+                  f"--engine {engine} --out {run_dir} --resume" + (f" --gpu {gpu}" if gpu else "")
+                  + (f" --model {model}" if model else ""), file=sys.stderr)
+            raise typer.Exit(130)
+        _summary(outcome, run_dir, json_out)
+
+    @app.command()
+    def worker(
+        out: Path = typer.Option(..., help="Run directory of the study (its storage.txt names the database)."),
+        storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: from --out)."),
+        max_trials: Optional[int] = typer.Option(None, help="Stop after this many trials."),
+        idle_exit: float = typer.Option(10.0, help="Exit after this many seconds with nothing to do."),
+        vllm_python: Optional[str] = typer.Option(None),
+        vllm_command: Optional[str] = typer.Option(None),
+        api_key: Optional[str] = typer.Option(None, envvar="VLLM_API_KEY"),
+    ) -> None:
+        """Work on a shared study: run the configurations queued in its storage until none are left."""
+        from tuner.search.study import run_worker
+
+        _sigterm_to_interrupt()
+        try:
+            n = run_worker(out, storage=storage, max_trials=max_trials, idle_exit_s=idle_exit,
+                           vllm_python=vllm_python, vllm_command=vllm_command, api_key=api_key)
+        except KeyboardInterrupt:
+            print("worker interrupted; its trial is recorded and will be retried", file=sys.stderr)
+            raise typer.Exit(130)
+        print(f"worker done: {n} trials", file=sys.stderr)
+
+
+def _summary(outcome, run_dir: Path, json_out: bool) -> None:
+    base, inc = outcome.baseline, outcome.incumbent
+    b = base.capacity_rps if base and base.capacity_rps else None
+    t = inc.capacity_rps if inc and inc.capacity_rps else None
+    report_json = run_dir / "report.json"
+    if json_out:
+        if report_json.exists():
+            sys.stdout.write(report_json.read_text())
+        else:
+            print(json.dumps({"baseline": {"capacity_rps": b, "knobs": base.knobs if base else None},
+                              "tuned": {"capacity_rps": t, "knobs": inc.knobs if inc else None},
+                              "stop_reason": outcome.stop_reason, "run_dir": str(run_dir)}, indent=2))
+        return
+    gain = f" ({t / b - 1:+.0%})" if b and t else ""
+    print(f"stopped: {outcome.stop_reason}")
+    print(f"baseline (vLLM defaults): {f'{b:.2f} req/s' if b else 'no rate met the SLO'}")
+    print(f"tuned: {f'{t:.2f} req/s' if t else '-'}{gain} with {inc.knobs if inc else {}}")
+    for name in ("report.html", "report.md", "gate.yaml"):
+        if (run_dir / name).exists():
+            print(f"{name}: {run_dir / name}")
+    print(f"run directory: {run_dir}")

@@ -1,0 +1,53 @@
+"""Live progress of a study on the terminal: the trial, its knobs, each load run, the incumbent."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from tuner.knobs import Knobs
+from tuner.search.records import LoadRunSummary, TrialRecord
+
+
+def _knobs(k: dict) -> str:
+    return " ".join(f"{n}={v}" for n, v in k.items()) or "vLLM defaults"
+
+
+class RichReporter:
+    """One line per load run and per trial, with a status spinner while a trial runs (stderr)."""
+
+    def __init__(self, console: Console | None = None):
+        self.console = console or Console(stderr=True)
+        self.incumbent: TrialRecord | None = None
+        self._status = None
+
+    def trial_started(self, number: int, knobs: Knobs, role: str) -> None:
+        self.console.print(f"[bold]trial {number}[/] [dim]({role})[/] {_knobs(knobs.set_only())}")
+        self._status = self.console.status(f"trial {number}: launching", spinner="dots")
+        self._status.start()
+
+    def point(self, number: int, p: LoadRunSummary) -> None:
+        mark = "[green]pass[/]" if p.passed else "[red]fail[/]"
+        p99 = ", ".join(f"{m} {v:.0f}" for m, v in p.p99_ms.items() if v is not None and m != "itl")
+        self.console.print(f"   {p.rate:8.2f} req/s  {mark}  attainment {p.attainment:.3f} "
+                           f"[{p.ci_low:.3f}, {p.ci_high:.3f}]  p99 ms: {p99}")
+        if self._status:
+            inc = self.incumbent.capacity_rps if self.incumbent and self.incumbent.capacity_rps else None
+            self._status.update(f"trial {number}: last load run {p.rate:.2f} req/s, "
+                                f"attainment {p.attainment:.3f}; incumbent "
+                                f"{f'{inc:.2f} req/s' if inc else '-'}")
+
+    def trial_done(self, rec: TrialRecord, incumbent: float | None) -> None:
+        if self._status:
+            self._status.stop()
+            self._status = None
+        if rec.launch_failure_kind:
+            self.console.print(f"   [yellow]launch failed[/] ({rec.launch_failure_kind}): "
+                               f"{(rec.launch_failure_message or '')[:160]}")
+        elif rec.raced_out:
+            self.console.print("   [dim]raced out: fails at the incumbent's capacity[/]")
+        else:
+            cap = f"{rec.capacity_rps:.2f} req/s" if rec.capacity_rps else "none"
+            diag = f"; binds: {rec.diagnosis.kind} ({rec.diagnosis.summary})" if rec.diagnosis else ""
+            self.console.print(f"   capacity {cap}{' [green]new incumbent[/]' if rec.accepted else ''}{diag}")
+        if rec.accepted:
+            self.incumbent = rec

@@ -1,0 +1,67 @@
+"""Scale-out: several hosts work on one study through a shared database (PostgreSQL).
+
+Configurations are enqueued as Optuna WAITING trials; every worker pops one at a time (the database makes
+the pop atomic, so no configuration runs twice), measures it and tells the result. Each running trial
+sends heartbeats; when a worker dies, its trial goes stale, Optuna marks it failed and
+`RetryFailedTrialCallback` enqueues a copy, which another worker picks up. The grid strategy runs
+through the same queue even in one process, which also makes it resumable.
+"""
+
+from __future__ import annotations
+
+import time
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner.knobs import Knobs
+from tuner.search.runner import TrialRunner, knobs_key
+
+
+def enqueue_grid(runner: TrialRunner) -> int:
+    """Enqueue every grid configuration not already in the study; returns how many were added."""
+    have = {knobs_key(Knobs(**{k: v for k, v in t.params.items() if v is not None}))
+            for t in runner.study.get_trials(deepcopy=False)}
+    have |= {knobs_key(Knobs(**{k: v for k, v in t.system_attrs.get("fixed_params", {}).items()
+                                 if v is not None}))
+             for t in runner.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
+    n = 0
+    for knobs in runner.space.grid():
+        if knobs_key(knobs) in have:
+            continue
+        runner.study.enqueue_trial({k: getattr(knobs, k) for k in runner.space.knobs},
+                                   user_attrs={"role": "grid"})
+        have.add(knobs_key(knobs))
+        n += 1
+    return n
+
+
+def work(runner: TrialRunner, *, max_trials: int | None = None, idle_exit_s: float = 5.0,
+         poll_s: float = 1.0) -> int:
+    """Pop and run WAITING trials until none are left (and none are running elsewhere) for
+    `idle_exit_s`. Returns the number of trials this worker ran."""
+    ran = 0
+    idle_since: float | None = None
+    study = runner.study
+    while max_trials is None or ran < max_trials:
+        waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        if not waiting:
+            # a stale trial of a dead worker is failed (and re-enqueued) when anyone asks; trigger it
+            optuna.storages.fail_stale_trials(study)
+            running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            now = time.monotonic()
+            idle_since = idle_since or now
+            if not running and now - idle_since >= idle_exit_s:
+                break
+            time.sleep(poll_s)
+            continue
+        idle_since = None
+        trial = study.ask(runner.distributions())
+        if "fixed_params" not in trial.system_attrs:
+            # another worker took the last waiting trial between our look and our ask
+            study.tell(trial, state=TrialState.FAIL)
+            continue
+        role = trial.user_attrs.get("role", "grid")
+        runner.run_trial(trial, role=role if role in ("grid", "baseline", "candidate") else "grid")
+        ran += 1
+    return ran
