@@ -48,6 +48,7 @@ def diagnose(fail: LoadRunSummary | None, fail_metrics: MetricsDigest | None,
     kv_full = m.kv_usage_p90 >= 0.9 or m.kv_usage_max >= 0.98
     preempting = m.preemptions > 0
     queueing = m.waiting_p90 >= 1 or m.waiting_mean >= 0.5
+    climbing = m.waiting_trend >= 1.0  # the queue grows through the run: arrivals outpace service
     q, pf = m.queue_time_mean_s, m.prefill_time_mean_s
     queue_share = q / (q + pf) if q is not None and pf is not None and (q + pf) > 0 else None
     binding = point.binding
@@ -56,6 +57,7 @@ def diagnose(fail: LoadRunSummary | None, fail_metrics: MetricsDigest | None,
         "binding_slo_metric": binding, "running_p90": round(m.running_p90, 1),
         "max_num_seqs": mns, "waiting_p90": round(m.waiting_p90, 1),
         "kv_usage_p90": round(m.kv_usage_p90, 3), "preemptions": m.preemptions,
+        "waiting_trend": round(m.waiting_trend, 1),
         "queue_share_of_ttft": None if queue_share is None else round(queue_share, 3),
         "p99_ttft_ms": _r(point.p99_ms.get("ttft")), "p99_tpot_ms": _r(point.p99_ms.get("tpot")),
         "prefix_hit_rate": None if m.prefix_hit_rate is None else round(m.prefix_hit_rate, 3),
@@ -72,14 +74,18 @@ def diagnose(fail: LoadRunSummary | None, fail_metrics: MetricsDigest | None,
     elif binding in ("tpot", "itl"):
         kind = "decode"
         why = f"{binding.upper()} breaks the SLO first (p99 {_r(point.p99_ms.get(binding))} ms)"
-    elif binding in ("ttft", "e2el") and queue_share is not None and queue_share < 0.5:
-        kind = "prefill" if binding == "ttft" else "decode"
-        why = (f"{binding.upper()} breaks the SLO first and is mostly prefill/compute time "
-               f"(queueing {queue_share:.0%} of TTFT)")
-    else:
+    elif climbing or (queue_share is not None and queue_share >= 0.5):
         kind = "queue"
-        why = ("requests queue while the batch has room and KV has room: the engine is compute-"
-               "saturated; more replicas (the capacity plan) or a cheaper step help")
+        why = (f"the queue grows through the run (waiting +{m.waiting_trend:.0f}) while the batch "
+               f"({m.running_p90:.0f} of {mns or '?'}) and KV ({m.kv_usage_p90:.0%}) have room: the "
+               f"engine is compute-saturated; more replicas (the capacity plan) or a cheaper step help")
+    elif binding == "ttft":
+        kind = "prefill"
+        share = "" if queue_share is None else f" (queueing {queue_share:.0%} of TTFT)"
+        why = f"TTFT breaks the SLO first and is mostly prefill time, not queueing{share}"
+    else:
+        kind = "decode"
+        why = f"{(binding or 'latency').upper()} breaks the SLO first, mostly in generation, not queueing"
     knobs, directions = KNOBS[kind]
     return Diagnosis(kind=kind, summary=why, evidence=ev, knobs=list(knobs), directions=dict(directions))
 

@@ -66,7 +66,9 @@ class SimServer(Server):
         self.core.step_end.clear()
         self.core.step_idx = 0
         self.core.finish_at.clear()
+        span = max(send_times, default=0.0)
         run = run_virtual(self.cfg, sims, engine=self.core, request_timeout_s=request_timeout_s,
+                          sample_interval_s=min(0.5, max(0.01, span / 150)),
                           warmup_s=warmup_s, cooldown_s=cooldown_s, token_times=token_times)
         self._drain()
         return LoadRun(offered_rate=offered_rate, duration_s=run.duration_s, records=run.records,

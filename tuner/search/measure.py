@@ -99,10 +99,16 @@ def badness(records: list[RequestRecord], slo: SLO) -> float:
     return vals[k]
 
 
-def digest(metrics: MetricsWindow | None, rate: float, max_num_seqs: int | None) -> MetricsDigest:
+def digest(metrics: MetricsWindow | None, rate: float, max_num_seqs: int | None,
+           window: tuple[float, float] | None = None) -> MetricsDigest:
+    """Condense a run's metrics; gauge statistics over the scored window only (the drain after the last
+    send would hide a growing queue)."""
     if metrics is None:
         return MetricsDigest(rate=rate, max_num_seqs=max_num_seqs)
     s = metrics.samples
+    if window and window[1] > window[0]:
+        inside = [x for x in s if window[0] <= x.t <= window[1]]
+        s = inside if len(inside) >= 3 else s
     run = np.array([x.running for x in s] or [0.0])
     wait = np.array([x.waiting for x in s] or [0.0])
     kv = np.array([x.kv_usage for x in s] or [0.0])
@@ -113,10 +119,12 @@ def digest(metrics: MetricsWindow | None, rate: float, max_num_seqs: int | None)
         d = h.get(name)
         return d.sum / d.count if d and d.count else None
 
+    third = max(1, len(wait) // 3)
+    trend = float(wait[-third:].mean() - wait[:third].mean()) if len(wait) >= 3 else 0.0
     step = max(1, len(s) // 120)  # keep at most ~120 points per series in storage
     return MetricsDigest(
         samples=s[::step], running_p90=float(np.percentile(run, 90)), waiting_mean=float(wait.mean()),
-        waiting_p90=float(np.percentile(wait, 90)), kv_usage_p90=float(np.percentile(kv, 90)),
+        waiting_p90=float(np.percentile(wait, 90)), waiting_trend=trend, kv_usage_p90=float(np.percentile(kv, 90)),
         kv_usage_max=float(kv.max()), preemptions=metrics.counter(PREEMPTIONS),
         prefix_hit_rate=(metrics.counter(PREFIX_HITS) / q) if q else None,
         queue_time_mean_s=mean("request_queue_time_seconds"),
@@ -151,7 +159,8 @@ def measure(server: Server, workload: Workload, slo: SLO, rate: float, settings:
                           warmup_s=settings.warmup_frac * span, cooldown_s=settings.cooldown_frac * span)
     wall = time.perf_counter() - t
     summary = summarize(run.records, slo, rate, run, 1, wall)
-    return Measurement(summary, digest(run.metrics, rate, max_num_seqs), run.records), run
+    win = (run.window_start_s, run.window_end_s)
+    return Measurement(summary, digest(run.metrics, rate, max_num_seqs, win), run.records), run
 
 
 def latency_quantiles(records: list[RequestRecord]) -> LatencyQuantiles:

@@ -45,6 +45,7 @@ class MetricsDigest(BaseModel):
     running_p90: float = 0.0
     waiting_mean: float = 0.0
     waiting_p90: float = 0.0
+    waiting_trend: float = 0.0   # mean waiting in the last third of the run minus the first third
     kv_usage_p90: float = 0.0
     kv_usage_max: float = 0.0
     preemptions: float = 0.0

@@ -105,8 +105,9 @@ class TrialRunner:
         done = self.finished().get(knobs_key(knobs))
         if done is not None:
             return done
-        params = {k: getattr(knobs, k) for k in self.space.knobs}
-        extra = {k: v for k, v in knobs.set_only().items() if k not in self.space.knobs}
+        # knobs outside the space (or values it does not list) travel as a user attribute
+        params = {k: getattr(knobs, k) for k in self.space.knobs if getattr(knobs, k) in self.choices(k)}
+        extra = {k: v for k, v in knobs.set_only().items() if k not in params}
         self.study.enqueue_trial(params, user_attrs={"extra_knobs": extra}, skip_if_exists=False)
         trial = self.study.ask(self.distributions())
         return self.run_trial(trial, role=role, changed_knob=changed_knob, race_rate=race_rate,
