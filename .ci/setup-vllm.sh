@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1
 VENV=.venv-vllm
 MODEL=.tiny-model
-rm -f .ci/env
+# .ci/run clears .ci/env before the setup scripts; each appends its own exports
 start=$(date +%s)
 if ! "$VENV/bin/python" -c 'import vllm, transformers' >/dev/null 2>&1; then
   rm -rf "$VENV"
@@ -25,5 +25,5 @@ fi
 "$VENV/bin/python" -c 'import vllm, transformers, torch; print("vllm", vllm.__version__, "torch", torch.__version__)' \
   2>&1 | tail -1
 "$VENV/bin/python" tuner/testing/tiny_model.py "$MODEL" 2>&1 | tail -1
-echo "export TUNER_VLLM_PYTHON=$PWD/$VENV/bin/python TUNER_TINY_MODEL=$PWD/$MODEL" > .ci/env
+echo "export TUNER_VLLM_PYTHON=$PWD/$VENV/bin/python TUNER_TINY_MODEL=$PWD/$MODEL" >> .ci/env
 echo "vllm setup done in $(( $(date +%s) - start )) s"
