@@ -55,6 +55,10 @@ def measure(base_url: str, rate: float, duration: float, output_tokens: int, pro
         "target_rate": (len(times) - 1) / target_span, "achieved_rate": (len(sent) - 1) / span,
         "ttft_p50": percentile([r.ttft * 1e3 for r in ok], 50),
         "client_cpu": ((cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)) / wall,
+        # Involuntary context switches per second: the client was runnable but another process had the
+        # core. On a shared 2-core machine this, not the scheduler, is what makes sends late.
+        "preempted_per_s": (cpu1.ru_nivcsw - cpu0.ru_nivcsw) / wall,
+        "load": os.getloadavg()[0],
     }
 
 
@@ -66,6 +70,7 @@ def main(argv=None) -> None:
     p.add_argument("--prompt-tokens", type=int, default=200)
     p.add_argument("--ttft", type=float, default=0.02)
     p.add_argument("--tpot", type=float, default=0.01)
+    p.add_argument("--repeat", type=int, default=1, help="measure each rate this many times")
     a = p.parse_args(argv)
     print(f"# {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; server TTFT {a.ttft * 1e3:g} ms, "
           f"TPOT {a.tpot * 1e3:g} ms, {a.output_tokens} output tokens, {a.duration:g} s per rate")
@@ -74,15 +79,16 @@ def main(argv=None) -> None:
         run_load_http(srv.base_url, [WorkloadRequest(prompt_tokens=8, output_tokens=2)] * 20,
                       [i * 0.01 for i in range(20)], offered_rate=100, metrics=False)  # warm imports
         for rate in a.rates:
-            rows.append(measure(srv.base_url, rate, a.duration, a.output_tokens, a.prompt_tokens))
+            for _ in range(a.repeat):
+                rows.append(measure(srv.base_url, rate, a.duration, a.output_tokens, a.prompt_tokens))
     head = (f"{'rate':>6} {'n':>6} {'errors':>6} {'late p50 ms':>11} {'late p99 ms':>11} {'late max ms':>11} "
-            f"{'target/s':>9} {'achieved/s':>10} {'TTFT p50 ms':>11} {'client CPU':>10}")
+            f"{'target/s':>9} {'achieved/s':>10} {'TTFT p50 ms':>11} {'client CPU':>10} {'preempt/s':>9} {'load':>5}")
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['rate']:>6g} {r['n']:>6} {r['errors']:>6} {r['late_p50']:>11.3f} {r['late_p99']:>11.3f} "
               f"{r['late_max']:>11.3f} {r['target_rate']:>9.1f} {r['achieved_rate']:>10.1f} "
-              f"{r['ttft_p50']:>11.2f} {r['client_cpu']:>9.0%}")
+              f"{r['ttft_p50']:>11.2f} {r['client_cpu']:>10.0%} {r['preempted_per_s']:>9.0f} {r['load']:>5.2f}")
 
 
 if __name__ == "__main__":

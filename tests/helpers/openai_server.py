@@ -11,6 +11,8 @@ misbehaves on purpose:
 - `[fail:500]`  answers HTTP 500 with an OpenAI-style error body;
 - `[fail:drop]` streams `fail_after` tokens, then closes the connection mid-body;
 - `[fail:stall]` streams `fail_after` tokens, then goes silent for `stall_s`;
+- `[fail:error]` streams `fail_after` tokens, then an SSE `{"error": ...}` event and `[DONE]` (what vLLM
+  does when generation fails mid-stream);
 - `[ttft:X]` / `[tpot:X]` override the delays for that request.
 
 `GET /debug/requests` returns what the server saw (arrival on the shared CLOCK_MONOTONIC, path, the
@@ -49,6 +51,7 @@ class Config:
     api_key: str | None = None
     model: str = "test-model"
     time_scale: float | None = None  # exported as data[0].sim_time_scale when set
+    crlf: bool = False  # end SSE lines with CRLF, and split each event over two writes
 
 
 @dataclass
@@ -159,7 +162,13 @@ class Server:
             sent = 0
             k = max(1, self.cfg.tokens_per_chunk)
             while sent < n_out:
-                if fail in ("drop", "stall") and sent >= self.cfg.fail_after:
+                if fail in ("drop", "stall", "error") and sent >= self.cfg.fail_after:
+                    if fail == "error":
+                        self._event(writer, {"error": {"object": "error", "message": "injected mid-stream",
+                                                       "code": 500}})
+                        self._done(writer)
+                        await writer.drain()
+                        return True
                     if fail == "drop":
                         writer.transport.abort()
                         return False
@@ -183,7 +192,7 @@ class Server:
                                      "choices": [], "usage": {"prompt_tokens": n_prompt,
                                                               "completion_tokens": n_out,
                                                               "total_tokens": n_prompt + n_out}})
-            writer.write(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
+            self._done(writer)
             await writer.drain()
             self.state.success += 1
             self.state.prompt_tokens += n_prompt
@@ -192,7 +201,17 @@ class Server:
         finally:
             self.state.running -= 1
 
+    def _done(self, writer) -> None:
+        data = b"data: [DONE]\r\n\r\n" if self.cfg.crlf else b"data: [DONE]\n\n"
+        writer.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data))
+
     def _event(self, writer, obj: dict) -> None:
+        if self.cfg.crlf:
+            data = b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\r\n\r\n"
+            half = len(data) // 2
+            for part in (data[:half], data[half:]):
+                writer.write(b"%x\r\n%b\r\n" % (len(part), part))
+            return
         data = b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
         writer.write(b"%x\r\n%b\r\n" % (len(data), data))
 
@@ -268,7 +287,9 @@ def start_server(**kw):
     """Run the server in a subprocess (its own interpreter and core, as a real server would be)."""
     args = [sys.executable, "-m", "tests.helpers.openai_server", "--port", "0"]
     for k, v in kw.items():
-        if v is not None:
+        if v is True:
+            args.append(f"--{k.replace('_', '-')}")
+        elif v is not None and v is not False:
             args += [f"--{k.replace('_', '-')}", str(v)]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
@@ -293,10 +314,11 @@ def main(argv=None) -> None:
     p.add_argument("--api-key", default=None)
     p.add_argument("--model", default="test-model")
     p.add_argument("--time-scale", type=float, default=None)
+    p.add_argument("--crlf", action="store_true")
     a = p.parse_args(argv)
     cfg = Config(ttft_s=a.ttft_s, tpot_s=a.tpot_s, tokens_per_chunk=a.tokens_per_chunk,
                  fail_after=a.fail_after, stall_s=a.stall_s, api_key=a.api_key, model=a.model,
-                 time_scale=a.time_scale)
+                 time_scale=a.time_scale, crlf=a.crlf)
 
     def ready(port: int) -> None:
         print(f"LISTENING {port}", flush=True)

@@ -75,10 +75,10 @@ async def stream_request(client: httpx.AsyncClient, request: httpx.Request, rec:
                 async for data in resp.aiter_bytes():
                     now = clock(time.monotonic())
                     buf += data
-                    if b"\n\n" not in buf:
-                        if b"\r\n\r\n" not in buf:
-                            continue
+                    if b"\r" in buf:  # SSE allows CRLF line ends; a CR split from its LF waits a read
                         buf = buf.replace(b"\r\n", b"\n")
+                    if b"\n\n" not in buf:
+                        continue
                     *events, buf = buf.split(b"\n\n")
                     for event in events:
                         for line in event.split(b"\n"):
