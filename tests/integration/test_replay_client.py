@@ -107,13 +107,15 @@ def test_open_loop_sends_on_schedule_while_the_server_stalls(server):
     t_start = time.monotonic()
     run = run_load_http(server.base_url, reqs, [i * gap for i in range(n)], offered_rate=1 / gap,
                         stall_timeout_s=1.5, metrics=False)
-    late = [r.sent_s - r.scheduled_s for r in run.records]
-    assert max(late) < 0.015, max(late)
+    # A client that waited for anything would be a second or more late; bounds leave room for a
+    # shared machine's scheduling noise.
+    late = sorted(r.sent_s - r.scheduled_s for r in run.records)
+    assert late[int(0.9 * n)] < 0.010 and late[-1] < 0.1, late
     # The server saw them arrive on the same schedule (CLOCK_MONOTONIC is shared between processes).
     arrivals = sorted(s["t"] for s in _new_server_requests(server, t_start))
     assert len(arrivals) == n
-    offsets = [a - arrivals[0] - i * gap for i, a in enumerate(arrivals)]
-    assert max(abs(o) for o in offsets) < 0.015
+    offsets = sorted(abs(a - arrivals[0] - i * gap) for i, a in enumerate(arrivals))
+    assert offsets[int(0.9 * n)] < 0.010 and offsets[-1] < 0.1, offsets
     assert sum(1 for r in run.records if r.ok) == n - len(range(0, n, 3))
     assert all(r.error.startswith("stalled") for r in run.records[::3])
 
@@ -178,7 +180,7 @@ def test_in_flight_cap_records_errors_and_keeps_the_schedule(server):
     assert len(capped) == n - 3
     assert all(r.ok for r in run.records[:3])
     assert any("in-flight cap" in w for w in run.warnings)
-    assert max(r.sent_s - r.scheduled_s for r in run.records) < 0.015
+    assert max(r.sent_s - r.scheduled_s for r in run.records) < 0.1  # capped ones are not delayed
 
 
 def test_warmup_and_cooldown_window(server):
