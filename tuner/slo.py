@@ -244,7 +244,8 @@ def score(records: Iterable[RequestRecord], slo: SLO, window: float | None = Non
     values: dict[str, list[float]] = {}
     for m in METRICS:
         if m == "itl":
-            values[m] = [g * 1000.0 for r in finished for g in r.itls]
+            gaps = [np.diff(r.token_times) for r in finished if r.token_times and len(r.token_times) > 1]
+            values[m] = (np.concatenate(gaps) * 1000.0).tolist() if gaps else []
         else:
             values[m] = [getattr(r, m) * 1000.0 for r in finished if getattr(r, m) is not None]
     metrics = {}

@@ -8,7 +8,7 @@ simulator would derive them from the prompt text.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from tuner.engine.base import Engine, LaunchInfo, Server
 from tuner.knobs import Knobs
@@ -41,8 +41,10 @@ def _text(req: WorkloadRequest) -> str:
 
 
 class SimServer(Server):
-    def __init__(self, cfg: ResolvedConfig, cost_params: CostParams | None, noise: float, seed: int):
+    def __init__(self, cfg: ResolvedConfig, cost_params: CostParams | None, noise: float, seed: int,
+                 token_times: bool = True):
         self.cfg = cfg
+        self.token_times = token_times
         self.core = EngineCore(cfg, cost_params, noise=noise, seed=seed, keep_step_times=True)
         self.info = LaunchInfo(kv_cache_tokens=cfg.kv_cache_tokens, max_concurrency=cfg.max_concurrency)
         self.launch_log = cfg.launch_log()
@@ -57,7 +59,7 @@ class SimServer(Server):
 
     def run_load(self, requests: Sequence[WorkloadRequest], send_times: Sequence[float], *,
                  offered_rate: float, request_timeout_s: float = 120.0, warmup_s: float = 0.0,
-                 cooldown_s: float = 0.0, token_times: bool = True) -> LoadRun:
+                 cooldown_s: float = 0.0, token_times: bool | None = None) -> LoadRun:
         sims = []
         for i, (req, t) in enumerate(zip(requests, send_times)):
             n, h = self._shape(req, i)
@@ -69,7 +71,8 @@ class SimServer(Server):
         span = max(send_times, default=0.0)
         run = run_virtual(self.cfg, sims, engine=self.core, request_timeout_s=request_timeout_s,
                           sample_interval_s=min(0.5, max(0.01, span / 150)),
-                          warmup_s=warmup_s, cooldown_s=cooldown_s, token_times=token_times)
+                          warmup_s=warmup_s, cooldown_s=cooldown_s,
+                          token_times=self.token_times if token_times is None else token_times)
         self._drain()
         return LoadRun(offered_rate=offered_rate, duration_s=run.duration_s, records=run.records,
                        metrics=run.metrics, engine="sim", window_start_s=warmup_s,
@@ -94,15 +97,21 @@ class SimEngine(Engine):
     virtual_time = True
 
     def __init__(self, gpu: str | GPUProfile, model: str | ModelProfile, *,
-                 cost_params: CostParams | None = None, noise: float = 0.0, seed: int = 0):
+                 cost_params: CostParams | None = None, noise: float = 0.0, seed: int = 0,
+                 token_times: bool = True, launch_seed: Callable[[Knobs], int] | None = None):
+        """`token_times=False` skips per-token times (only ITL needs them: a faster study when the SLO has
+        no ITL threshold). `launch_seed` picks each launch's noise seed (default: one per launch)."""
         self.gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
         self.model = get_model(model) if isinstance(model, str) else model
         self.cost_params = cost_params
         self.noise = noise
         self.seed = seed
         self.launches = 0
+        self.token_times = token_times
+        self.launch_seed = launch_seed
 
     def launch(self, knobs: Knobs) -> SimServer:
         self.launches += 1
         cfg = resolve(self.gpu, self.model, knobs)
-        return SimServer(cfg, self.cost_params, self.noise, self.seed + self.launches)
+        seed = self.launch_seed(knobs) if self.launch_seed else self.seed + self.launches
+        return SimServer(cfg, self.cost_params, self.noise, seed, self.token_times)

@@ -107,13 +107,14 @@ def engine_defaults(opts: TuneOptions) -> dict[str, Any]:
             "quantization": None}
 
 
-def make_engine(opts: TuneOptions) -> Engine:
+def make_engine(opts: TuneOptions, slo: SLO | None = None) -> Engine:
     if opts.engine in ("sim", "sim-http") and not (opts.gpu and opts.model):
         raise UserError(f"--engine {opts.engine} needs --gpu and --model", field="--engine")
     if opts.engine == "sim":
         from tuner.engine.sim import SimEngine
 
-        return SimEngine(opts.gpu, opts.model, noise=opts.noise, seed=opts.seed)
+        return SimEngine(opts.gpu, opts.model, noise=opts.noise, seed=opts.seed,
+                         token_times=slo is None or "itl" in slo.thresholds)
     if opts.engine == "sim-http":
         from tuner.engine.sim_http import SimHTTPEngine
 
@@ -180,7 +181,7 @@ def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outco
     (opts.out / "study_name.txt").write_text(STUDY_NAME + "\n")
     if "info" not in study.user_attrs:
         study.set_user_attr("info", study_info(opts, workload, slo, space).model_dump(mode="json"))
-    engine = make_engine(opts)
+    engine = make_engine(opts, slo)
     noise_floor = opts.noise_floor if opts.noise_floor is not None else opts.precision
     runner = TrialRunner(study=study, engine=engine, workload=workload, slo=slo, space=space,
                          load=load_settings(opts, engine), knee=KneeSettings(precision=opts.precision),
@@ -248,7 +249,7 @@ def run_worker(run_dir: Path, *, storage: str | None = None, max_trials: int | N
                        api_key=api_key)
     workload, slo, _ = prepare(opts)
     space = SearchSpace(**info.search_space)
-    engine = make_engine(opts)
+    engine = make_engine(opts, slo)
     runner = TrialRunner(study=study, engine=engine, workload=workload, slo=slo, space=space,
                          load=load_settings(opts, engine), knee=KneeSettings(precision=info.precision),
                          defaults=engine_defaults(opts))
