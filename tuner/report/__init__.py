@@ -1,0 +1,39 @@
+"""The run's report: what was found, what it is worth, and how much of it to trust.
+
+`build_report(run_dir)` reads the study storage and returns the `Report` (Pydantic); `write_report(run_dir)`
+writes `report.md`, a self-contained `report.html`, `report.json`, `tuned-config.yaml` and `plots/*.svg`
+into the run directory (and `gate.yaml` if the run has none yet). `tune report RUN_DIR` calls it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tuner.report.build import build_report
+from tuner.report.model import Report
+
+__all__ = ["build_report", "write_report", "Report"]
+
+
+def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Report:
+    """Build the report and write every file; returns the `Report`. `out_dir` defaults to `run_dir`."""
+    from tuner.report.plots import all_plots
+    from tuner.report.render import to_html, to_markdown
+
+    rep = build_report(run_dir)
+    out = Path(out_dir) if out_dir is not None else Path(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    svgs = all_plots(rep)
+    plots = out / "plots"
+    plots.mkdir(exist_ok=True)
+    for name, svg in svgs.items():
+        (plots / f"{name}.svg").write_text(svg, encoding="utf-8")
+    (out / "report.md").write_text(to_markdown(rep, set(svgs)), encoding="utf-8")
+    (out / "report.html").write_text(to_html(rep, svgs), encoding="utf-8")
+    (out / "report.json").write_text(rep.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    (out / "tuned-config.yaml").write_text(rep.config_yaml, encoding="utf-8")
+    if not (out / "gate.yaml").exists():
+        from tuner.gate import write_gate
+
+        write_gate(run_dir, path=out / "gate.yaml")
+    return rep

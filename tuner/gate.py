@@ -1,0 +1,378 @@
+"""Regression gate: a CI check that the tuned configuration still serves what the tuning run measured.
+
+Every run leaves `gate.yaml`: the tuned knobs, the engine/GPU/model, the workload and SLO files with their
+SHA-256, the measured capacity with its bracket and confidence interval, and a tolerance (10%). `tune gate`
+launches that configuration again and runs one open-loop load run at capacity x (1 - tolerance): the SLO
+must still hold there. With `--full` it also re-measures the capacity. The rate is below the knee by the
+tolerance on purpose: a check exactly at the knee would fail half the time on noise alone.
+
+Inputs that changed since the gate was written are reported as such and stop the gate (exit 2) unless
+`--allow-changed`: a new workload has a new knee, and comparing against the old one would be silent
+nonsense. Exit codes: 0 pass, 1 regression (no launch, SLO broken at the gated rate, capacity dropped
+beyond the tolerance), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tuner import __version__
+from tuner.errors import UserError
+from tuner.failures import LaunchFailure
+from tuner.knobs import Knobs
+
+DEFAULT_TOLERANCE = 0.10
+ENGINES = ("sim", "sim-http", "vllm")
+
+
+class FileRef(BaseModel):
+    path: str
+    sha256: str
+
+
+def default_load(engine: str, arrival: str = "poisson") -> dict:
+    """Load-run sizing as `tune` uses it for this engine (`tuner.search.study.load_settings`): 1000
+    requests per run in virtual time, 200 requests within 60 s on engines that run in real time."""
+    from dataclasses import asdict
+
+    from tuner.search.measure import LoadSettings
+
+    if engine == "sim":
+        return asdict(LoadSettings(requests=1000, arrival=arrival))
+    return asdict(LoadSettings(requests=200, max_duration_s=60.0, arrival=arrival, request_timeout_s=60.0))
+
+
+def load_settings(load: dict, where: str | Path | None = None):
+    """The gate's `load` mapping as the search's `LoadSettings` (unknown keys are a user error)."""
+    from dataclasses import fields
+
+    from tuner.search.measure import LoadSettings
+
+    known = {f.name for f in fields(LoadSettings)}
+    for k in load:
+        if k not in known:
+            raise UserError(f"unknown key {k!r} (known: {', '.join(sorted(known))})", file=where,
+                            field=f"load.{k}")
+    return LoadSettings(**load)
+
+
+class GateFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = 1
+    created_unix: float = 0.0
+    tool_version: str = ""
+    engine: str
+    gpu: str | None = None
+    model: str | None = None
+    knobs: dict = Field(default_factory=dict)
+    serve_args: list[str] = Field(default_factory=list)
+    workload: FileRef
+    slo: FileRef
+    capacity_rps: float = Field(gt=0)
+    capacity_upper_rps: float | None = None       # lowest failing rate: the knee lies in [capacity, upper)
+    attainment: float | None = None               # at capacity, with its 95% Wilson interval
+    attainment_ci: list[float] | None = None
+    tolerance: float = Field(default=DEFAULT_TOLERANCE, ge=0, lt=1)
+    load: dict = Field(default_factory=dict)      # LoadSettings of each load run (empty: tune's defaults)
+    source_run: str | None = None
+    source_trial: int | None = None
+
+    @property
+    def check_rate(self) -> float:
+        return self.capacity_rps * (1 - self.tolerance)
+
+
+def sha256_file(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def write_gate(run_dir: str | Path, *, path: str | Path | None = None,
+               tolerance: float = DEFAULT_TOLERANCE) -> Path | None:
+    """Write `gate.yaml` for the tuned configuration of the study in `run_dir` (the study runner calls this
+    at the end of a run; `tune report` writes one if it is missing). Returns the file's path, or None when
+    no configuration met the SLO at any rate: there is no capacity to hold a configuration to."""
+    from tuner.report.select import pick_configs
+    from tuner.report.storage import load_study_data
+
+    data = load_study_data(run_dir)
+    info = data.info
+    _, tuned = pick_configs(data.trials, data.outcome)
+    rec = tuned.record if tuned else None
+    if rec is None or rec.capacity_rps is None:
+        return None
+    knee = [r for r in rec.load_runs if r.rate == rec.capacity_rps]
+    gate = GateFile(created_unix=time.time(), tool_version=info.tool_version or __version__,
+                    engine=info.engine, gpu=info.gpu, model=info.model, knobs=rec.knobs,
+                    serve_args=Knobs(**rec.knobs).flags(),
+                    workload=FileRef(path=info.workload_path, sha256=info.workload_sha256),
+                    slo=FileRef(path=info.slo_path, sha256=info.slo_sha256),
+                    capacity_rps=rec.capacity_rps, capacity_upper_rps=rec.capacity_upper_rps,
+                    attainment=knee[-1].attainment if knee else None,
+                    attainment_ci=[knee[-1].ci_low, knee[-1].ci_high] if knee else None,
+                    tolerance=tolerance, load=default_load(info.engine, info.arrival),
+                    source_run=str(run_dir), source_trial=tuned.number if tuned else None)
+    out = Path(path) if path is not None else Path(run_dir) / "gate.yaml"
+    head = ("# Regression gate written by slo-tuner: `tune gate gate.yaml` re-measures this configuration.\n"
+            "# Exit 0 pass, 1 regression, 2 bad input (including a workload or SLO file that changed).\n")
+    out.write_text(head + yaml.safe_dump(gate.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
+    return out
+
+
+def load_gate(path: str | Path) -> GateFile:
+    p = Path(path)
+    if not p.exists():
+        raise UserError("no such file", file=p)
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise UserError(f"invalid YAML: {getattr(e, 'problem', e)}", file=p,
+                        line=mark.line + 1 if mark else None) from None
+    if not isinstance(data, dict):
+        raise UserError("not a gate file (expected a mapping)", file=p)
+    try:
+        gate = GateFile.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise UserError(err["msg"], file=p, field=".".join(map(str, err["loc"]))) from None
+    load_settings(gate.load, p)
+    try:
+        Knobs(**gate.knobs)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise UserError(err["msg"], file=p, field="knobs." + ".".join(map(str, err["loc"]))) from None
+    return gate
+
+
+def apply_overrides(knobs: dict, overrides: list[str]) -> dict:
+    """`key=value` pairs (YAML scalars; `default` or `none` unsets the knob) over the gated knobs."""
+    out = dict(knobs)
+    for item in overrides:
+        if "=" not in item:
+            raise UserError(f"expected key=value, got {item!r}", field="--config-override")
+        key, raw = item.split("=", 1)
+        key = key.strip().lstrip("-").replace("-", "_")
+        if key not in Knobs.model_fields:
+            raise UserError(f"unknown knob {key!r} (known: {', '.join(Knobs.model_fields)})",
+                            field="--config-override")
+        value = None if raw.strip().lower() in ("default", "none", "null", "") else yaml.safe_load(raw)
+        out[key] = value
+        out = {k: v for k, v in out.items() if v is not None}
+    try:
+        Knobs(**out)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise UserError(f"{err['msg']}", field=f"--config-override {'.'.join(map(str, err['loc']))}") from None
+    return out
+
+
+def _find_input(ref: FileRef, gate_dir: Path, given: str | None, what: str) -> Path:
+    """The file as given on the command line, else as recorded (absolute, then relative to the current
+    directory, then to the gate file's directory: a committed gate travels with its repository)."""
+    cands = [Path(given)] if given else [Path(ref.path)]
+    if not given and not Path(ref.path).is_absolute():
+        cands.append(gate_dir / ref.path)
+    for c in cands:
+        if c.is_file():
+            return c
+    raise UserError(f"{what} file not found (recorded as {ref.path}; pass --{what} PATH)", field=f"--{what}")
+
+
+class Check(BaseModel):
+    name: str
+    passed: bool
+    message: str
+    skipped: bool = False
+    seconds: float = 0.0
+
+
+class GateResult(BaseModel):
+    exit_code: int
+    verdict: str
+    checks: list[Check] = Field(default_factory=list)
+    measured_capacity_rps: float | None = None
+
+
+def make_engine(name: str, gpu: str | None, model: str | None, work_dir: Path):
+    if name not in ENGINES:
+        raise UserError(f"unknown engine {name!r} (known: {', '.join(ENGINES)})", field="--engine")
+    if name in ("sim", "sim-http") and (not gpu or not model):
+        raise UserError("the gate file has no gpu/model for the simulator", field="--engine")
+    if name == "sim":
+        from tuner.engine.sim import SimEngine
+
+        return SimEngine(gpu, model)
+    if name == "sim-http":
+        from tuner.engine.sim_http import SimHTTPEngine
+
+        return SimHTTPEngine(gpu, model, run_dir=work_dir)
+    from tuner.engine.vllm import VllmEngine
+
+    return VllmEngine(model, run_root=work_dir)
+
+
+GATE_SEED = 1000      # the gate's load runs draw fresh arrivals and requests, not the search's own
+MAX_RUNS = 3          # load runs pooled at the gated rate while the verdict is inside the noise
+GROSS = 0.05          # attainment this far below the target needs no more runs to be called broken
+
+
+def check_rate(server, workload, slo, rate: float, load, *, max_runs: int = MAX_RUNS):
+    """Load runs at `rate`, pooled while the attainment's 95% interval straddles the target.
+
+    Returns (pooled summary, verdict): "holds" (attainment >= target), "noise" (below the target but the
+    interval still reaches it: not a demonstrated regression) or "broken" (the whole interval is below).
+    A regression gate must fail on a regression, not on one unlucky draw of a p99 from a few hundred
+    requests, and must not pass on a lucky one either: hence pooling, then the interval."""
+    from tuner.search.measure import measure, summarize
+
+    target = float(slo.target)
+    records, wall = [], 0.0
+    for i in range(max_runs):
+        m, run = measure(server, workload, slo, rate, load, seed=load.seed + GATE_SEED + i)
+        records += m.records
+        wall += m.summary.wall_s
+        s = summarize(records, slo, rate, run, i + 1, wall)
+        # Runs of a few hundred requests vary more than the binomial interval says (bursts make
+        # requests' latencies correlated), so only a pass or a gross failure ends the pooling early.
+        if s.passed or s.attainment < target - GROSS:
+            break
+    verdict = "holds" if s.passed else ("noise" if s.ci_high >= target else "broken")
+    return s, verdict
+
+
+def _measure(gate: GateFile, engine_name: str, knobs: dict, workload_path: Path, slo_path: Path,
+             full: bool, work_dir: Path) -> tuple[list[Check], float | None]:
+    from tuner.search.capacity import find_capacity
+    from tuner.search.measure import measure
+    from tuner.slo import load_slo
+    from tuner.workload.loader import load_workload
+
+    workload, slo = load_workload(workload_path), load_slo(slo_path)
+    load = load_settings(gate.load or default_load(engine_name))
+    engine = make_engine(engine_name, gate.gpu, gate.model, work_dir)
+    checks: list[Check] = []
+    t0 = time.perf_counter()
+    try:
+        server = engine.launch(Knobs(**knobs))
+    except LaunchFailure as e:
+        checks.append(Check(name="launch", passed=False, message=f"does not launch: {e.kind}: {e.message}",
+                            seconds=time.perf_counter() - t0))
+        return checks, None
+    checks.append(Check(name="launch", passed=True, message="launched", seconds=time.perf_counter() - t0))
+    cap = None
+    with server:
+        rate = gate.check_rate
+        t0 = time.perf_counter()
+        # warm-up at half the rate, as the knee search always measured lower rates on a server before
+        # reaching the knee: the gate compares a warmed server with a warmed server
+        measure(server, workload, slo, rate / 2, load, seed=load.seed + GATE_SEED - 1)
+        s, verdict = check_rate(server, workload, slo, rate, load)
+        held = {"holds": "holds", "noise": "holds within the noise", "broken": "BROKEN"}[verdict]
+        why = "" if s.passed else (f", {s.errors} failed or timed out" if s.errors else "") + (
+            f", binding {s.binding}" if s.binding else "") + "".join(
+            f", p99 {k.upper()} {s.p99_ms.get(k):.0f} ms" for k in slo.thresholds
+            if s.p99_ms.get(k) is not None)
+        checks.append(Check(name=f"slo at {rate:.3g} req/s", passed=verdict != "broken",
+                            seconds=time.perf_counter() - t0,
+                            message=(f"SLO {held} at {rate:.3g} req/s (gated {gate.capacity_rps:.3g} x "
+                                     f"{1 - gate.tolerance:g}): attainment {s.attainment:.4f} vs target "
+                                     f"{slo.target:g} (95% CI {s.ci_low:.3f}-{s.ci_high:.3f}, n={s.n}, "
+                                     f"{s.repeats} run{'s' if s.repeats > 1 else ''}){why}")))
+        if full:
+            t0 = time.perf_counter()
+            res = find_capacity(server, workload, slo, start_rate=rate, load=load)
+            cap, upper = res.capacity, res.upper
+            floor = gate.check_rate
+            # the knee lies in [capacity, upper): a drop is demonstrated only when all of it is below
+            top = upper if upper is not None else (cap or 0.0) * 1.05
+            ok = cap is not None and (cap >= floor * (1 - 1e-9) or top > floor)
+            drop = f"{100 * (cap / gate.capacity_rps - 1):+.1f}%" if cap else "none passed"
+            rng = f"{cap:.3g}-{upper:.3g}" if cap and upper else (f"{cap:.3g}" if cap else "none")
+            checks.append(Check(name="capacity", passed=ok, seconds=time.perf_counter() - t0,
+                                message=f"capacity {rng} req/s ({drop} vs gated {gate.capacity_rps:.3g}; "
+                                        f"must reach {floor:.3g})"))
+    return checks, cap
+
+
+def run_gate(gate_path: str | Path, *, engine: str | None = None, overrides: list[str] | None = None,
+             full: bool = False, allow_changed: bool = False, workload: str | None = None,
+             slo: str | None = None, junit: str | Path | None = None,
+             work_dir: str | Path | None = None) -> GateResult:
+    """Re-measure the gated configuration; see the module docstring for the verdicts and exit codes."""
+    import tempfile
+
+    gate_path = Path(gate_path)
+    gate = load_gate(gate_path)
+    knobs = apply_overrides(gate.knobs, overrides or [])
+    engine_name = engine or gate.engine
+    checks: list[Check] = []
+    changed = []
+    for ref, given, what in [(gate.workload, workload, "workload"), (gate.slo, slo, "slo")]:
+        p = _find_input(ref, gate_path.parent, given, what)
+        digest = sha256_file(p)
+        same = digest == ref.sha256
+        msg = (f"{what} {p} unchanged" if same else
+               f"{what} {p} CHANGED since the gate was written (sha256 {digest[:12]} != {ref.sha256[:12]})")
+        checks.append(Check(name=f"{what} unchanged", passed=same or allow_changed, message=msg))
+        if not same:
+            changed.append(msg)
+        if what == "workload":
+            workload_path = p
+        else:
+            slo_path = p
+    if changed and not allow_changed:
+        result = GateResult(exit_code=2, verdict="ERROR", checks=checks)
+        if junit:
+            write_junit(result, junit)
+        raise UserError("; ".join(changed) + ": re-run `tune` for a new gate, or pass --allow-changed")
+    wd = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="tune-gate-"))
+    measured, cap = _measure(gate, engine_name, knobs, workload_path, slo_path, full, wd)
+    checks += measured
+    ok = all(c.passed or c.skipped for c in checks)
+    result = GateResult(exit_code=0 if ok else 1, verdict="PASS" if ok else "FAIL", checks=checks,
+                        measured_capacity_rps=cap)
+    if junit:
+        write_junit(result, junit)
+    return result
+
+
+def format_result(r: GateResult, gate: GateFile, engine: str, knobs: dict) -> str:
+    kn = ", ".join(f"{k}={v}" for k, v in knobs.items()) or "vLLM defaults"
+    lines = [f"gate: {r.verdict}  {gate.model} on {gate.gpu} (engine {engine}); {kn}"]
+    lines += [f"  [{'ok' if c.passed else 'FAIL'}] {c.message}" for c in r.checks]
+    return "\n".join(lines)
+
+
+def write_junit(r: GateResult, path: str | Path) -> Path:
+    """JUnit XML, one test case per check, so any CI shows which part of the gate failed."""
+    failures = sum(not c.passed and not c.skipped for c in r.checks)
+    suite = ET.Element("testsuite", name="slo-tuner-gate", tests=str(len(r.checks)), failures=str(failures),
+                       errors="1" if r.exit_code == 2 else "0", skipped=str(sum(c.skipped for c in r.checks)),
+                       time=f"{sum(c.seconds for c in r.checks):.3f}")
+    for c in r.checks:
+        case = ET.SubElement(suite, "testcase", classname="slo-tuner.gate", name=c.name, time=f"{c.seconds:.3f}")
+        if c.skipped:
+            ET.SubElement(case, "skipped", message=c.message)
+        elif not c.passed:
+            ET.SubElement(case, "failure", message=c.message).text = c.message
+        else:
+            ET.SubElement(case, "system-out").text = c.message
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tree = ET.ElementTree(ET.Element("testsuites", name="slo-tuner", tests=str(len(r.checks)),
+                                     failures=str(failures)))
+    tree.getroot().append(suite)
+    ET.indent(tree)
+    tree.write(p, encoding="utf-8", xml_declaration=True)
+    return p
+
+
+__all__ = ["GateFile", "GateResult", "write_gate", "load_gate", "run_gate", "format_result", "write_junit",
+           "apply_overrides"]

@@ -1,0 +1,275 @@
+"""Capacity plan: how many instances and GPUs serve the peak rate inside the SLO (REFERENCE.md section 1).
+
+The scratch-paper method every deployment starts from, with the measured knee in place of a guess:
+
+- feasibility: the decode TPOT floor W / (0.7 x bandwidth) (weights read once per token). An SLO whose TPOT
+  threshold is below it cannot be met by any knob, so the plan says so instead of printing a number.
+- memory gate: sequences the KV pool holds at the workload's mean lengths (from `resolve`, i.e. the memory
+  arithmetic vLLM does at start-up), and the rate that many sequences sustain (Little's law).
+- speed gate: the measured knee, req/s one instance serves inside the SLO.
+- instances = ceil(peak / (headroom x min(gates))), GPUs = instances x TP, plus one spare for failures.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, Field
+
+from tuner.errors import UserError
+from tuner.failures import LaunchFailure
+from tuner.knobs import Knobs
+from tuner.profiles.gpus import GPUProfile, get_gpu
+from tuner.profiles.models import get_model, quant_family
+from tuner.sim.config import resolve
+from tuner.sim.costs import CostParams
+from tuner.slo import SLO
+
+HOURS_PER_MONTH = 730.0
+_EPS = 1e-9  # ceil(9.000000000001) must stay 9 when the quotient is an integer up to rounding
+
+
+class Feasibility(BaseModel):
+    """The SLO's TPOT threshold against the decode floor of the model on the GPU."""
+
+    feasible: bool
+    tpot_floor_ms: float
+    tpot_slo_ms: float | None = None
+    weight_gb: float
+    bandwidth_gbs: float
+    bw_eff: float
+    tp: int = 1
+    message: str
+
+
+class MemoryGate(BaseModel):
+    """What the KV pool holds: concurrent sequences at the mean lengths, and the rate they sustain."""
+
+    kv_pool_tokens: int
+    kv_bytes_per_token: int
+    tokens_per_sequence: float
+    sequences_by_kv: float
+    max_num_seqs: int
+    concurrent_sequences: float          # min(pool / tokens per sequence, max_num_seqs)
+    e2el_s: float | None = None          # request lifetime used for Little's law
+    e2el_source: str | None = None
+    rate_rps: float | None = None        # concurrent sequences / E2EL
+
+
+class Plan(BaseModel):
+    """A capacity plan. `instances`/`gpus` are None when the SLO is infeasible on this hardware."""
+
+    feasible: bool
+    reason: str | None = None
+    peak_rate: float
+    headroom: float
+    tp: int = 1
+    gpu: str | None = None
+    model: str | None = None
+    speed_gate_rps: float
+    memory_gate: MemoryGate | None = None
+    feasibility: Feasibility | None = None
+    rate_per_instance: float             # the gate that binds
+    binding_gate: str                    # speed | memory
+    instances_exact: float | None = None
+    instances: int | None = None
+    gpus: int | None = None
+    spare_instances: int = 1
+    instances_with_spare: int | None = None
+    gpus_with_spare: int | None = None
+    price_per_gpu_hour: float | None = None
+    cost_per_hour: float | None = None
+    cost_per_month: float | None = None
+    cost_per_hour_with_spare: float | None = None
+    cost_per_month_with_spare: float | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+def _tp_group(gpu: GPUProfile, tp: int) -> GPUProfile:
+    """A TP group seen as one device: memory and bandwidth add up, weights are split across it.
+    (Ignores the all-reduce cost and per-GPU activation copies: a plan-level approximation.)"""
+    if tp == 1:
+        return gpu
+    return gpu.model_copy(update={"memory_gib": gpu.memory_gib * tp, "bandwidth_gbs": gpu.bandwidth_gbs * tp,
+                                  "name": f"{tp}x {gpu.name}"})
+
+
+def feasibility(gpu: GPUProfile, model_name: str, slo: SLO | None, *, tp: int = 1,
+                quantization: str | None = None) -> Feasibility:
+    model = get_model(model_name)
+    bw_eff = CostParams().bw_eff
+    w = model.weight_bytes(quant_family(quantization) if quantization else None)
+    floor_ms = w / (bw_eff * gpu.bandwidth * tp) * 1000.0
+    tpot = slo.tpot.max_ms if slo is not None and slo.tpot is not None else None
+    ok = tpot is None or tpot >= floor_ms
+    tp_txt = f" at TP {tp}" if tp > 1 else ""
+    arith = (f"{w / 1e9:.1f} GB of weights / ({bw_eff:g} x {gpu.bandwidth_gbs:g} GB/s"
+             f"{f' x {tp}' if tp > 1 else ''}) = {floor_ms:.1f} ms")
+    if tpot is None:
+        msg = f"no TPOT threshold; decode floor {arith}"
+    elif ok:
+        msg = f"TPOT {tpot:g} ms >= decode floor {arith}"
+    else:
+        msg = (f"INFEASIBLE: the SLO's TPOT {tpot:g} ms is below the decode floor of {model.name} on "
+               f"{gpu.name}{tp_txt} ({arith}); no knob can meet it: use a faster GPU, more tensor "
+               f"parallelism or a quantized model")
+    return Feasibility(feasible=ok, tpot_floor_ms=floor_ms, tpot_slo_ms=tpot, weight_gb=w / 1e9,
+                       bandwidth_gbs=gpu.bandwidth_gbs, bw_eff=bw_eff, tp=tp, message=msg)
+
+
+def memory_gate(gpu: GPUProfile, model_name: str, knobs: Knobs, *, mean_prompt_tokens: float,
+                mean_output_tokens: float, tp: int = 1, slo: SLO | None = None,
+                e2el_s: float | None = None) -> MemoryGate:
+    """Concurrent sequences the KV pool holds at the mean lengths; the rate they sustain when each
+    request lives `e2el_s` (measured), or, without a measurement, as long as the SLO allows."""
+    group = _tp_group(gpu, tp)
+    model = get_model(model_name)
+    try:
+        cfg = resolve(group, model, knobs)
+    except LaunchFailure as e:
+        raise UserError(f"the configuration does not launch on {group.name}: {e.message}",
+                        field="--gpu") from None
+    per_seq = mean_prompt_tokens + mean_output_tokens
+    by_kv = cfg.kv_cache_tokens / per_seq
+    n = min(by_kv, cfg.max_num_seqs)
+    source = "measured" if e2el_s else None
+    if e2el_s is None and slo is not None and slo.tpot is not None:
+        e2el_s = ((slo.ttft.max_ms if slo.ttft else 0.0) + max(mean_output_tokens - 1, 0) * slo.tpot.max_ms) / 1e3
+        source = "SLO limits (TTFT + (output - 1) x TPOT)"
+    return MemoryGate(kv_pool_tokens=cfg.kv_cache_tokens, kv_bytes_per_token=cfg.kv_bytes_per_token,
+                      tokens_per_sequence=per_seq, sequences_by_kv=by_kv, max_num_seqs=cfg.max_num_seqs,
+                      concurrent_sequences=n, e2el_s=e2el_s, e2el_source=source,
+                      rate_rps=(n / e2el_s) if e2el_s else None)
+
+
+def make_plan(*, rate_per_instance: float, peak_rate: float, headroom: float = 0.7, tp: int = 1,
+              gpu: str | None = None, model: str | None = None, slo: SLO | None = None,
+              knobs: Knobs | None = None, price_per_gpu_hour: float | None = None,
+              mean_prompt_tokens: float | None = None, mean_output_tokens: float | None = None,
+              e2el_s: float | None = None, spare: int = 1, memory_can_bind: bool = True) -> Plan:
+    """The plan for explicit numbers. GPU and model are optional: without them there is no feasibility
+    or memory check, only the cluster arithmetic (the REFERENCE.md worked example).
+
+    `memory_can_bind=False` when the rate per instance is a knee measured on this very configuration and
+    workload: the measurement already includes the KV limit, so the memory gate is only a cross-check."""
+    for name, v, lo in [("--rate-per-instance", rate_per_instance, 0.0), ("--peak-rate", peak_rate, 0.0)]:
+        if v is None or not math.isfinite(v) or v <= lo:
+            raise UserError(f"must be a number > 0, got {v}", field=name)
+    if not (0 < headroom <= 1):
+        raise UserError(f"must be in (0, 1], got {headroom}", field="--headroom")
+    if tp < 1:
+        raise UserError(f"must be >= 1, got {tp}", field="--tp")
+    if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
+        raise UserError(f"must be >= 0, got {price_per_gpu_hour}", field="--price-per-gpu-hour")
+    if (gpu is None) != (model is None):
+        raise UserError("give --gpu and --model together (both are needed for the memory and "
+                        "feasibility checks)", field="--gpu" if gpu is None else "--model")
+    knobs = knobs or Knobs()
+    notes: list[str] = []
+    feas = mem = None
+    g = get_gpu(gpu) if gpu else None
+    if g is not None and model is not None:
+        feas = feasibility(g, model, slo, tp=tp, quantization=knobs.quantization)
+        if not feas.feasible:
+            return Plan(feasible=False, reason=feas.message, peak_rate=peak_rate, headroom=headroom, tp=tp,
+                        gpu=g.name, model=model, speed_gate_rps=rate_per_instance, feasibility=feas,
+                        rate_per_instance=rate_per_instance, binding_gate="speed",
+                        price_per_gpu_hour=price_per_gpu_hour)
+        if mean_prompt_tokens and mean_output_tokens:
+            mem = memory_gate(g, model, knobs, mean_prompt_tokens=mean_prompt_tokens,
+                              mean_output_tokens=mean_output_tokens, tp=tp, slo=slo, e2el_s=e2el_s)
+        else:
+            notes.append("no memory gate: give --mean-prompt-tokens and --mean-output-tokens")
+    rate, binding = rate_per_instance, "speed"
+    if mem is not None and mem.rate_rps is not None and mem.rate_rps < rate_per_instance:
+        if not memory_can_bind:
+            notes.append(f"cross-check: {mem.concurrent_sequences:.0f} KV-resident sequences over the "
+                         f"measured E2EL give {mem.rate_rps:.2f} req/s, below the measured knee: requests "
+                         f"queue at the knee (the measurement, which includes this, is used)")
+        else:
+            rate, binding = mem.rate_rps, "memory"
+            notes.append(f"the KV pool binds: {mem.concurrent_sequences:.0f} sequences sustain "
+                         f"{mem.rate_rps:.2f} req/s < the speed gate {rate_per_instance:.2f} req/s")
+    exact = peak_rate / (headroom * rate)
+    inst = max(1, math.ceil(exact - _EPS))
+    plan = Plan(feasible=True, peak_rate=peak_rate, headroom=headroom, tp=tp, gpu=g.name if g else None,
+                model=model, speed_gate_rps=rate_per_instance, memory_gate=mem, feasibility=feas,
+                rate_per_instance=rate, binding_gate=binding, instances_exact=exact, instances=inst,
+                gpus=inst * tp, spare_instances=spare, instances_with_spare=inst + spare,
+                gpus_with_spare=(inst + spare) * tp, price_per_gpu_hour=price_per_gpu_hour, notes=notes)
+    if price_per_gpu_hour is not None:
+        plan.cost_per_hour = plan.gpus * price_per_gpu_hour
+        plan.cost_per_month = plan.cost_per_hour * HOURS_PER_MONTH
+        plan.cost_per_hour_with_spare = plan.gpus_with_spare * price_per_gpu_hour
+        plan.cost_per_month_with_spare = plan.cost_per_hour_with_spare * HOURS_PER_MONTH
+    return plan
+
+
+def plan_from_run(run_dir: str, **overrides) -> Plan:
+    """The plan for a finished run (see `plan_for_study`)."""
+    from tuner.report.select import pick_configs
+    from tuner.report.storage import load_study_data
+
+    data = load_study_data(run_dir)
+    _, tuned = pick_configs(data.trials, data.outcome)
+    return plan_for_study(data.info, tuned.record if tuned else None, where=run_dir, **overrides)
+
+
+def plan_for_study(info, rec, *, where: str | None = None, **overrides) -> Plan:
+    """The plan for a study: the tuned capacity as the speed gate, the tuned knobs for the memory gate,
+    the workload's mean lengths, and the SLO's peak rate, headroom and price unless overridden.
+
+    `info` is the study's `StudyInfo`, `rec` the tuned trial's `TrialRecord` (None: nothing measured)."""
+    slo = SLO.model_validate(info.slo)
+    given = overrides.get("rate_per_instance") is not None  # a number from elsewhere: memory may bind
+    rate = overrides.pop("rate_per_instance", None) or (rec.capacity_rps if rec else None)
+    if not rate:
+        raise UserError("the run measured no capacity (no trial passed the SLO at any rate)", file=where)
+    peak = overrides.pop("peak_rate", None) or slo.peak_rate
+    if not peak:
+        raise UserError("no peak rate: the SLO has no peak_rate, give --peak-rate", field="--peak-rate")
+    e2el = None
+    if rec is not None and rec.capacity_rps is not None:
+        knee = [r for r in rec.load_runs if r.rate == rec.capacity_rps]
+        p50 = knee[-1].p50_ms.get("e2el") if knee else None
+        e2el = p50 / 1e3 if p50 else None
+    args = dict(rate_per_instance=rate, peak_rate=peak, headroom=slo.headroom, tp=1, gpu=info.gpu,
+                model=info.model, slo=slo, knobs=Knobs(**(rec.knobs if rec else {})),
+                price_per_gpu_hour=slo.price_per_gpu_hour,
+                mean_prompt_tokens=info.workload_mean_prompt_tokens,
+                mean_output_tokens=info.workload_mean_output_tokens, e2el_s=e2el,
+                memory_can_bind=given)
+    args.update({k: v for k, v in overrides.items() if v is not None})
+    if args["gpu"] is None or args["model"] is None:
+        args["gpu"] = args["model"] = None
+    return make_plan(**args)
+
+
+def format_plan(p: Plan) -> str:
+    """The plan as a few lines a person reads (and a CI log keeps)."""
+    if not p.feasible:
+        return p.reason or "INFEASIBLE"
+    lines = []
+    if p.feasibility is not None:
+        lines.append(f"feasibility: {p.feasibility.message}")
+    m = p.memory_gate
+    if m is not None:
+        lines.append(f"memory gate: KV pool {m.kv_pool_tokens:,} tokens / {m.tokens_per_sequence:.0f} tokens "
+                     f"per sequence = {m.sequences_by_kv:.0f} sequences (max_num_seqs {m.max_num_seqs})"
+                     + (f"; x 1/{m.e2el_s:.2f} s E2EL ({m.e2el_source}) = {m.rate_rps:.2f} req/s"
+                        if m.rate_rps else ""))
+    lines.append(f"speed gate: {p.speed_gate_rps:.4g} req/s per instance (measured knee)")
+    lines.append(f"instances: ceil({p.peak_rate:g} / ({p.headroom:g} x {p.rate_per_instance:.4g})) = "
+                 f"ceil({p.instances_exact:.2f}) = {p.instances}  ({p.binding_gate} gate binds)")
+    lines.append(f"GPUs: {p.instances} x TP {p.tp} = {p.gpus}; with {p.spare_instances} spare for failures: "
+                 f"{p.instances_with_spare} instances = {p.gpus_with_spare} GPUs")
+    if p.cost_per_hour is not None:
+        lines.append(f"cost: {p.cost_per_hour:,.2f}/h, {p.cost_per_month:,.0f}/month "
+                     f"({p.cost_per_hour_with_spare:,.2f}/h, {p.cost_per_month_with_spare:,.0f}/month with "
+                     f"the spare) at {p.price_per_gpu_hour:g} per GPU-hour")
+    lines += [f"note: {n}" for n in p.notes]
+    return "\n".join(lines)
+
+
+__all__ = ["Plan", "Feasibility", "MemoryGate", "make_plan", "plan_from_run", "plan_for_study", "format_plan",
+           "feasibility", "memory_gate"]

@@ -1,0 +1,208 @@
+"""`build_report(run_dir)`: the report as data, from the study storage alone.
+
+No number in the report is computed anywhere else: the knee curves, diagnoses and metrics are the stored
+trial records, so `tune report RUN_DIR` on a copied run directory reproduces the run's own report.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from pathlib import Path
+
+import yaml
+
+from tuner import __version__
+from tuner.errors import UserError
+from tuner.knobs import Knobs
+from tuner.plan import format_plan, plan_for_study
+from tuner.report.model import (ConfigSummary, Headline, HeadlineRow, Report, TrialRow, WorkloadRef)
+from tuner.report.select import attribution, closest_run, knee_curve, pick_configs
+from tuner.report.storage import StudyData, TrialView, load_study_data
+from tuner.search.records import StudyInfo
+from tuner.slo import SLO
+
+QUALITY_KNOBS = ("quantization", "kv_cache_dtype")
+
+
+def vllm_defaults(info: StudyInfo) -> dict | None:
+    """What vLLM resolves unset knobs to on this GPU (256 seqs on a 4090, 1024 on an H100), so the
+    report can say "default (256) -> 512" instead of "default -> 512"."""
+    if not info.gpu or not info.model:
+        return None
+    try:
+        from tuner.profiles.gpus import get_gpu
+        from tuner.profiles.models import get_model
+        from tuner.sim.config import resolve
+
+        cfg = resolve(get_gpu(info.gpu), get_model(info.model), Knobs())
+    except Exception:  # a model the profiles do not know, or defaults that would not launch
+        return None
+    return {k: getattr(cfg, k) for k in Knobs.model_fields}
+
+
+def serve_args(knobs: dict) -> list[str]:
+    return Knobs(**knobs).flags()
+
+
+def serve_command(model: str | None, knobs: dict) -> str:
+    return shlex.join(["vllm", "serve", model or "MODEL", *serve_args(knobs)])
+
+
+def config_yaml(model: str | None, knobs: dict) -> str:
+    """A vLLM `--config` file: keys are the flag names without dashes. A knob set to off is written as
+    `no-<flag>: true`, which every vLLM version's config loader turns into `--no-<flag>`."""
+    body: dict = {}
+    for name, value in Knobs(**knobs).model_dump().items():
+        if value is None:
+            continue
+        key = name.replace("_", "-")
+        if isinstance(value, bool):
+            body[key if value else f"no-{key}"] = True
+        else:
+            body[key] = value
+    head = (f"# vLLM --config file for the tuned configuration, written by slo-tuner.\n"
+            f"# Use: vllm serve {model or 'MODEL'} --config tuned-config.yaml\n")
+    if not body:
+        return head + "# vLLM's defaults were best: nothing to set.\n{}\n"
+    return head + yaml.safe_dump(body, sort_keys=False, default_flow_style=False)
+
+
+def _summary(label: str, t: TrialView | None) -> ConfigSummary:
+    if t is None:
+        return ConfigSummary(label=label)
+    r = t.record
+    return ConfigSummary(label=label, trial=t.number, knobs=r.knobs, serve_args=serve_args(r.knobs),
+                         capacity_rps=r.capacity_rps, capacity_upper_rps=r.capacity_upper_rps,
+                         kv_cache_tokens=r.kv_cache_tokens, knee=knee_curve(r.load_runs),
+                         diagnosis=r.diagnosis, knee_metrics=r.knee_metrics,
+                         latency_at_capacity=r.latency_at_capacity)
+
+
+def _pct(b: float | None, t: float | None) -> float | None:
+    return 100.0 * (t - b) / b if b not in (None, 0) and t is not None else None
+
+
+def headline(base: ConfigSummary, tuned: ConfigSummary) -> Headline:
+    """Capacity, then goodput, attainment and p99s of both configs at the baseline's capacity (the load
+    run of each config closest to that rate), so the latencies are compared at the same offered load."""
+    rate = base.capacity_rps
+    if rate is None:  # the baseline passed nowhere: compare at its lowest measured rate
+        rate = min((r.rate for r in base.knee), default=None)
+    b, t = closest_run(base.knee, rate), closest_run(tuned.knee, rate)
+    rows = [HeadlineRow(metric="capacity within the SLO", unit="req/s", baseline=base.capacity_rps,
+                        tuned=tuned.capacity_rps, change_pct=_pct(base.capacity_rps, tuned.capacity_rps))]
+
+    def row(metric: str, unit: str, f, better: str = "lower") -> None:
+        bv, tv = (f(b) if b else None), (f(t) if t else None)
+        rows.append(HeadlineRow(metric=metric, unit=unit, baseline=bv, tuned=tv, change_pct=_pct(bv, tv),
+                                better=better))
+
+    row("goodput", "req/s", lambda r: r.goodput, "higher")
+    row("attainment", "%", lambda r: 100.0 * r.attainment, "higher")
+    for m in ("ttft", "tpot", "e2el"):
+        row(f"p99 {m.upper()}", "ms", lambda r, m=m: r.p99_ms.get(m))
+    return Headline(compare_rate_rps=rate, baseline_run_rate=b.rate if b else None,
+                    tuned_run_rate=t.rate if t else None,
+                    capacity_gain_pct=_pct(base.capacity_rps, tuned.capacity_rps), rows=rows)
+
+
+def _trial_row(t: TrialView) -> TrialRow:
+    r = t.record
+    return TrialRow(number=t.number, state=t.state, role=r.role, knobs=r.knobs, changed_knob=r.changed_knob,
+                    launched=r.launched, launch_failure_kind=r.launch_failure_kind,
+                    launch_failure_message=r.launch_failure_message, capacity_rps=r.capacity_rps,
+                    capacity_upper_rps=r.capacity_upper_rps, incumbent_before=r.incumbent_before,
+                    accepted=r.accepted, raced_out=r.raced_out,
+                    load_runs=sum(x.repeats for x in r.load_runs), engine_s=r.engine_s, diagnosis=r.diagnosis)
+
+
+def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: dict[str, int],
+            gain_pct: float | None) -> list[str]:
+    """What the numbers do not say, in plain words, always in the report."""
+    out = []
+    if info.simulated:
+        out.append(f"SIMULATED: every number here comes from slo-tuner's simulator of vLLM (engine "
+                   f"`{info.engine}`, a roofline cost model calibrated to published vLLM measurements) "
+                   f"for {info.model} on {info.gpu}, not from a real GPU. Treat them as predictions and "
+                   f"confirm with `tune gate gate.yaml --engine vllm` on the real hardware.")
+    else:
+        out.append(f"Measured on real vLLM (engine `{info.engine}`) on {info.gpu or 'the local GPU'}.")
+    quality = {k: tuned.knobs[k] for k in QUALITY_KNOBS if tuned.knobs.get(k) not in (None, "auto")}
+    if quality:
+        what = ", ".join(f"{k}={v}" for k, v in quality.items())
+        out.append(f"The tuned configuration uses {what}. Quantization changes the model's outputs; output "
+                   f"quality was NOT measured. Check accuracy on your own task before deploying it.")
+    else:
+        out.append("The tuned configuration does not quantize weights or the KV cache. (Quantized "
+                   "configurations change output quality, which this tool does not measure.)")
+    out.append(f"Noise floor: capacities are bracketed to within {info.precision:.0%} and differences below "
+               f"{info.noise_floor:.0%} are not meaningful; each capacity is the highest offered rate that "
+               f"kept attainment at the SLO target under open-loop {info.arrival} arrivals of this workload.")
+    if gain_pct is not None and abs(gain_pct) < 100 * info.noise_floor:
+        out.append(f"The gain over vLLM's defaults ({gain_pct:+.1f}%) is within the noise floor: the "
+                   "defaults are as good as anything found.")
+    if tuned.trial is not None and tuned.trial == base.trial:
+        out.append("No configuration beat vLLM's defaults: the tuned configuration is the baseline.")
+    skipped = counts.get("PRUNED", 0) + counts.get("FAIL", 0)
+    if skipped:
+        out.append(f"{counts.get('PRUNED', 0)} trial(s) were raced out or pruned and {counts.get('FAIL', 0)} "
+                   f"failed (launch failures are classified in the trial table); they are part of the "
+                   f"search, not of the comparison.")
+    if counts.get("RUNNING", 0) or counts.get("WAITING", 0):
+        out.append("The study was interrupted: some trials never finished. `tune` resumes it.")
+    return out
+
+
+def _storage_label(data: StudyData) -> str:
+    url = data.storage_url
+    db = (Path(data.run_dir) / "study.db").resolve()
+    if url == f"sqlite:///{db}":
+        return "study.db"
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url.split("@")[-1]
+
+
+def build_report(run_dir: str | Path) -> Report:
+    """The report of the study in `run_dir` (see `tuner.report.storage` for the layout)."""
+    data = load_study_data(run_dir)
+    info = data.info
+    if not data.trials:
+        raise UserError("the study has no trials yet", file=run_dir)
+    base_t, tuned_t = pick_configs(data.trials, data.outcome)
+    base = _summary("baseline (vLLM defaults)", base_t)
+    tuned = _summary("tuned", tuned_t)
+    head = headline(base, tuned)
+    counts: dict[str, int] = {}
+    for t in data.trials:
+        counts[t.state] = counts.get(t.state, 0) + 1
+    slo = SLO.model_validate(info.slo)
+    plan = plan_text = None
+    if slo.peak_rate and tuned.capacity_rps:
+        try:
+            plan = plan_for_study(info, tuned_t.record if tuned_t else None, where=str(run_dir))
+            plan_text = format_plan(plan)
+        except UserError as e:
+            plan_text = f"no capacity plan: {e.format()}"
+    title = (f"{'SIMULATED: ' if info.simulated else ''}vLLM tuning report: {info.model or 'model'} on "
+             f"{info.gpu or 'GPU'}, workload {Path(info.workload_path).name}")
+    return Report(
+        generated_unix=time.time(), tool_version=info.tool_version or __version__, title=title,
+        simulated=info.simulated, engine=info.engine, gpu=info.gpu, model=info.model,
+        study_name=data.study_name, storage=_storage_label(data), strategy=info.strategy,
+        arrival=info.arrival, noise_floor=info.noise_floor, precision=info.precision,
+        workload=WorkloadRef(path=info.workload_path, sha256=info.workload_sha256,
+                             requests=info.workload_requests,
+                             mean_prompt_tokens=info.workload_mean_prompt_tokens,
+                             mean_output_tokens=info.workload_mean_output_tokens),
+        slo_path=info.slo_path, slo_sha256=info.slo_sha256, slo=info.slo, slo_text=slo.describe(),
+        baseline=base, tuned=tuned, headline=head,
+        attribution=attribution(data.trials, base_t, tuned_t, vllm_defaults(info)),
+        trials=[_trial_row(t) for t in data.trials], counts=counts,
+        engine_s=sum(t.record.engine_s for t in data.trials),
+        serve_command=serve_command(info.model, tuned.knobs), config_yaml=config_yaml(info.model, tuned.knobs),
+        plan=plan, plan_text=plan_text, caveats=caveats(info, tuned, base, counts, head.capacity_gain_pct))

@@ -1,0 +1,121 @@
+"""`tune report`, `tune plan`, `tune gate`: registered on the top-level app by `tuner.cli`.
+
+Only option parsing lives here; the work is in `tuner.report`, `tuner.plan` and `tuner.gate`.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from tuner.errors import UserError
+
+
+def report(run_dir: Path = typer.Argument(..., help="Run directory of `tune` (study.db or storage.txt)."),
+           out: Optional[Path] = typer.Option(None, "--out", help="Write here instead of RUN_DIR."),
+           ) -> None:
+    """Rebuild report.md, report.html, report.json, tuned-config.yaml and plots from the study storage."""
+    from tuner.report import write_report
+
+    rep = write_report(run_dir, out)
+    where = out or run_dir
+    t, b = rep.tuned.capacity_rps, rep.baseline.capacity_rps
+    gain = rep.headline.capacity_gain_pct
+    print(f"{rep.title}")
+    print(f"capacity: baseline {f'{b:.3g}' if b is not None else 'n/a'} -> tuned "
+          f"{f'{t:.3g}' if t is not None else 'n/a'} req/s"
+          + (f" ({gain:+.1f}%)" if gain is not None else ""))
+    print(f"wrote {where}/report.html, report.md, report.json, tuned-config.yaml")
+
+
+def plan(run_dir: Optional[Path] = typer.Argument(None, help="Run directory (optional: or give numbers)."),
+         rate_per_instance: Optional[float] = typer.Option(None, "--rate-per-instance",
+                                                           help="Measured knee of one instance, req/s."),
+         tokens_per_s: Optional[float] = typer.Option(None, "--tokens-per-s",
+                                                      help="Knee output throughput (tokens/s); with "
+                                                           "--mean-output-tokens gives the rate per instance."),
+         peak_rate: Optional[float] = typer.Option(None, "--peak-rate", help="Peak req/s to serve."),
+         headroom: Optional[float] = typer.Option(None, "--headroom", help="Target utilisation (default 0.7)."),
+         tp: int = typer.Option(1, "--tp", help="Tensor-parallel GPUs per instance."),
+         gpu: Optional[str] = typer.Option(None, "--gpu"),
+         model: Optional[str] = typer.Option(None, "--model"),
+         slo_file: Optional[Path] = typer.Option(None, "--slo", help="SLO YAML (TPOT for feasibility, "
+                                                                    "peak rate, headroom, price)."),
+         price: Optional[float] = typer.Option(None, "--price-per-gpu-hour"),
+         mean_prompt: Optional[float] = typer.Option(None, "--mean-prompt-tokens"),
+         mean_output: Optional[float] = typer.Option(None, "--mean-output-tokens"),
+         quantization: Optional[str] = typer.Option(None, "--quantization"),
+         as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+         ) -> None:
+    """Instances and GPUs for a peak rate: feasibility, memory gate, speed gate, N+1, cost.
+
+    Exit code 1 when the SLO is infeasible on the hardware (TPOT below the decode floor)."""
+    from tuner.knobs import Knobs
+    from tuner.plan import format_plan, make_plan, plan_from_run
+    from tuner.slo import load_slo
+
+    slo = load_slo(slo_file) if slo_file else None
+    if tokens_per_s is not None:
+        if not mean_output:
+            raise UserError("needs --mean-output-tokens (rate = tokens/s / mean output tokens)",
+                            field="--tokens-per-s")
+        rate_per_instance = tokens_per_s / mean_output
+    if run_dir is not None:
+        p = plan_from_run(str(run_dir), rate_per_instance=rate_per_instance, peak_rate=peak_rate,
+                          headroom=headroom, tp=tp if tp != 1 else None, gpu=gpu, model=model,
+                          price_per_gpu_hour=price, mean_prompt_tokens=mean_prompt,
+                          mean_output_tokens=mean_output)
+    else:
+        if rate_per_instance is None:
+            raise UserError("give a run directory, or --rate-per-instance (or --tokens-per-s)",
+                            field="--rate-per-instance")
+        peak = peak_rate if peak_rate is not None else (slo.peak_rate if slo else None)
+        if peak is None:
+            raise UserError("give --peak-rate (or an SLO file with peak_rate)", field="--peak-rate")
+        p = make_plan(rate_per_instance=rate_per_instance, peak_rate=peak,
+                      headroom=headroom if headroom is not None else (slo.headroom if slo else 0.7),
+                      tp=tp, gpu=gpu, model=model, slo=slo,
+                      knobs=Knobs(quantization=quantization) if quantization else None,
+                      price_per_gpu_hour=price if price is not None else (slo.price_per_gpu_hour if slo else None),
+                      mean_prompt_tokens=mean_prompt, mean_output_tokens=mean_output)
+    print(p.model_dump_json(indent=2) if as_json else format_plan(p))
+    if not p.feasible:
+        sys.exit(1)  # not typer.Exit: the app runs with standalone_mode=False, which returns its code
+
+
+def gate(gate_file: Path = typer.Argument(..., help="gate.yaml written by a tuning run."),
+         engine: Optional[str] = typer.Option(None, "--engine", help="sim | sim-http | vllm (default: the "
+                                                                     "engine the gate was measured on)."),
+         override: list[str] = typer.Option([], "--config-override",
+                                            help="knob=value over the gated knobs (repeatable)."),
+         full: bool = typer.Option(False, "--full", help="Also re-measure the capacity (a knee search)."),
+         allow_changed: bool = typer.Option(False, "--allow-changed",
+                                            help="Compare even if the workload or SLO file changed."),
+         workload: Optional[str] = typer.Option(None, "--workload", help="Workload file (default: recorded)."),
+         slo: Optional[str] = typer.Option(None, "--slo", help="SLO file (default: recorded)."),
+         junit: Optional[Path] = typer.Option(None, "--junit", help="Write JUnit XML here."),
+         ) -> None:
+    """Re-measure the gated configuration: exit 0 pass, 1 regression, 2 bad input."""
+    from tuner.gate import apply_overrides, format_result, load_gate, run_gate
+
+    g = load_gate(gate_file)
+    res = run_gate(gate_file, engine=engine, overrides=override, full=full, allow_changed=allow_changed,
+                   workload=workload, slo=slo, junit=junit)
+    print(format_result(res, g, engine or g.engine, apply_overrides(g.knobs, override)))
+    if junit:
+        print(f"junit: {junit}")
+    sys.stdout.flush()
+    if res.exit_code:
+        sys.exit(res.exit_code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report")(report)
+    app.command("plan")(plan)
+    app.command("gate")(gate)
+
+
+__all__ = ["register"]

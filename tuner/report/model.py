@@ -1,0 +1,112 @@
+"""The report as data (`report.json`): what the Markdown and HTML render, and what other tools read.
+
+The schema is documented field by field in `docs/report-json.md`; `schema_version` changes when a field
+changes meaning. Everything here is derived from the study storage, so rebuilding a report from the same
+storage gives the same JSON apart from `generated_unix`.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from tuner.plan import Plan
+from tuner.report.select import KnobStep
+from tuner.search.records import Diagnosis, LatencyQuantiles, LoadRunSummary, MetricsDigest
+
+REPORT_SCHEMA_VERSION = 1
+
+
+class ConfigSummary(BaseModel):
+    """One configuration (baseline or tuned) and what was measured for it."""
+
+    label: str
+    trial: int | None = None
+    knobs: dict = Field(default_factory=dict)
+    serve_args: list[str] = Field(default_factory=list)
+    capacity_rps: float | None = None
+    capacity_upper_rps: float | None = None
+    kv_cache_tokens: int | None = None
+    knee: list[LoadRunSummary] = Field(default_factory=list)
+    diagnosis: Diagnosis | None = None
+    knee_metrics: MetricsDigest | None = None
+    latency_at_capacity: LatencyQuantiles | None = None
+
+
+class HeadlineRow(BaseModel):
+    metric: str
+    unit: str
+    baseline: float | None = None
+    tuned: float | None = None
+    change_pct: float | None = None
+    better: str = "higher"             # which direction is an improvement: higher | lower
+
+
+class Headline(BaseModel):
+    """Baseline vs tuned: capacity, and the other numbers at (nearly) the same offered rate."""
+
+    compare_rate_rps: float | None = None     # the baseline's capacity
+    baseline_run_rate: float | None = None    # the load run of each config closest to it
+    tuned_run_rate: float | None = None
+    capacity_gain_pct: float | None = None
+    rows: list[HeadlineRow] = Field(default_factory=list)
+
+
+class TrialRow(BaseModel):
+    number: int
+    state: str
+    role: str
+    knobs: dict = Field(default_factory=dict)
+    changed_knob: str | None = None
+    launched: bool = False
+    launch_failure_kind: str | None = None
+    launch_failure_message: str | None = None
+    capacity_rps: float | None = None
+    capacity_upper_rps: float | None = None
+    incumbent_before: float | None = None
+    accepted: bool = False
+    raced_out: bool = False
+    load_runs: int = 0
+    engine_s: float = 0.0
+    diagnosis: Diagnosis | None = None
+
+
+class WorkloadRef(BaseModel):
+    path: str
+    sha256: str
+    requests: int
+    mean_prompt_tokens: float
+    mean_output_tokens: float
+
+
+class Report(BaseModel):
+    schema_version: int = REPORT_SCHEMA_VERSION
+    generated_unix: float
+    tool_version: str = ""
+    title: str
+    simulated: bool
+    engine: str
+    gpu: str | None = None
+    model: str | None = None
+    study_name: str
+    storage: str                               # "study.db" or the storage URL of storage.txt
+    strategy: str = ""
+    arrival: str = "poisson"
+    noise_floor: float = 0.05
+    precision: float = 0.05
+    workload: WorkloadRef
+    slo_path: str
+    slo_sha256: str
+    slo: dict
+    slo_text: str
+    baseline: ConfigSummary
+    tuned: ConfigSummary
+    headline: Headline
+    attribution: list[KnobStep] = Field(default_factory=list)
+    trials: list[TrialRow] = Field(default_factory=list)
+    counts: dict[str, int] = Field(default_factory=dict)
+    engine_s: float = 0.0
+    serve_command: str
+    config_yaml: str
+    plan: Plan | None = None
+    plan_text: str | None = None
+    caveats: list[str] = Field(default_factory=list)

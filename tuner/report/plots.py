@@ -1,0 +1,227 @@
+"""The report's charts, drawn with matplotlib's Agg backend into SVG text.
+
+SVG because it is small, sharp at any zoom and needs no fonts (glyphs are drawn as paths), so the HTML can
+embed it and stay self-contained: nothing in a chart refers to anything outside it. Each function takes
+the `Report` and returns SVG text, or None when the study holds nothing to draw.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from tuner.report.model import ConfigSummary, Report  # noqa: E402
+
+BASE, TUNED = "#7f7f7f", "#1f77b4"
+STATE_COLOR = {"accepted": "#2ca02c", "COMPLETE": "#9ecae1", "PRUNED": "#ff7f0e", "FAIL": "#d62728",
+               "RUNNING": "#bbbbbb", "WAITING": "#bbbbbb"}
+RC = {"svg.hashsalt": "slo-tuner", "svg.fonttype": "path", "font.size": 9, "axes.grid": True,
+      "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False}
+
+
+def _svg(fig) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+    text = buf.getvalue()
+    # the RDF metadata block names web vocabularies (http URLs): not needed, and the HTML must not refer
+    # to anything outside itself
+    return re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.S)
+
+
+def _series(c: ConfigSummary, f):
+    pts = [(r.rate, f(r), r.passed) for r in c.knee]
+    return [(x, y, ok) for x, y, ok in pts if y is not None and math.isfinite(y)]
+
+
+def _plot_config(ax, c: ConfigSummary, f, color: str, label: str) -> None:
+    pts = _series(c, f)
+    if not pts:
+        return
+    xs, ys, ok = zip(*pts)
+    ax.plot(xs, ys, "-", color=color, lw=1.5, label=label)
+    ax.scatter([x for x, _, p in pts if p], [y for _, y, p in pts if p], color=color, s=22, zorder=3)
+    ax.scatter([x for x, _, p in pts if not p], [y for _, y, p in pts if not p], facecolors="white",
+               edgecolors=color, s=22, zorder=3)
+    if c.capacity_rps:
+        ax.axvline(c.capacity_rps, color=color, ls=":", lw=1)
+
+
+def knee_curves(rep: Report) -> str | None:
+    """Offered rate vs goodput and vs p99 TTFT/TPOT, baseline and tuned, SLO thresholds as lines.
+    Filled points passed the SLO, hollow ones did not; dotted verticals mark each capacity."""
+    if not rep.baseline.knee and not rep.tuned.knee:
+        return None
+    panels = [("goodput (req/s)", lambda r: r.goodput, None)]
+    for m in ("ttft", "tpot"):
+        th = (rep.slo.get(m) or {}).get("max_ms")
+        panels.append((f"p99 {m.upper()} (ms)", lambda r, m=m: r.p99_ms.get(m), th))
+    with plt.rc_context(RC):
+        fig, axes = plt.subplots(1, len(panels), figsize=(12, 3.6))
+        for ax, (ylabel, f, th) in zip(axes, panels):
+            same = rep.tuned.trial == rep.baseline.trial
+            _plot_config(ax, rep.baseline, f, BASE, "baseline (defaults)")
+            if not same:
+                _plot_config(ax, rep.tuned, f, TUNED, "tuned")
+            if th:
+                ax.axhline(th, color="#d62728", ls="--", lw=1, label=f"SLO {th:g} ms")
+                ax.set_yscale("log")
+            else:
+                lim = max((r.rate for r in rep.baseline.knee + rep.tuned.knee), default=1)
+                ax.plot([0, lim], [0, lim], color="#cccccc", lw=0.8, label="goodput = offered")
+            ax.set_xlabel("offered rate (req/s, open loop)")
+            ax.set_ylabel(ylabel)
+            ax.legend(loc="best", fontsize=7)
+        fig.suptitle("Knee curves: the capacity is the last filled point before the SLO breaks")
+        return _svg(fig)
+
+
+def _status(t) -> str:
+    return "accepted" if t.accepted else t.state
+
+
+def capacity_per_trial(rep: Report) -> str | None:
+    """Capacity of every trial in order, coloured by outcome, with the incumbent as a step line."""
+    if not rep.trials:
+        return None
+    with plt.rc_context(RC):
+        fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(rep.trials) + 2), 3.4))
+        xs = [t.number for t in rep.trials]
+        for t in rep.trials:
+            cap = t.capacity_rps or 0.0
+            ax.bar(t.number, cap, color=STATE_COLOR.get(_status(t), "#bbbbbb"), width=0.7,
+                   hatch="//" if t.state == "PRUNED" else None, edgecolor="white")
+            if t.state == "FAIL" or not t.launched:
+                ax.text(t.number, 0, "x", color=STATE_COLOR["FAIL"], ha="center", va="bottom", fontsize=11)
+        inc, best = [], None
+        for t in rep.trials:
+            if t.accepted and t.capacity_rps is not None:
+                best = t.capacity_rps
+            inc.append(best if best is not None else math.nan)
+        ax.step(xs, inc, where="mid", color="#2ca02c", lw=1.2, label="incumbent")
+        ax.set_xticks(xs)
+        ax.set_xticklabels([f"{t.number}\n{(t.changed_knob or t.role)[:14]}" for t in rep.trials],
+                           fontsize=6.5)
+        ax.set_ylabel("capacity (req/s within the SLO)")
+        for label, key in [("accepted", "accepted"), ("rejected", "COMPLETE"), ("raced out", "PRUNED"),
+                           ("failed", "FAIL")]:
+            ax.bar([math.nan], [math.nan], color=STATE_COLOR[key], label=label)
+        ax.legend(fontsize=7, loc="upper left")
+        ax.set_title("Capacity per trial, in the order the search ran them")
+        return _svg(fig)
+
+
+def _encode(values: list) -> tuple[list[float], list[str] | None]:
+    """Numbers stay numbers; strings and booleans become category positions with their labels."""
+    present = [v for v in values if v is not None]
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in present):
+        return [math.nan if v is None else float(v) for v in values], None
+    cats = sorted({str(v) for v in present})
+    return [math.nan if v is None else float(cats.index(str(v))) for v in values], cats
+
+
+def knob_trajectory(rep: Report) -> str | None:
+    """Each knob that any trial set, per trial (unset = vLLM's default, drawn at the bottom row)."""
+    names = [k for k in dict.fromkeys(k for t in rep.trials for k in t.knobs)]
+    if not names:
+        return None
+    with plt.rc_context(RC):
+        fig, axes = plt.subplots(len(names), 1, figsize=(max(6, 0.55 * len(rep.trials) + 2),
+                                                          1.3 * len(names) + 0.8), sharex=True,
+                                 squeeze=False)
+        xs = [t.number for t in rep.trials]
+        for ax, name in zip(axes[:, 0], names):
+            raw = [t.knobs.get(name) for t in rep.trials]
+            ys, cats = _encode(raw)
+            for x, y, t in zip(xs, ys, rep.trials):
+                c = STATE_COLOR.get(_status(t), "#bbbbbb")
+                if math.isnan(y):
+                    ax.text(x, 0.5, "def", ha="center", va="center", fontsize=6, color="#999999",
+                            transform=ax.get_xaxis_transform())
+                else:
+                    ax.scatter([x], [y], color=c, s=28, zorder=3, edgecolors="black", linewidths=0.4)
+                if t.accepted and t.diagnosis is not None:
+                    ax.annotate(t.diagnosis.kind, (x, 1.0), xycoords=("data", "axes fraction"),
+                                fontsize=6, ha="center", va="bottom", color="#555555")
+            if cats:
+                ax.set_yticks(range(len(cats)))
+                ax.set_yticklabels(cats, fontsize=7)
+            ax.set_ylabel(name, fontsize=7, rotation=0, ha="right", va="center")
+        axes[-1, 0].set_xticks(xs)
+        axes[-1, 0].set_xlabel("trial (colour: green accepted, blue rejected, orange raced out, red failed;"
+                               " label: diagnosis of an accepted trial)")
+        fig.suptitle("Knob trajectory")
+        return _svg(fig)
+
+
+def latency_cdfs(rep: Report) -> str | None:
+    """Latency CDFs at each configuration's capacity, SLO thresholds as vertical lines."""
+    t, b = rep.tuned.latency_at_capacity, rep.baseline.latency_at_capacity
+    if t is None or not t.values_ms:
+        return None
+    metrics = [m for m in ("ttft", "tpot", "itl", "e2el") if m in t.values_ms]
+    with plt.rc_context(RC):
+        fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.0), squeeze=False)
+        for ax, m in zip(axes[0], metrics):
+            if b is not None and m in b.values_ms and rep.baseline.trial != rep.tuned.trial:
+                ax.plot(b.values_ms[m], b.q, color=BASE,
+                        label=f"baseline @ {rep.baseline.capacity_rps:g} req/s")
+            ax.plot(t.values_ms[m], t.q, color=TUNED, label=f"tuned @ {rep.tuned.capacity_rps:g} req/s")
+            th = (rep.slo.get(m) or {}).get("max_ms")
+            if th:
+                ax.axvline(th, color="#d62728", ls="--", lw=1, label=f"SLO {th:g} ms")
+            ax.set_xlabel(f"{m.upper()} (ms)")
+            ax.set_ylabel("fraction of requests")
+            ax.set_ylim(0, 1.01)
+            ax.legend(fontsize=6.5, loc="lower right")
+        fig.suptitle("Latency distribution at capacity")
+        return _svg(fig)
+
+
+def timeseries(rep: Report) -> str | None:
+    """Running / waiting requests and KV-cache usage over the load run just above each knee: what the
+    engine was doing when the SLO broke (the evidence the diagnosis reads)."""
+    confs = [c for c in (rep.baseline, rep.tuned) if c.knee_metrics and c.knee_metrics.samples]
+    if rep.baseline.trial == rep.tuned.trial:
+        confs = confs[:1]
+    if not confs:
+        return None
+    with plt.rc_context(RC):
+        fig, axes = plt.subplots(1, len(confs), figsize=(6 * len(confs), 3.2), squeeze=False)
+        for ax, c in zip(axes[0], confs):
+            s = c.knee_metrics.samples
+            t = [x.t for x in s]
+            ax.plot(t, [x.running for x in s], color="#1f77b4", lw=1, label="running")
+            ax.plot(t, [x.waiting for x in s], color="#ff7f0e", lw=1, label="waiting")
+            ax.set_xlabel("time in the load run (s)")
+            ax.set_ylabel("requests")
+            ax2 = ax.twinx()
+            ax2.plot(t, [x.kv_usage for x in s], color="#2ca02c", lw=1, ls="--", label="KV usage")
+            ax2.set_ylim(0, 1.05)
+            ax2.set_ylabel("KV cache usage")
+            ax2.grid(False)
+            h1, l1 = ax.get_legend_handles_labels()
+            h2, l2 = ax2.get_legend_handles_labels()
+            ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper left")
+            ax.set_title(f"{c.label} at {c.knee_metrics.rate:g} req/s", fontsize=9)
+        fig.suptitle("Queue depth and KV usage just above the knee")
+        return _svg(fig)
+
+
+PLOTS = {"knee": knee_curves, "capacity": capacity_per_trial, "knobs": knob_trajectory,
+         "latency_cdf": latency_cdfs, "timeseries": timeseries}
+
+
+def all_plots(rep: Report) -> dict[str, str]:
+    out = {}
+    for name, f in PLOTS.items():
+        svg = f(rep)
+        if svg:
+            out[name] = svg
+    return out

@@ -1,0 +1,223 @@
+"""Render a `Report` as Markdown and as one self-contained HTML file.
+
+Both come from the same list of blocks (heading, paragraph, table, code, list, figure), so the two can
+never disagree. The HTML inlines its CSS and embeds each chart as a `data:` URI: opened from disk, from a
+CI artifact or from an e-mail, it requests nothing from anywhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from dataclasses import dataclass, field
+
+from tuner.report.model import Report
+from tuner.report.select import fmt_value
+
+FIGURES = [("knee", "Knee curves of the baseline and the tuned configuration"),
+           ("capacity", "Capacity per trial"),
+           ("knobs", "Knob trajectory"),
+           ("latency_cdf", "Latency CDFs at capacity"),
+           ("timeseries", "Queue depth and KV usage over time")]
+
+
+@dataclass
+class Block:
+    kind: str                     # h1 | h2 | p | table | code | ul | fig | note
+    text: str = ""
+    rows: list[list[str]] = field(default_factory=list)
+    lang: str = ""
+
+
+def _n(v, digits: int = 3) -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:.{digits}g}" if abs(v) < 10 ** digits else f"{v:,.0f}"
+    return str(v)
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:+.1f}%"
+
+
+def _knobs(k: dict) -> str:
+    return ", ".join(f"{n}={fmt_value(v)}" for n, v in k.items()) or "vLLM defaults"
+
+
+def _headline(rep: Report) -> list[Block]:
+    h = rep.headline
+    rows = [["", rep.baseline.label, "tuned", "change"]]
+    for r in h.rows:
+        name = r.metric if r.metric.startswith("capacity") else f"{r.metric} at ~{_n(h.compare_rate_rps)} req/s"
+        rows.append([f"{name} ({r.unit})", _n(r.baseline), _n(r.tuned), _pct(r.change_pct)])
+    note = (f"Capacity is each configuration's highest passing offered rate. The other rows compare both at "
+            f"the same offered load, the baseline's capacity: the load runs closest to it "
+            f"({_n(h.baseline_run_rate)} req/s for the baseline, {_n(h.tuned_run_rate)} req/s tuned).")
+    return [Block("h2", "Headline"), Block("table", rows=rows), Block("p", note)]
+
+
+def _attribution(rep: Report) -> list[Block]:
+    out = [Block("h2", "Where the gain came from, knob by knob")]
+    if not rep.attribution:
+        out.append(Block("p", "No trial beat the baseline: nothing to attribute."))
+        return out
+    rows = [["trial", "change", "capacity before -> after (req/s)", "gain", "why this knob (diagnosis)"]]
+    for s in rep.attribution:
+        rows.append([str(s.trial), s.change, f"{_n(s.before_rps)} -> {_n(s.after_rps)}", _pct(s.gain_pct),
+                     s.why or ""])
+    out += [Block("table", rows=rows),
+            Block("p", "Each accepted trial became the new incumbent; its gain is measured against the "
+                       "incumbent it replaced, so the steps add up to the total gain.")]
+    return out
+
+
+def _config(rep: Report) -> list[Block]:
+    return [Block("h2", "The tuned configuration"),
+            Block("p", f"Trial {rep.tuned.trial}: {_knobs(rep.tuned.knobs)}."),
+            Block("code", rep.serve_command, lang="sh"),
+            Block("p", "The same as a vLLM `--config` file (`tuned-config.yaml`, beside this report):"),
+            Block("code", rep.config_yaml.rstrip("\n"), lang="yaml")]
+
+
+def _trials(rep: Report) -> list[Block]:
+    rows = [["#", "state", "knobs", "capacity (req/s)", "outcome", "diagnosis", "evidence"]]
+    for t in rep.trials:
+        if not t.launched and t.launch_failure_kind:
+            outcome = f"launch failed ({t.launch_failure_kind}): {(t.launch_failure_message or '')[:160]}"
+        elif t.raced_out:
+            outcome = f"raced out: failed at the incumbent's {_n(t.incumbent_before)} req/s"
+        elif t.accepted:
+            outcome = "accepted (new incumbent)"
+        elif t.state == "COMPLETE":
+            outcome = "rejected (not better)"
+        else:
+            outcome = t.state.lower()
+        d = t.diagnosis
+        ev = ", ".join(f"{k}={_n(v)}" for k, v in (d.evidence if d else {}).items() if v is not None)
+        if d is None:
+            diag = ""
+        elif d.kind == "launch_failure":  # the message is already in the outcome column
+            diag = "launch failure: next try " + ", ".join(f"{k} {d.directions.get(k, '')}".strip()
+                                                          for k in d.knobs) if d.knobs else "launch failure"
+        else:
+            diag = f"{d.kind}: {d.summary}"
+        cap = _n(t.capacity_rps) + (f" (< {_n(t.capacity_upper_rps)})" if t.capacity_upper_rps else "")
+        rows.append([str(t.number), t.role if t.role == "baseline" else t.state.lower(), _knobs(t.knobs),
+                     cap, outcome, diag, ev])
+    return [Block("h2", "Every trial, with its diagnosis and evidence"), Block("table", rows=rows)]
+
+
+def blocks(rep: Report, figures: set[str]) -> list[Block]:
+    c = rep.counts
+    w = rep.workload
+    out = [Block("h1", rep.title)]
+    if rep.simulated:
+        out.append(Block("note", "SIMULATED: these numbers were measured on slo-tuner's vLLM simulator, not on "
+                                 "a GPU. See the caveats."))
+    out.append(Block("p", f"Model `{rep.model}` on {rep.gpu}, engine `{rep.engine}`. Workload `{w.path}` "
+                          f"({w.requests} requests, mean {w.mean_prompt_tokens:.0f} prompt / "
+                          f"{w.mean_output_tokens:.0f} output tokens, {rep.arrival} arrivals). SLO: "
+                          f"{rep.slo_text} (`{rep.slo_path}`). {len(rep.trials)} trials: "
+                          + ", ".join(f"{v} {k.lower()}" for k, v in sorted(c.items())) + "."))
+    out += _headline(rep) + _attribution(rep) + _config(rep)
+    if rep.plan_text:
+        out += [Block("h2", "Capacity plan"), Block("code", rep.plan_text, lang="text")]
+    out += [Block("h2", "Caveats"), Block("ul", rows=[[x] for x in rep.caveats])]
+    out.append(Block("h2", "Charts"))
+    for name, caption in FIGURES:
+        if name in figures:
+            out.append(Block("fig", caption, lang=name))
+    out += _trials(rep)
+    out += [Block("h2", "Reproduce"),
+            Block("p", "Everything above is rebuilt from the study storage alone, and the regression gate "
+                       "re-measures the tuned configuration:"),
+            Block("code", "tune report RUN_DIR\ntune gate RUN_DIR/gate.yaml", lang="sh")]
+    return out
+
+
+# --- Markdown -------------------------------------------------------------------------------------------
+
+
+def _md_cell(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(rep: Report, figures: set[str]) -> str:
+    lines: list[str] = []
+    for b in blocks(rep, figures):
+        if b.kind == "h1":
+            lines += [f"# {b.text}", ""]
+        elif b.kind == "h2":
+            lines += [f"## {b.text}", ""]
+        elif b.kind == "note":
+            lines += [f"> **{b.text}**", ""]
+        elif b.kind == "p":
+            lines += [b.text, ""]
+        elif b.kind == "table":
+            head, *body = b.rows
+            lines.append("| " + " | ".join(_md_cell(x) for x in head) + " |")
+            lines.append("|" + "---|" * len(head))
+            lines += ["| " + " | ".join(_md_cell(x) for x in r) + " |" for r in body]
+            lines.append("")
+        elif b.kind == "code":
+            lines += [f"```{b.lang}", b.text, "```", ""]
+        elif b.kind == "ul":
+            lines += [f"- {r[0]}" for r in b.rows] + [""]
+        elif b.kind == "fig":
+            lines += [f"![{b.text}](plots/{b.lang}.svg)", ""]
+    return "\n".join(lines)
+
+
+# --- HTML -----------------------------------------------------------------------------------------------
+
+CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;
+color:#222;line-height:1.45}
+h1{font-size:1.5em}h2{font-size:1.2em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+table{border-collapse:collapse;margin:.6em 0;font-size:.88em}
+td,th{border:1px solid #ddd;padding:.3em .55em;text-align:left;vertical-align:top}
+th{background:#f4f4f4}tr:nth-child(even) td{background:#fafafa}
+pre{background:#f6f8fa;padding:.7em;overflow-x:auto;font-size:.85em}
+code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.92em}
+.note{background:#fff3cd;border:1px solid #e0c060;padding:.6em .9em;font-weight:600}
+figure{margin:1em 0}figure img{max-width:100%;height:auto;border:1px solid #eee}
+figcaption{color:#555;font-size:.88em}
+"""
+
+
+def _inline(s: str) -> str:
+    """Escape, then turn `code` spans into <code> (the only inline markup the blocks use)."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(s, quote=False))
+
+
+def to_html(rep: Report, svgs: dict[str, str]) -> str:
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>{html.escape(rep.title)}</title>",
+             '<meta name="viewport" content="width=device-width, initial-scale=1">',
+             f"<style>{CSS}</style></head><body>"]
+    for b in blocks(rep, set(svgs)):
+        if b.kind in ("h1", "h2"):
+            parts.append(f"<{b.kind}>{_inline(b.text)}</{b.kind}>")
+        elif b.kind == "note":
+            parts.append(f'<p class="note">{_inline(b.text)}</p>')
+        elif b.kind == "p":
+            parts.append(f"<p>{_inline(b.text)}</p>")
+        elif b.kind == "table":
+            head, *body = b.rows
+            parts.append("<table><thead><tr>" + "".join(f"<th>{_inline(x)}</th>" for x in head)
+                         + "</tr></thead><tbody>")
+            parts += ["<tr>" + "".join(f"<td>{_inline(x)}</td>" for x in r) + "</tr>" for r in body]
+            parts.append("</tbody></table>")
+        elif b.kind == "code":
+            parts.append(f"<pre><code>{html.escape(b.text, quote=False)}</code></pre>")
+        elif b.kind == "ul":
+            parts.append("<ul>" + "".join(f"<li>{_inline(r[0])}</li>" for r in b.rows) + "</ul>")
+        elif b.kind == "fig":
+            data = base64.b64encode(svgs[b.lang].encode("utf-8")).decode("ascii")
+            parts.append(f'<figure id="fig-{b.lang}"><img alt="{html.escape(b.text)}" '
+                         f'src="data:image/svg+xml;base64,{data}"><figcaption>{html.escape(b.text)}'
+                         f"</figcaption></figure>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,128 @@
+"""Which trials the report compares, and how the gain splits knob by knob.
+
+Baseline = the trial with role "baseline" (vLLM's defaults). Tuned = the trial the runner named in the
+study's `outcome` attribute, else the last trial that became the incumbent (`accepted`), because that is
+the configuration the search ended on; else the best measured capacity. The gain is attributed along the chain of
+accepted trials: each changed (mostly) one knob, so capacity before -> after is that knob's share.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from tuner.knobs import Knobs
+from tuner.report.storage import TrialView
+from tuner.search.records import Diagnosis, LoadRunSummary
+
+KNOB_NAMES = tuple(Knobs.model_fields)
+
+
+class KnobStep(BaseModel):
+    """One accepted step of the search: the knob it turned and what that was worth."""
+
+    trial: int
+    knobs_changed: list[str]
+    change: str                        # "max_num_seqs: default (256) -> 512"
+    before_rps: float | None
+    after_rps: float | None
+    gain_rps: float | None
+    gain_pct: float | None
+    why: str | None = None             # the diagnosis of the incumbent that suggested this knob
+
+
+def _completed(t: TrialView) -> bool:
+    return t.state == "COMPLETE" and t.record.capacity_rps is not None
+
+
+def pick_configs(trials: list[TrialView], outcome: dict | None = None
+                 ) -> tuple[TrialView | None, TrialView | None]:
+    by_number = {t.number: t for t in trials}
+    named_base = by_number.get((outcome or {}).get("baseline_trial"))
+    named_tuned = by_number.get((outcome or {}).get("tuned_trial"))
+    if named_tuned is not None and not _completed(named_tuned):
+        named_tuned = None
+    base = named_base or next((t for t in trials if t.record.role == "baseline"), None)
+    if base is None:
+        base = next((t for t in trials if t.number == 0), None)
+    if named_tuned is not None:
+        return base, named_tuned
+    accepted = [t for t in trials if t.record.accepted and _completed(t)]
+    if accepted:
+        return base, accepted[-1]
+    done = [t for t in trials if _completed(t)]
+    if done:
+        return base, max(done, key=lambda t: (t.record.capacity_rps, -t.number))
+    return base, base
+
+
+def fmt_value(v) -> str:
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)
+
+
+def knob_value(knobs: dict, name: str, defaults: dict | None) -> str:
+    if knobs.get(name) is not None:
+        return fmt_value(knobs[name])
+    if defaults is None or name not in defaults:
+        return "default"
+    d = defaults[name]
+    return f"default ({fmt_value(d) if d is not None else 'none'})"
+
+
+def attribution(trials: list[TrialView], base: TrialView | None, tuned: TrialView | None,
+                defaults: dict | None = None) -> list[KnobStep]:
+    """Accepted trials after the baseline, in order, up to the tuned one."""
+    if base is None or tuned is None:
+        return []
+    chain = [t for t in trials if t.record.accepted and _completed(t) and t.number != base.number
+             and t.number <= tuned.number]
+    if tuned.number != base.number and tuned not in chain:
+        chain.append(tuned)
+    prev_knobs = dict(base.record.knobs)
+    prev_cap = base.record.capacity_rps
+    prev_diag: Diagnosis | None = base.record.diagnosis
+    steps = []
+    for t in chain:
+        r = t.record
+        knobs = dict(r.knobs)
+        changed = [k for k in KNOB_NAMES if knobs.get(k) != prev_knobs.get(k)]
+        if r.changed_knob and r.changed_knob not in changed:
+            changed.insert(0, r.changed_knob)
+        before = r.incumbent_before if r.incumbent_before is not None else prev_cap
+        after = r.capacity_rps
+        change = ", ".join(f"{k}: {knob_value(prev_knobs, k, defaults)} -> {knob_value(knobs, k, defaults)}"
+                           for k in changed) or "(no knob changed: re-measured)"
+        gain = after - before if after is not None and before is not None else None
+        steps.append(KnobStep(trial=t.number, knobs_changed=changed, change=change, before_rps=before,
+                              after_rps=after, gain_rps=gain,
+                              gain_pct=(100.0 * gain / before) if gain is not None and before else None,
+                              why=prev_diag.summary if prev_diag else None))
+        prev_knobs, prev_cap, prev_diag = knobs, after, r.diagnosis
+    return steps
+
+
+def closest_run(runs: list[LoadRunSummary], rate: float | None) -> LoadRunSummary | None:
+    """The load run nearest `rate` (ties: the lower rate, the conservative side)."""
+    if not runs or rate is None:
+        return None
+    return min(runs, key=lambda r: (abs(r.rate - rate), r.rate))
+
+
+def sane_goodput(r: LoadRunSummary) -> LoadRunSummary:
+    """Goodput can never exceed the offered rate by more than arrival noise. A point pooled from several
+    repeats of the same schedule can carry one that does (good requests of all repeats over one run's
+    window); it is then recomputed as attainment x offered rate, its value for a single run."""
+    if r.goodput is not None and r.repeats > 1 and r.goodput > 1.2 * r.rate:
+        return r.model_copy(update={"goodput": r.attainment * r.rate})
+    return r
+
+
+def knee_curve(runs: list[LoadRunSummary]) -> list[LoadRunSummary]:
+    """Load runs sorted by rate, one per rate (the last measurement of a rate wins: it pooled repeats)."""
+    by_rate: dict[float, LoadRunSummary] = {}
+    for r in runs:
+        by_rate[r.rate] = sane_goodput(r)
+    return [by_rate[k] for k in sorted(by_rate)]
