@@ -113,7 +113,7 @@ class _Runner:
 
     async def _one(self, pool: ShardedClient, url: str, i: int, deadline: float) -> None:
         rec = self.records[i]
-        request = build_request(pool.any, url, self._body(i), self.headers,
+        request = build_request(url, self._body(i), self.headers,
                                 stall_timeout_s=self.stall_timeout_s * self.scale)
         await sleep_until(deadline)
         self.sent += 1
@@ -126,7 +126,7 @@ class _Runner:
         self.in_flight += 1
         shard = pool.pick()
         try:
-            await stream_request(pool.clients[shard], request, rec, self.clock,
+            await stream_request(pool.transports[shard], request, rec, self.clock,
                                  request_timeout_s=self.request_timeout_s * self.scale,
                                  stall_timeout_s=self.stall_timeout_s * self.scale)
         finally:
@@ -184,7 +184,7 @@ class _Runner:
         sampler: GaugeSampler | None = None
         started_unix = time.time()
         async with ShardedClient(SHARDS) as pool:
-            client = pool.any
+            client = pool.client
             try:
                 await self._discover(client)
                 if self.metrics:

