@@ -227,3 +227,18 @@ def test_ctrl_c_returns_the_partial_run(server):
     assert CANCELLED in res["errors"]
     assert set(res["errors"]) <= {None, CANCELLED}
     assert any("interrupted" in w for w in res["warnings"])
+
+
+def test_bad_arguments_and_unreachable_server_fail_loudly():
+    with pytest.raises(ValueError, match="send times"):
+        run_load_http("http://127.0.0.1:9", _reqs(2), [0.0], offered_rate=1)
+    with pytest.raises(ValueError, match="finite"):
+        run_load_http("http://127.0.0.1:9", _reqs(1), [-1.0], offered_rate=1)
+    with pytest.raises(ValueError, match="api"):
+        run_load_http("http://127.0.0.1:9", _reqs(1), [0.0], offered_rate=1, api="embeddings")
+    with pytest.raises(RuntimeError, match="model name"):
+        run_load_http("http://127.0.0.1:9", _reqs(1), [0.0], offered_rate=1)
+    # With a model given, an unreachable server is measured as errors, with warnings, not an exception.
+    run = run_load_http("http://127.0.0.1:9", _reqs(2), [0.0, 0.01], offered_rate=1, model="m")
+    assert all(r.error and not r.ok for r in run.records)
+    assert run.metrics is None and any("/metrics" in w for w in run.warnings)

@@ -67,6 +67,8 @@ class _Runner:
                  prompt_salt: int | str | None, engine: str):
         if len(requests) != len(send_times):
             raise ValueError(f"{len(requests)} requests but {len(send_times)} send times")
+        if not all(0.0 <= float(t) < float("inf") for t in send_times):
+            raise ValueError("send times must be finite and >= 0")
         if api not in ("completions", "chat"):
             raise ValueError(f"api must be 'completions' or 'chat', not {api!r}")
         self.base = base_url.rstrip("/")
@@ -129,6 +131,8 @@ class _Runner:
             await stream_request(pool.transports[shard], request, rec, self.clock,
                                  request_timeout_s=self.request_timeout_s * self.scale,
                                  stall_timeout_s=self.stall_timeout_s * self.scale)
+        except Exception as e:  # one odd request must not end the run; it is simply not good
+            rec.error = f"client error: {e!r}"
         finally:
             pool.release(shard)
             self.in_flight -= 1
