@@ -213,6 +213,7 @@ def test_metrics_have_vllm_names_types_labels_and_move(keyed):
     for names, kind in ((GAUGES, "gauge"), (COUNTERS, "counter"), (HISTOGRAMS, "histogram")):
         for name in names:
             assert types.get(name) == kind, (name, types.get(name))
+    assert types["sim:step_lateness_seconds"] == "counter"  # the simulator's own health, not vLLM's
     labels = dict(next(iter(before["vllm:num_requests_running"])))
     assert labels == {"engine": "0", "model_name": NAME}
     info = dict(next(iter(before["vllm:cache_config_info"])))
@@ -237,6 +238,7 @@ def test_metrics_have_vllm_names_types_labels_and_move(keyed):
     assert delta("vllm:request_generation_tokens_sum") == 10
     assert delta("vllm:iteration_tokens_total_sum") == 50 + 9  # one prefill step, then 9 decode steps
     assert total(after, "vllm:num_requests_running") == 0
+    assert delta("sim:engine_steps_total") == 10
 
 
 def test_shared_system_prompt_hits_prefix_cache(keyed):

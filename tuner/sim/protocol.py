@@ -15,15 +15,20 @@ What matters to clients, and is therefore copied from vLLM rather than simplifie
   with empty `choices` when `stream_options.include_usage`, then `data: [DONE]`.
 
 Chunks are rendered from per-request byte templates: on a 2-core machine JSON-encoding every token's
-chunk from a dict would cost more than the scheduling it reports.
+chunk from a dict would cost more than the scheduling it reports. The streaming helpers at the end wait on
+a `tuner.sim.server.SimRequest` (its `tokens`, `done` and `event`), duck-typed to keep this module free of
+the engine loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
 from dataclasses import dataclass
+
+from starlette.responses import StreamingResponse
 
 from tuner.sim.tokens import tokenize
 
@@ -191,3 +196,73 @@ class Renderer:
                 "created": self.created, "model": json.loads(self.model_json), "choices": [choice],
                 "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
                           "completion_tokens": completion_tokens}}
+
+
+# --- streaming plumbing ---------------------------------------------------------------------------
+class WatchedStream(StreamingResponse):
+    """A streaming response that notices a client leaving even while it has nothing to send.
+
+    Under an ASGI 2.4 server Starlette learns of a disconnect only when a write fails, but a queued request
+    writes nothing until its first token, and the engine must drop it as soon as its client is gone. So
+    the disconnect is always watched, whatever the server's ASGI version.
+    """
+
+    async def __call__(self, scope, receive, send) -> None:
+        stream = asyncio.ensure_future(self.stream_response(send))
+        watch = asyncio.ensure_future(self.listen_for_disconnect(receive))
+        try:
+            await asyncio.wait((stream, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (stream, watch):
+                task.cancel()
+            results = await asyncio.gather(stream, watch, return_exceptions=True)
+            # a generator cancelled in the middle of a write never reached its `finally`: close it now
+            await self.body_iterator.aclose()
+        err = results[0]
+        if isinstance(err, BaseException) and not isinstance(err, (asyncio.CancelledError, OSError)):
+            raise err
+
+
+async def wait_done_or_gone(req, receive) -> bool:
+    """Wait for a non-streamed request to finish; False if the client disconnected first."""
+    async def gone() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(gone())
+    try:
+        while not req.done:
+            waiter = asyncio.ensure_future(req.event.wait())
+            await asyncio.wait((waiter, watch), return_when=asyncio.FIRST_COMPLETED)
+            if watch.done():
+                waiter.cancel()
+                return req.done
+            req.event.clear()
+        return True
+    finally:
+        watch.cancel()
+
+
+async def sse_body(loop, req, p: ParsedRequest, out: Renderer):
+    """The SSE body: one event per token as the engine delivers them; aborts the request if cancelled."""
+    total = p.max_tokens
+    sent = 0
+    try:
+        while sent < total:
+            await req.event.wait()
+            req.event.clear()
+            n = req.tokens
+            if n > sent:
+                chunk = out.token_events(sent, n, total)
+                if sent == 0 and out.chat:
+                    chunk = out.role_event() + chunk
+                sent = n
+                if sent >= total:
+                    break
+                yield chunk
+        tail = chunk
+        if p.include_usage:
+            tail += out.usage_event(len(p.prompt_ids), total)
+        yield tail + b"data: [DONE]\n\n"
+    finally:
+        loop.abort(req)  # a no-op once the request finished

@@ -30,12 +30,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tuner.sim.config import ResolvedConfig
 from tuner.sim.engine import EngineCore, Seq
-from tuner.sim.protocol import UNAUTHORIZED, BadRequest, ParsedRequest, Renderer, parse_request
+from tuner.sim.protocol import (UNAUTHORIZED, BadRequest, Renderer, WatchedStream, parse_request,
+                                sse_body, wait_done_or_gone)
 from tuner.sim.tokens import block_hashes
 from tuner.sim.vllm_metrics import (ITERATION_TOKENS_BUCKETS, ITL_BUCKETS, REQUEST_LATENCY_BUCKETS,
                                     TTFT_BUCKETS, tokens_buckets)
@@ -72,6 +73,8 @@ class SimMetrics:
         self.labels = {"engine": "0", "model_name": model_name}
         self.started = time.time()
         self.aborted = 0
+        self.steps = 0
+        self.late_s = 0.0  # wall seconds the loop delivered steps after their deadlines, summed
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(self)
         names = ["engine", "model_name"]
@@ -139,6 +142,11 @@ class SimMetrics:
                                  labels=[*keys, *cache])
         info.add_metric([*vals, *cache.values()], 1.0)
         yield info
+        # not vLLM's: how far the host fell behind the simulated GPU. A lateness that grows with the load
+        # means the CPU, not the modelled GPU, is the bottleneck: raise --time-scale.
+        yield counter("sim:engine_steps", "Engine steps the simulator ran.", self.steps)
+        yield counter("sim:step_lateness_seconds",
+                      "Wall seconds by which steps were delivered after their deadlines, summed.", self.late_s)
 
     def cache_labels(self) -> dict[str, str]:
         cfg = self.cfg
@@ -170,7 +178,6 @@ class EngineLoop:
         self._rid = itertools.count()
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
-        self.steps = 0
 
     def sim_now(self) -> float:
         """Seconds on the simulated GPU's clock."""
@@ -227,12 +234,13 @@ class EngineLoop:
             begin = (start - t0) / k
             events: list[Seq] = []
             dur, finished = core.step(begin, events)
-            self.steps += 1
             if core.last_step_tokens:
                 m.iteration.observe(core.last_step_tokens)
             deadline = start + dur * k
             delay = deadline - time.monotonic()
             await asyncio.sleep(delay if delay > 0 else 0)
+            m.steps += 1
+            m.late_s += time.monotonic() - deadline
             self._deliver(begin + dur, events, finished)
 
     def _deliver(self, end: float, events: list[Seq], finished: list[Seq]) -> None:
@@ -265,49 +273,6 @@ class EngineLoop:
             m.decode.observe(end - first)
             m.prompt_len.observe(seq.prompt_len)
             m.gen_len.observe(seq.output_len)
-
-
-class _WatchedStream(StreamingResponse):
-    """A streaming response that notices a client leaving even while it has nothing to send.
-
-    Starlette (ASGI 2.4 servers) only learns of a disconnect when a write fails, but a queued request
-    writes nothing until its first token; the engine must drop it as soon as its client is gone.
-    """
-
-    async def __call__(self, scope, receive, send) -> None:
-        stream = asyncio.ensure_future(self.stream_response(send))
-        watch = asyncio.ensure_future(self.listen_for_disconnect(receive))
-        try:
-            await asyncio.wait((stream, watch), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (stream, watch):
-                task.cancel()
-            results = await asyncio.gather(stream, watch, return_exceptions=True)
-            # a generator cancelled in the middle of a write never reached its `finally`: close it now
-            await self.body_iterator.aclose()
-        err = results[0]
-        if isinstance(err, BaseException) and not isinstance(err, (asyncio.CancelledError, OSError)):
-            raise err
-
-
-async def _until_done_or_gone(req: SimRequest, receive) -> bool:
-    """Wait for a non-streamed request to finish; False if the client disconnected first."""
-    async def gone() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
-    watch = asyncio.ensure_future(gone())
-    try:
-        while not req.done:
-            waiter = asyncio.ensure_future(req.event.wait())
-            await asyncio.wait((waiter, watch), return_when=asyncio.FIRST_COMPLETED)
-            if watch.done():
-                waiter.cancel()
-                return req.done
-            req.event.clear()
-        return True
-    finally:
-        watch.cancel()
 
 
 def build_app(loop: EngineLoop, *, served_names: Sequence[str], api_key: str | None = None,
@@ -352,8 +317,8 @@ def build_app(loop: EngineLoop, *, served_names: Sequence[str], api_key: str | N
         req = loop.submit(p.prompt_ids, p.max_tokens)
         out = Renderer(chat, p.model)
         if p.stream:
-            return _WatchedStream(_sse(loop, req, p, out), media_type="text/event-stream")
-        if not await _until_done_or_gone(req, request.receive):
+            return WatchedStream(sse_body(loop, req, p, out), media_type="text/event-stream")
+        if not await wait_done_or_gone(req, request.receive):
             loop.abort(req)
             return Response(status_code=499)
         return JSONResponse(out.full(len(p.prompt_ids), p.max_tokens))
@@ -379,31 +344,6 @@ def build_app(loop: EngineLoop, *, served_names: Sequence[str], api_key: str | N
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     ], lifespan=lifespan)
-
-
-async def _sse(loop: EngineLoop, req: SimRequest, p: ParsedRequest, out: Renderer):
-    """The SSE body: one event per token as the engine delivers them; aborts the request if cancelled."""
-    total = p.max_tokens
-    sent = 0
-    try:
-        while sent < total:
-            await req.event.wait()
-            req.event.clear()
-            n = req.tokens
-            if n > sent:
-                chunk = out.token_events(sent, n, total)
-                if sent == 0 and out.chat:
-                    chunk = out.role_event() + chunk
-                sent = n
-                if sent >= total:
-                    break
-                yield chunk
-        tail = chunk
-        if p.include_usage:
-            tail += out.usage_event(len(p.prompt_ids), total)
-        yield tail + b"data: [DONE]\n\n"
-    finally:
-        loop.abort(req)  # a no-op once the request finished
 
 
 def run_server(cfg: ResolvedConfig, *, host: str, port: int, served_names: Sequence[str],
