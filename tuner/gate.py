@@ -94,18 +94,25 @@ def sha256_file(path: str | Path) -> str:
 
 
 def write_gate(run_dir: str | Path, *, path: str | Path | None = None,
-               tolerance: float = DEFAULT_TOLERANCE) -> Path | None:
+               tolerance: float = DEFAULT_TOLERANCE, trial: int | None = None) -> Path | None:
     """Write `gate.yaml` for the tuned configuration of the study in `run_dir` (the study runner calls this
     at the end of a run; `tune report` writes one if it is missing). Returns the file's path, or None when
-    no configuration met the SLO at any rate: there is no capacity to hold a configuration to."""
+    no configuration met the SLO at any rate: there is no capacity to hold a configuration to.
+    `trial` gates another trial than the tuned one (e.g. the baseline, to watch vLLM upgrades)."""
     from tuner.report.select import pick_configs
     from tuner.report.storage import load_study_data
 
     data = load_study_data(run_dir)
     info = data.info
     _, tuned = pick_configs(data.trials, data.outcome)
+    if trial is not None:
+        tuned = next((t for t in data.trials if t.number == trial), None)
+        if tuned is None:
+            raise UserError(f"no trial {trial} in the study", file=run_dir, field="--trial")
     rec = tuned.record if tuned else None
     if rec is None or rec.capacity_rps is None:
+        if trial is not None:
+            raise UserError(f"trial {trial} has no measured capacity", file=run_dir, field="--trial")
         return None
     knee = [r for r in rec.load_runs if r.rate == rec.capacity_rps]
     gate = GateFile(created_unix=time.time(), tool_version=info.tool_version or __version__,

@@ -30,8 +30,9 @@ def _svg(fig) -> str:
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
     plt.close(fig)
     text = buf.getvalue()
-    # the RDF metadata block names web vocabularies (http URLs): not needed, and the HTML must not refer
-    # to anything outside itself
+    # the RDF metadata block and the DOCTYPE name web addresses (vocabularies, the DTD): neither is
+    # needed, and the report must not point outside itself; what remains are the xmlns identifiers
+    text = re.sub(r"<!DOCTYPE[^>]*>\s*", "", text)
     return re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.S)
 
 

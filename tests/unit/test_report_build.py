@@ -1,0 +1,187 @@
+"""`build_report` / `write_report` on a study written by the real trial runner (see test_report_fixtures)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import optuna
+import pytest
+import yaml
+
+from tests.unit.test_report_fixtures import MODEL, fixture_study
+from tuner.errors import UserError
+from tuner.knobs import Knobs
+from tuner.report import Report, build_report, write_report
+from tuner.report.build import config_yaml
+from tuner.report.select import closest_run, sane_goodput
+from tuner.report.storage import load_study_data
+from tuner.search.records import LoadRunSummary
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return fixture_study(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def rep(run) -> Report:
+    return build_report(run)
+
+
+def test_baseline_and_tuned_are_the_stored_trials(run, rep):
+    data = load_study_data(run)
+    recs = {t.number: t.record for t in data.trials}
+    assert rep.baseline.trial == 0 and rep.baseline.knobs == {}
+    assert rep.baseline.capacity_rps == recs[0].capacity_rps
+    tuned = data.outcome["tuned_trial"]
+    assert rep.tuned.trial == tuned
+    assert rep.tuned.capacity_rps == recs[tuned].capacity_rps
+    assert rep.tuned.capacity_rps > rep.baseline.capacity_rps
+    assert [r.rate for r in rep.tuned.knee] == sorted({r.rate for r in recs[tuned].load_runs})
+    assert sum(rep.counts.values()) == len(data.trials) == len(rep.trials)
+
+
+def test_simulated_title_and_plain_caveats(rep):
+    assert rep.simulated and rep.title.startswith("SIMULATED")
+    text = "\n".join(rep.caveats)
+    assert "SIMULATED" in text and "not from a real GPU" in text
+    assert "quality was NOT measured" in text          # the tuned config quantizes (fp8 KV at least)
+    assert "Noise floor" in text and "5%" in text
+    assert "raced out" in text and "1 failed" in text
+
+
+def test_headline_compares_at_the_baselines_capacity(rep):
+    h = rep.headline
+    assert h.compare_rate_rps == rep.baseline.capacity_rps
+    b = closest_run(rep.baseline.knee, h.compare_rate_rps)
+    t = closest_run(rep.tuned.knee, h.compare_rate_rps)
+    rows = {r.metric: r for r in h.rows}
+    assert rows["capacity within the SLO"].tuned == rep.tuned.capacity_rps
+    assert rows["p99 TTFT"].baseline == b.p99_ms["ttft"] and rows["p99 TTFT"].tuned == t.p99_ms["ttft"]
+    assert rows["p99 E2EL"].tuned == t.p99_ms["e2el"]
+    assert rows["goodput"].baseline <= 1.2 * b.rate      # never above the offered rate
+    assert h.capacity_gain_pct == pytest.approx(100 * (rep.tuned.capacity_rps / rep.baseline.capacity_rps - 1))
+
+
+def test_gain_is_attributed_knob_by_knob_and_adds_up(rep):
+    steps = rep.attribution
+    assert steps, "an accepted trial must be attributed"
+    assert steps[0].before_rps == rep.baseline.capacity_rps
+    assert steps[-1].after_rps == rep.tuned.capacity_rps
+    for a, b in zip(steps, steps[1:]):
+        assert b.before_rps == a.after_rps
+    assert math.prod(s.after_rps / s.before_rps for s in steps) == pytest.approx(
+        rep.tuned.capacity_rps / rep.baseline.capacity_rps)
+    first = steps[0]
+    assert first.knobs_changed == ["kv_cache_dtype"]
+    assert first.change == "kv_cache_dtype: default (auto) -> fp8"   # vLLM's resolved default is named
+
+
+def test_tuned_config_as_command_line_and_vllm_config_file(rep):
+    flags = Knobs(**rep.tuned.knobs).flags()
+    assert rep.serve_command == " ".join(["vllm", "serve", MODEL, *flags])
+    body = yaml.safe_load(rep.config_yaml)
+    assert body == {k.replace("_", "-"): v for k, v in rep.tuned.knobs.items()}
+    assert "--config tuned-config.yaml" in rep.config_yaml
+
+
+def test_config_yaml_spells_off_and_empty_so_vllm_reads_them():
+    assert yaml.safe_load(config_yaml("m", {"enable_prefix_caching": False, "max_num_seqs": 512})) == {
+        "no-enable-prefix-caching": True, "max-num-seqs": 512}
+    assert yaml.safe_load(config_yaml("m", {})) == {}
+
+
+def test_plan_is_part_of_the_report_when_the_slo_has_a_peak_rate(rep):
+    assert rep.plan is not None and rep.plan.feasible
+    assert rep.plan.instances == math.ceil(50 / (0.7 * rep.tuned.capacity_rps))
+    assert "instances: ceil(50 / (0.7 x" in rep.plan_text
+
+
+def test_write_report_files_are_consistent_and_self_contained(run, tmp_path):
+    rep = write_report(run, tmp_path)
+    for name in ("report.md", "report.html", "report.json", "tuned-config.yaml", "gate.yaml"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["baseline"]["capacity_rps"] == rep.baseline.capacity_rps
+    assert data["tuned"]["capacity_rps"] == rep.tuned.capacity_rps
+    Report.model_validate(data)
+    md = (tmp_path / "report.md").read_text()
+    figs = re.findall(r"!\[[^\]]*\]\((plots/[^)]+)\)", md)
+    assert len(figs) == 5
+    for f in figs:
+        svg = (tmp_path / f).read_text()
+        assert svg.lstrip().startswith(("<?xml", "<svg")) and "</svg>" in svg
+        # only the XML namespace identifiers may name a web address; every reference is internal
+        assert set(re.findall(r"https?://[^\s\"']+", svg)) <= {"http://www.w3.org/2000/svg",
+                                                            "http://www.w3.org/1999/xlink"}, f
+        assert not re.findall(r"""(?:href|src)\s*=\s*["'](?!#)""", svg), f
+    html = (tmp_path / "report.html").read_text()
+    assert html.count('<img ') == 5 and html.count("data:image/svg+xml;base64,") == 5
+    assert not re.findall(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", html, flags=re.I)
+    assert "<script" not in html.lower() and "@import" not in html and "url(" not in html
+    assert (tmp_path / "tuned-config.yaml").read_text() == rep.config_yaml
+
+
+def test_rebuilt_report_is_identical_apart_from_the_timestamp(run):
+    a = build_report(run).model_dump(exclude={"generated_unix"})
+    b = build_report(run).model_dump(exclude={"generated_unix"})
+    assert a == b
+
+
+def test_without_the_outcome_the_last_accepted_trial_is_tuned(tmp_path_factory, tmp_path):
+    run = fixture_study(tmp_path_factory, tmp_path / "copy")
+    study = optuna.load_study(study_name="slo-tuner", storage=f"sqlite:///{run / 'study.db'}")
+    want = study.user_attrs["outcome"]["tuned_trial"]
+    study.set_user_attr("outcome", None)
+    assert build_report(run).tuned.trial == want
+
+
+def test_a_study_where_nothing_beat_the_defaults(tmp_path_factory, tmp_path):
+    src = load_study_data(fixture_study(tmp_path_factory))
+    run = tmp_path / "only-baseline"
+    run.mkdir()
+    study = optuna.create_study(storage=f"sqlite:///{run / 'study.db'}", study_name="slo-tuner",
+                                direction="maximize")
+    study.set_user_attr("info", src.info.model_dump(mode="json"))
+    base = src.trials[0].record
+    study.add_trial(optuna.trial.create_trial(value=base.capacity_rps,
+                                              user_attrs={"record": base.model_dump(mode="json")}))
+    rep = build_report(run)
+    assert rep.tuned.trial == rep.baseline.trial == 0
+    assert rep.attribution == []
+    assert any("No configuration beat vLLM's defaults" in c for c in rep.caveats)
+    assert rep.serve_command == f"vllm serve {MODEL}"
+
+
+def test_not_a_run_directory_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="no such run directory"):
+        build_report(tmp_path / "missing")
+    with pytest.raises(UserError, match="no study.db"):
+        build_report(tmp_path)
+    (tmp_path / "study_name.txt").write_text("other\n")
+    optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="slo-tuner")
+    with pytest.raises(UserError, match="no study named 'other'"):
+        build_report(tmp_path)
+    (tmp_path / "study_name.txt").unlink()
+    with pytest.raises(UserError, match="no `info` attribute"):
+        build_report(tmp_path)
+
+
+def test_storage_txt_names_the_storage(tmp_path_factory, tmp_path):
+    src = fixture_study(tmp_path_factory)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "storage.txt").write_text(f"sqlite:///{src / 'study.db'}\n")
+    rep = build_report(run)
+    assert rep.tuned.capacity_rps == build_report(src).tuned.capacity_rps
+    assert rep.storage.startswith("sqlite:///")
+
+
+def test_pooled_goodput_is_capped_at_the_offered_rate():
+    p = LoadRunSummary(rate=6.0, n=1700, attainment=0.99, ci_low=0.98, ci_high=0.995, passed=True,
+                       goodput=11.9, repeats=2)
+    assert sane_goodput(p).goodput == pytest.approx(0.99 * 6.0)
+    single = p.model_copy(update={"repeats": 1, "goodput": 5.9})
+    assert sane_goodput(single).goodput == 5.9
