@@ -168,6 +168,7 @@ def prepare(opts: TuneOptions) -> tuple[Workload, SLO, SearchSpace]:
 def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outcome, Path]:
     """Run (or resume) a study; returns the outcome and the run directory."""
     workload, slo, space = prepare(opts)
+    engine = make_engine(opts, slo)  # a bad --engine/--gpu/--model fails before a study is created
     opts.out.mkdir(parents=True, exist_ok=True)
     if opts.resume:
         from tuner.engine.launcher import reap_stale
@@ -181,7 +182,6 @@ def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outco
     (opts.out / "study_name.txt").write_text(STUDY_NAME + "\n")
     if "info" not in study.user_attrs:
         study.set_user_attr("info", study_info(opts, workload, slo, space).model_dump(mode="json"))
-    engine = make_engine(opts, slo)
     noise_floor = opts.noise_floor if opts.noise_floor is not None else opts.precision
     runner = TrialRunner(study=study, engine=engine, workload=workload, slo=slo, space=space,
                          load=load_settings(opts, engine), knee=KneeSettings(precision=opts.precision),
