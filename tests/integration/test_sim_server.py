@@ -8,6 +8,7 @@ time scale 2 for timing and abort tests (kept idle between tests).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tuner.knobs import Knobs
 from tuner.profiles.gpus import get_gpu
 from tuner.profiles.models import get_model
+from tuner.sim.cli import human_readable_int
 from tuner.sim.config import resolve
 from tuner.sim.engine import EngineCore, Seq
 from tuner.sim.protocol import WORDS
@@ -280,17 +283,19 @@ def test_idle_ttft_is_simulated_prefill_times_time_scale(scaled):
     assert prefill <= server_ttft <= prefill * 1.05 + 0.02, (server_ttft, prefill)
 
 
-def _wait_metric(client, name, value, timeout=5.0, **labels) -> dict:
+def _wait_gauges(client, timeout=5.0, **want) -> dict:
+    """Scrape until the `vllm:` gauges named in `want` (without prefix) all have the wanted values."""
     deadline = time.monotonic() + timeout
     while True:
         m = metrics(client)
-        if total(m, name, **labels) == value or time.monotonic() > deadline:
+        if all(total(m, "vllm:" + k) == v for k, v in want.items()) or time.monotonic() > deadline:
             return m
         time.sleep(0.05)
 
 
 def test_client_disconnect_aborts_running_and_waiting_requests(scaled):
-    """max_num_seqs is 2: two long streams run, a third waits; closing them empties the engine."""
+    """max_num_seqs is 2: two long streams run, a stream and a non-streamed request wait. A client that
+    gives up takes its request out of the engine at once, whichever state it is in."""
     base = str(scaled.base_url)
     before = metrics(scaled)
     body = {"prompt": words(40, "abort"), "max_tokens": 1500, "stream": True}
@@ -303,25 +308,43 @@ def test_client_disconnect_aborts_running_and_waiting_requests(scaled):
         held.append(cm.__enter__().iter_lines())
         return held[-1]
 
+    def impatient() -> None:  # a non-streamed request whose client times out while it is queued
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(base + "/v1/completions", json={**body, "stream": False}, timeout=2.0)
+
+    waiter = threading.Thread(target=impatient)
     try:
         for c in clients[:2]:
             assert next(open_stream(c)).startswith("data: {")  # it is running: it produced a token
         open_stream(clients[2])  # headers come back at once; no token while both slots are busy
-        m = _wait_metric(scaled, "vllm:num_requests_waiting", 1)
-        assert total(m, "vllm:num_requests_running") == 2 and total(m, "vllm:num_requests_waiting") == 1
+        waiter.start()
+        m = _wait_gauges(scaled, num_requests_waiting=2)
+        assert total(m, "vllm:num_requests_running") == 2 and total(m, "vllm:num_requests_waiting") == 2
         assert total(m, "vllm:kv_cache_usage_perc") > 0
+        waiter.join()
+        m = _wait_gauges(scaled, num_requests_waiting=1)
+        assert total(m, "vllm:num_requests_waiting") == 1 and total(m, "vllm:num_requests_running") == 2
     finally:
         for c in clients:
             c.close()  # drops the connections mid-stream
-    m = _wait_metric(scaled, "vllm:num_requests_running", 0)
+        if waiter.is_alive():
+            waiter.join()
+    m = _wait_gauges(scaled, num_requests_running=0, num_requests_waiting=0)
     assert total(m, "vllm:num_requests_running") == 0 and total(m, "vllm:num_requests_waiting") == 0
     assert total(m, "vllm:kv_cache_usage_perc") == 0
     aborted = (total(m, "vllm:request_success_total", finished_reason="abort")
                - total(before, "vllm:request_success_total", finished_reason="abort"))
-    assert aborted == 3
+    assert aborted == 4
     # the engine still serves after the aborts
     r = scaled.post("/v1/completions", json={"prompt": "still alive", "max_tokens": 3})
     assert r.json()["usage"]["completion_tokens"] == 3
+
+
+def test_human_readable_token_counts():
+    assert human_readable_int("8k") == 8000 and human_readable_int("8K") == 8192
+    assert human_readable_int("25.6k") == 25600 and human_readable_int(" 2048 ") == 2048
+    with pytest.raises(argparse.ArgumentTypeError):
+        human_readable_int("1.5K")
 
 
 # --- start-up -----------------------------------------------------------------------------------------

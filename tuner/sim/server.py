@@ -48,12 +48,14 @@ FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 
 
 class SimRequest:
-    """What a handler waits on: tokens delivered so far, and whether the request is over."""
+    """What a handler waits on: tokens delivered so far, and whether the request is over. `event` is set
+    per token for a stream, only at the end otherwise (a non-streamed handler has nothing to do before)."""
 
-    __slots__ = ("seq", "tokens", "done", "aborted", "event", "last_token")
+    __slots__ = ("seq", "stream", "tokens", "done", "aborted", "event", "last_token")
 
-    def __init__(self, seq: Seq):
+    def __init__(self, seq: Seq, stream: bool = True):
         self.seq = seq
+        self.stream = stream
         self.tokens = 0
         self.done = False
         self.aborted = False
@@ -187,12 +189,12 @@ class EngineLoop:
     def check(self, prompt_len: int, max_tokens: int) -> str | None:
         return self.core.check(prompt_len, max_tokens)
 
-    def submit(self, prompt_ids: Sequence[int], max_tokens: int) -> SimRequest:
+    def submit(self, prompt_ids: Sequence[int], max_tokens: int, stream: bool = True) -> SimRequest:
         """Queue a request in the engine; it is admitted at the next step."""
         seq = Seq(rid=next(self._rid), arrival=self.sim_now(), prompt_len=len(prompt_ids),
                   output_len=max_tokens, hashes=block_hashes(prompt_ids, self.cfg.block_size)
                   if self.cfg.enable_prefix_caching else [])
-        req = SimRequest(seq)
+        req = SimRequest(seq, stream)
         seq.payload = req
         self.core.add(seq)
         if self._wake is not None:
@@ -257,7 +259,8 @@ class EngineLoop:
             else:
                 itl.observe(end - req.last_token)
             req.last_token = end
-            req.event.set()
+            if req.stream:
+                req.event.set()
         for seq in finished:
             req = seq.payload
             if req.aborted:
@@ -314,7 +317,7 @@ def build_app(loop: EngineLoop, *, served_names: Sequence[str], api_key: str | N
                 raise BadRequest(err)
         except BadRequest as e:
             return JSONResponse(e.body(), status_code=e.status)
-        req = loop.submit(p.prompt_ids, p.max_tokens)
+        req = loop.submit(p.prompt_ids, p.max_tokens, p.stream)
         out = Renderer(chat, p.model)
         if p.stream:
             return WatchedStream(sse_body(loop, req, p, out), media_type="text/event-stream")
