@@ -96,6 +96,11 @@ def capacity_per_trial(rep: Report) -> str | None:
         xs = [t.number for t in rep.trials]
         for t in rep.trials:
             cap = t.capacity_rps or 0.0
+            if t.raced_out and not cap and t.capacity_upper_rps:
+                # raced out: an outline up to the rate it failed at (the incumbent's capacity)
+                ax.bar(t.number, t.capacity_upper_rps, width=0.7, fill=False, hatch="//",
+                       edgecolor=STATE_COLOR["PRUNED"])
+                continue
             ax.bar(t.number, cap, color=STATE_COLOR.get(_status(t), "#bbbbbb"), width=0.7,
                    hatch="//" if t.state == "PRUNED" else None, edgecolor="white")
             if t.state == "FAIL" or not t.launched:
@@ -114,7 +119,8 @@ def capacity_per_trial(rep: Report) -> str | None:
                            ("failed", "FAIL")]:
             ax.bar([math.nan], [math.nan], color=STATE_COLOR[key], label=label)
         ax.legend(fontsize=7, loc="upper left")
-        ax.set_title("Capacity per trial, in the order the search ran them")
+        ax.set_title("Capacity per trial, in the order the search ran them (outline: raced out at that "
+                     "rate)", fontsize=9)
         return _svg(fig)
 
 
@@ -211,7 +217,7 @@ def timeseries(rep: Report) -> str | None:
             h2, l2 = ax2.get_legend_handles_labels()
             ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper left")
             ax.set_title(f"{c.label} at {c.knee_metrics.rate:g} req/s", fontsize=9)
-        fig.suptitle("Queue depth and KV usage just above the knee")
+        fig.suptitle("Queue depth and KV usage just above the knee", y=1.04)
         return _svg(fig)
 
 

@@ -1,0 +1,65 @@
+"""`tune` end to end on the simulator, then `tune report` rebuilding the same report from its storage."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.e2e.test_workload_cli import assert_user_error, tune
+
+pytestmark = pytest.mark.e2e
+
+SCENARIO = ["--workload", "workloads/chat.jsonl", "--slo", "workloads/chat.slo.yaml", "--engine", "sim",
+            "--gpu", "rtx4090", "--model", "Qwen/Qwen2.5-7B-Instruct"]
+
+
+def tuned_run(tmp_path_factory: pytest.TempPathFactory, max_trials: int) -> Path:
+    """A real `tune` run of the seed scenario (cached for the session by its trial budget)."""
+    out = tmp_path_factory.getbasetemp() / f"tune-run-{max_trials}"
+    if not (out / "report.json").exists():
+        shutil.rmtree(out, ignore_errors=True)
+        p = tune(*SCENARIO, "--max-trials", str(max_trials), "--out", out, cwd=ROOT)
+        assert p.returncode == 0, (p.stdout, p.stderr)
+    return out
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    return tuned_run(tmp_path_factory, 4)
+
+
+def test_tune_leaves_report_plan_and_gate(run):
+    for name in ("report.md", "report.html", "report.json", "tuned-config.yaml", "gate.yaml",
+                 "plots/knee.svg"):
+        assert (run / name).stat().st_size > 0, name
+    rep = json.loads((run / "report.json").read_text())
+    assert rep["title"].startswith("SIMULATED")
+    assert rep["baseline"]["capacity_rps"] > 0 and rep["tuned"]["capacity_rps"] >= rep["baseline"]["capacity_rps"]
+    assert rep["plan"]["instances"] >= 1
+    md = (run / "report.md").read_text()
+    assert "## Headline" in md and "vllm serve Qwen/Qwen2.5-7B-Instruct" in md
+
+
+def test_tune_report_rebuilds_the_same_report_from_storage(run, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    before = json.loads((copy / "report.json").read_text())
+    for name in ("report.json", "report.md", "report.html", "tuned-config.yaml"):
+        (copy / name).unlink()
+    shutil.rmtree(copy / "plots")
+    p = tune("report", copy, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert "capacity: baseline" in p.stdout
+    after = json.loads((copy / "report.json").read_text())
+    assert before.pop("generated_unix") != 0 and after.pop("generated_unix") != 0
+    assert after == before
+    assert (copy / "tuned-config.yaml").read_text() == (run / "tuned-config.yaml").read_text()
+    assert (copy / "report.md").read_text() == (run / "report.md").read_text()
+
+
+def test_report_of_something_that_is_not_a_run(tmp_path):
+    assert_user_error(tune("report", tmp_path), f"{tmp_path}: no study.db or storage.txt")
