@@ -135,9 +135,11 @@ class SimMetrics:
                       core.generation_tokens)
         success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
                                       labels=[*keys, "finished_reason"])
-        done = {"length": core.requests_finished, "abort": self.aborted}
+        # Client disconnects are not counted here: vLLM's frontend drops an aborted request's state without
+        # recording it as finished (every per-request family stays untouched), so neither do we.
         for reason in FINISHED_REASONS:
-            success.add_metric([*vals, reason], done.get(reason, 0), created=self.started)
+            success.add_metric([*vals, reason], core.requests_finished if reason == "length" else 0,
+                               created=self.started)
         yield success
         cache = self.cache_labels()
         info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
@@ -147,6 +149,8 @@ class SimMetrics:
         # not vLLM's: how far the host fell behind the simulated GPU. A lateness that grows with the load
         # means the CPU, not the modelled GPU, is the bottleneck: raise --time-scale.
         yield counter("sim:engine_steps", "Engine steps the simulator ran.", self.steps)
+        yield counter("sim:aborted_requests", "Requests aborted because their client disconnected.",
+                      self.aborted)
         yield counter("sim:step_lateness_seconds",
                       "Wall seconds by which steps were delivered after their deadlines, summed.", self.late_s)
 
