@@ -87,7 +87,9 @@ def _trials(rep: Report) -> list[Block]:
         if not t.launched and t.launch_failure_kind:
             outcome = f"launch failed ({t.launch_failure_kind}): {(t.launch_failure_message or '')[:160]}"
         elif t.raced_out:
-            outcome = f"raced out: failed at the incumbent's {_n(t.incumbent_before)} req/s"
+            at = t.capacity_upper_rps or t.incumbent_before
+            outcome = (f"raced out: failed its one load run at {_n(at)} req/s (incumbent: "
+                       f"{_n(t.incumbent_before)} req/s)")
         elif t.accepted:
             outcome = "accepted (new incumbent)"
         elif t.state == "COMPLETE":
