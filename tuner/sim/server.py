@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import sys
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -184,6 +185,9 @@ class EngineLoop:
         self._rid = itertools.count()
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+        self.crashed: BaseException | None = None
+        #: Called once if the loop dies (the server shuts itself down and exits 1).
+        self.on_crash: Callable[[], None] | None = None
 
     def sim_now(self) -> float:
         """Seconds on the simulated GPU's clock."""
@@ -217,9 +221,24 @@ class EngineLoop:
     def start(self) -> None:
         self._wake = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self.run(), name="sim-engine-loop")
+        self._task.add_done_callback(self._died)
+
+    def _died(self, task: asyncio.Task) -> None:
+        """An engine loop that crashed must take the server down, as a dead vLLM engine core does:
+        a server that still answers /health but never produces a token would read as an overload."""
+        if task.cancelled() or task.exception() is None:
+            return
+        import traceback
+
+        exc = self.crashed = task.exception()
+        print("ERROR [core.py] EngineCore encountered a fatal error.", file=sys.stderr)
+        traceback.print_exception(exc, file=sys.stderr)
+        sys.stderr.flush()
+        if self.on_crash is not None:
+            self.on_crash()
 
     async def stop(self) -> None:
-        if self._task is not None:
+        if self._task is not None and not self._task.done():  # a crashed loop was reported by _died
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
@@ -368,5 +387,6 @@ def run_server(cfg: ResolvedConfig, *, host: str, port: int, served_names: Seque
     config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False, lifespan="on",
                             timeout_graceful_shutdown=2, timeout_keep_alive=30)
     server = uvicorn.Server(config)
+    loop.on_crash = lambda: setattr(server, "should_exit", True)
     server.run()
-    return 0 if server.started else 1
+    return 0 if server.started and loop.crashed is None else 1
