@@ -148,15 +148,20 @@ def summarize(records: list[RequestRecord], slo: SLO, rate: float, run: LoadRun 
 
 
 def measure(server: Server, workload: Workload, slo: SLO, rate: float, settings: LoadSettings, *,
-            seed: int, max_num_seqs: int | None = None) -> tuple[Measurement, LoadRun]:
+            seed: int, max_num_seqs: int | None = None, salt: int | None = None
+            ) -> tuple[Measurement, LoadRun]:
     """One open-loop load run at `rate`, scored. The same `seed` gives the same requests and the same
     arrival pattern stretched to the rate, so points of one knee curve, and configurations, are compared
-    on common random numbers: their differences are the engine's, not the sampling's."""
+    on common random numbers: their differences are the engine's, not the sampling's. `salt` makes the
+    request-unique prompt text fresh (each load run of one server needs its own)."""
     reqs, times = make_schedule(workload, rate, settings, seed)
     span = times[-1] if times else 0.0
     t = time.perf_counter()
     run = server.run_load(reqs, times, offered_rate=rate, request_timeout_s=settings.request_timeout_s,
-                          warmup_s=settings.warmup_frac * span, cooldown_s=settings.cooldown_frac * span)
+                          warmup_s=settings.warmup_frac * span, cooldown_s=settings.cooldown_frac * span,
+                          prompt_salt=salt)
+    if run.interrupted:  # the HTTP replay returns a Ctrl-C'd run instead of raising: not a measurement
+        raise KeyboardInterrupt
     wall = time.perf_counter() - t
     summary = summarize(run.records, slo, rate, run, 1, wall)
     win = (run.window_start_s, run.window_end_s)
