@@ -70,10 +70,8 @@ def register(app: typer.Typer) -> None:
         try:
             outcome, run_dir = run_tune(opts, reporter)
         except KeyboardInterrupt:
-            print(f"interrupted: the study is saved; continue with: tune --workload {workload} --slo {slo} "
-                  f"--engine {engine} --out {run_dir} --resume" + (f" --gpu {gpu}" if gpu else "")
-                  + (f" --model {model}" if model else ""), file=sys.stderr)
-            raise typer.Exit(130)
+            print(f"interrupted: the study is saved; continue with: {_resume_command(run_dir)}", file=sys.stderr)
+            sys.exit(130)  # not typer.Exit: with standalone_mode=False its code is returned, not used
         _summary(outcome, run_dir, json_out)
 
     @app.command()
@@ -95,8 +93,29 @@ def register(app: typer.Typer) -> None:
                            vllm_python=vllm_python, vllm_command=vllm_command, api_key=api_key)
         except KeyboardInterrupt:
             print("worker interrupted; its trial is recorded and will be retried", file=sys.stderr)
-            raise typer.Exit(130)
+            sys.exit(130)  # not typer.Exit: with standalone_mode=False its code is returned, not used
         print(f"worker done: {n} trials", file=sys.stderr)
+
+
+def _resume_command(run_dir: Path) -> str:
+    """The command as it was typed (every option matters: space, strategy, load sizes), plus --resume and
+    --out; an --api-key value is left out (VLLM_API_KEY in the environment still supplies it)."""
+    import shlex
+
+    args, skip = [], False
+    for a in sys.argv[1:]:
+        if skip or a.startswith("--api-key="):
+            skip = False
+            continue
+        if a == "--api-key":
+            skip = True
+            continue
+        args.append(a)
+    if not any(a == "--out" or a.startswith("--out=") for a in args):
+        args += ["--out", str(run_dir)]
+    if "--resume" not in args:
+        args.append("--resume")
+    return shlex.join(["tune", *args])
 
 
 def _summary(outcome, run_dir: Path, json_out: bool) -> None:
