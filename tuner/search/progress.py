@@ -43,6 +43,8 @@ class RichReporter:
         if rec.launch_failure_kind:
             self.console.print(f"   [yellow]launch failed[/] ({rec.launch_failure_kind}): "
                                f"{(rec.launch_failure_message or '')[:160]}")
+        elif rec.interrupted:
+            self.console.print("   [yellow]interrupted[/]")
         elif rec.raced_out:
             self.console.print("   [dim]raced out: fails at the incumbent's capacity[/]")
         else:
