@@ -236,3 +236,22 @@ def test_tool_exiting_without_stop_still_cleans_up(tmp_path):
     pgid, port = map(int, out.stdout.split())
     assert procs.group_members(pgid) == []
     assert launcher.port_is_free("127.0.0.1", port)
+
+
+def test_server_that_dies_after_healthy_is_noticed(tmp_path):
+    """A launch that came up can still die (OOM under load): run_load refuses to measure a dead server."""
+    from tuner.engine.http import HTTPServer
+    from tuner.workload.model import WorkloadRequest
+
+    proc, info = _launch(tmp_path)
+    server = HTTPServer(proc, info, model="standin")
+    assert server.check_alive() is None
+    with open(proc.log_path, "a") as f:
+        f.write("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    os.kill(proc.pid, signal.SIGKILL)
+    assert _wait(lambda: server.check_alive() is not None, 5)
+    assert server.died.kind == "oom" and "after becoming healthy" in server.died.message
+    with pytest.raises(LaunchFailure):
+        server.run_load([WorkloadRequest(prompt="x", output_tokens=1)], [0.0], offered_rate=1.0)
+    server.stop()
+    assert proc.members() == []
