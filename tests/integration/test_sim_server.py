@@ -392,3 +392,37 @@ def test_tune_sim_serve_passes_flags_to_the_same_parser():
                    module="tuner.cli")
     assert res.returncode == 2
     assert "tune sim serve: error: argument --kv-cache-dtype: invalid choice" in res.stderr
+
+
+def test_a_crashed_engine_loop_takes_the_server_down():
+    """Fault injection in the child: a server whose engine died must exit (non-zero, with the error in
+    its log), not keep answering /health while never producing a token."""
+    port = free_port()
+    code = ("import sys\nfrom tuner.sim import engine\n"
+            "def boom(self, now, events=None):\n    raise RuntimeError('injected fault')\n"
+            "engine.EngineCore.step = boom\nfrom tuner.sim.cli import main\n"
+            f"sys.exit(main(['--gpu', '{GPU}', '--model', '{MODEL}', '--port', '{port}']))\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while proc.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+            assert time.monotonic() < deadline
+        try:
+            status = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "hi"},
+                                timeout=20).status_code
+        except httpx.HTTPError:
+            status = None  # connection closed as the server went down
+        assert status is None or status >= 500
+        out, _ = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1
+    assert "EngineCore encountered a fatal error" in out and "RuntimeError: injected fault" in out
