@@ -59,10 +59,13 @@ class SimServer(Server):
 
     def run_load(self, requests: Sequence[WorkloadRequest], send_times: Sequence[float], *,
                  offered_rate: float, request_timeout_s: float = 120.0, warmup_s: float = 0.0,
-                 cooldown_s: float = 0.0, token_times: bool | None = None) -> LoadRun:
+                 cooldown_s: float = 0.0, token_times: bool | None = None,
+                 prompt_salt: int | None = None) -> LoadRun:
         sims = []
+        if prompt_salt is not None:
+            self._shapes.clear()
         for i, (req, t) in enumerate(zip(requests, send_times)):
-            n, h = self._shape(req, i)
+            n, h = self._shape(req, i if prompt_salt is None else hash((prompt_salt, i)))
             sims.append(SimRequest(float(t), n, req.output_tokens, h))
         # a fresh step clock per load run keeps memory bounded; the KV pool (prefix cache) carries over
         self.core.step_end.clear()

@@ -142,7 +142,13 @@ def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: 
     if gain_pct is not None and abs(gain_pct) < 100 * info.noise_floor:
         out.append(f"The gain over vLLM's defaults ({gain_pct:+.1f}%) is within the noise floor: the "
                    "defaults are as good as anything found.")
-    if tuned.trial is not None and tuned.trial == base.trial:
+    if tuned.capacity_rps is None:
+        low = min((r.rate for r in tuned.knee), default=None)
+        out.append("No configuration met the SLO at any offered rate"
+                   + (f" (the lowest tried: {low:.3g} req/s)" if low else "")
+                   + ": the SLO may be out of reach on this hardware; `tune plan` checks it against the "
+                     "decode floor.")
+    elif tuned.trial is not None and tuned.trial == base.trial:
         out.append("No configuration beat vLLM's defaults: the tuned configuration is the baseline.")
     skipped = counts.get("PRUNED", 0) + counts.get("FAIL", 0)
     if skipped:

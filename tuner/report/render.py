@@ -52,8 +52,10 @@ def _headline(rep: Report) -> list[Block]:
     for r in h.rows:
         name = r.metric if r.metric.startswith("capacity") else f"{r.metric} at ~{_n(h.compare_rate_rps)} req/s"
         rows.append([f"{name} ({r.unit})", _n(r.baseline), _n(r.tuned), _pct(r.change_pct)])
+    where = ("the baseline's capacity" if rep.baseline.capacity_rps is not None else
+             "the baseline's lowest measured rate (it met the SLO nowhere)")
     note = (f"Capacity is each configuration's highest passing offered rate. The other rows compare both at "
-            f"the same offered load, the baseline's capacity: the load runs closest to it "
+            f"the same offered load, {where}: the load runs closest to it "
             f"({_n(h.baseline_run_rate)} req/s for the baseline, {_n(h.tuned_run_rate)} req/s tuned).")
     return [Block("h2", "Headline"), Block("table", rows=rows), Block("p", note)]
 

@@ -62,13 +62,14 @@ class KneeSearch:
         self.on_point = on_point
         self.result = KneeResult(capacity=None, upper=None, points=[])
         self._seed = load.seed  # re-measurements draw fresh requests from seed + 1, + 2, ...
+        self._salt = load.seed * 1000  # every load run renders fresh request-unique prompt text
         self._last_interp = False
 
     # -- measuring ----------------------------------------------------------------------------
     def evaluate(self, rate: float) -> Measurement:
         """Measure `rate`; while the verdict is inside the noise, measure again and pool."""
         m, run = measure(self.server, self.workload, self.slo, rate, self.load, seed=self.load.seed,
-                         max_num_seqs=self.max_num_seqs)
+                         max_num_seqs=self.max_num_seqs, salt=self._next_salt())
         self.result.engine_s += run.duration_s
         records = list(m.records)
         repeats = 1
@@ -76,7 +77,8 @@ class KneeSearch:
         while repeats <= self.knee.remeasure and s.ci_low < s.attainment and \
                 s.ci_low <= self.slo.target <= s.ci_high and 0 < s.badness < BADNESS_CAP:
             m2, run2 = measure(self.server, self.workload, self.slo, rate, self.load,
-                               seed=self._next_seed(), max_num_seqs=self.max_num_seqs)
+                               seed=self._next_seed(), max_num_seqs=self.max_num_seqs,
+                               salt=self._next_salt())
             self.result.engine_s += run2.duration_s
             records += m2.records
             repeats += 1
@@ -84,6 +86,10 @@ class KneeSearch:
             m = Measurement(s, m2.digest, records)
         self._record(m)
         return m
+
+    def _next_salt(self) -> int:
+        self._salt += 1
+        return self._salt
 
     def _next_seed(self) -> int:
         self._seed += 1
@@ -141,6 +147,12 @@ class KneeSearch:
             return min(lo * self._up_factor(self._point(lo)), self.knee.max_rate) \
                 if lo < self.knee.max_rate else None
         if lo is None:
+            fails = [q for q in r.points if not q.passed]
+            if len(fails) >= 2:
+                a, b = fails[-2], fails[-1]
+                keeping_up = b.throughput_rps is not None and b.throughput_rps >= 0.9 * b.rate
+                if keeping_up and a.badness and b.badness and b.badness > 0.9 * a.badness:
+                    return None  # unloaded and still failing: no rate meets this SLO
             nxt = self._down_rate(self._point(hi))
             return nxt if nxt >= self.knee.min_rate else None
         step = 1 + p

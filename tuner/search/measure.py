@@ -70,6 +70,41 @@ def make_schedule(workload: Workload, rate: float, settings: LoadSettings, seed:
     return reqs, poisson_times(n, rate, seed)
 
 
+_SHARED_IDS: dict[int, tuple[Workload, frozenset[int]]] = {}
+
+
+def shared_ids(workload: Workload) -> frozenset[int]:
+    """Prefix block ids that more than one request of the workload uses: real reuse. An id used once is
+    that request's private text."""
+    hit = _SHARED_IDS.get(id(workload))
+    if hit is not None and hit[0] is workload:
+        return hit[1]
+    seen: set[int] = set()
+    shared: set[int] = set()
+    for r in workload.requests:
+        for h in set(r.prefix_hash_ids or ()):
+            (shared if h in seen else seen).add(h)
+    out = frozenset(shared)
+    _SHARED_IDS[id(workload)] = (workload, out)
+    return out
+
+
+def salt_private_ids(requests: list[WorkloadRequest], shared: frozenset[int], salt: int
+                     ) -> list[WorkloadRequest]:
+    """Fresh private blocks for this load run: a knee search replays the same requests at several rates,
+    and with the same private ids the server's prefix cache would remember every prompt of the last run
+    (on real vLLM as on the simulator). Shared ids stay: their reuse is the workload's own."""
+    out = []
+    for r in requests:
+        ids = r.prefix_hash_ids
+        if not ids or all(h in shared for h in ids):
+            out.append(r)
+            continue
+        new = [h if h in shared else -(hash((salt, h)) & 0x3FFFFFFFFFFFFFFF) - 1 for h in ids]
+        out.append(r.model_copy(update={"prefix_hash_ids": new}))
+    return out
+
+
 def badness(records: list[RequestRecord], slo: SLO) -> float:
     """The target-quantile of each request's worst metric/threshold ratio (errors count as infinite).
 
@@ -155,6 +190,8 @@ def measure(server: Server, workload: Workload, slo: SLO, rate: float, settings:
     on common random numbers: their differences are the engine's, not the sampling's. `salt` makes the
     request-unique prompt text fresh (each load run of one server needs its own)."""
     reqs, times = make_schedule(workload, rate, settings, seed)
+    if salt is not None:
+        reqs = salt_private_ids(reqs, shared_ids(workload), salt)
     span = times[-1] if times else 0.0
     t = time.perf_counter()
     run = server.run_load(reqs, times, offered_rate=rate, request_timeout_s=settings.request_timeout_s,

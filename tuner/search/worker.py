@@ -57,7 +57,7 @@ def work(runner: TrialRunner, *, max_trials: int | None = None, idle_exit_s: flo
             continue
         idle_since = None
         trial = study.ask(runner.distributions())
-        if "fixed_params" not in trial.system_attrs:
+        if not _from_queue(study, trial):
             # another worker took the last waiting trial between our look and our ask
             study.tell(trial, state=TrialState.FAIL)
             continue
@@ -65,3 +65,11 @@ def work(runner: TrialRunner, *, max_trials: int | None = None, idle_exit_s: flo
         runner.run_trial(trial, role=role if role in ("grid", "baseline", "candidate") else "grid")
         ran += 1
     return ran
+
+
+def _from_queue(study: optuna.Study, trial: optuna.Trial) -> bool:
+    """Whether `ask` popped an enqueued trial (its `fixed_params` system attribute) rather than creating
+    one. Read from the frozen trial: `optuna.Trial` has no public `system_attrs` in Optuna >= 4."""
+    frozen = next((t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                   if t.number == trial.number), None)
+    return frozen is not None and "fixed_params" in frozen.system_attrs

@@ -112,9 +112,8 @@ def parse_request(raw: bytes, *, chat: bool, served: tuple[str, ...]) -> ParsedR
         if not isinstance(messages, list) or not messages:
             raise BadRequest("messages must be a non-empty list", param="messages")
         ids = tokenize(render_chat(messages))
-        max_tokens = body.get("max_completion_tokens")
-        max_tokens = _int_field(body, "max_tokens", DEFAULT_MAX_TOKENS) if max_tokens is None else \
-            _int_field(body, "max_completion_tokens", DEFAULT_MAX_TOKENS)
+        name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        max_tokens = _int_field(body, name, DEFAULT_MAX_TOKENS)
     else:
         ids = _prompt_ids(body.get("prompt"))
         max_tokens = _int_field(body, "max_tokens", DEFAULT_MAX_TOKENS)
@@ -164,7 +163,8 @@ class Renderer:
 
     def role_event(self) -> bytes:
         """The chat stream's first chunk (role only, no content), sent with the first token as vLLM does."""
-        return self._head + b'"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+        return (self._head
+                + b'"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n')
 
     def token_events(self, start: int, stop: int, total: int) -> bytes:
         """SSE events for output tokens start..stop-1 (one event each) of a `total`-token completion."""
