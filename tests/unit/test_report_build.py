@@ -185,3 +185,23 @@ def test_pooled_goodput_is_capped_at_the_offered_rate():
     assert sane_goodput(p).goodput == pytest.approx(0.99 * 6.0)
     single = p.model_copy(update={"repeats": 1, "goodput": 5.9})
     assert sane_goodput(single).goodput == 5.9
+
+
+def test_a_study_where_nothing_met_the_slo(tmp_path_factory, tmp_path):
+    src = load_study_data(fixture_study(tmp_path_factory))
+    run = tmp_path / "hopeless"
+    run.mkdir()
+    study = optuna.create_study(storage=f"sqlite:///{run / 'study.db'}", study_name="slo-tuner",
+                                direction="maximize")
+    study.set_user_attr("info", src.info.model_dump(mode="json"))
+    base = src.trials[0].record
+    failing = [r.model_copy(update={"passed": False}) for r in base.load_runs]
+    base = base.model_copy(update={"capacity_rps": None, "load_runs": failing, "accepted": False,
+                                   "latency_at_capacity": None})
+    study.add_trial(optuna.trial.create_trial(value=0.0, user_attrs={"record": base.model_dump(mode="json")}))
+    rep = write_report(run)
+    assert rep.tuned.capacity_rps is None and rep.plan is None
+    assert rep.headline.compare_rate_rps == min(r.rate for r in failing)
+    assert any("No configuration met the SLO at any offered rate" in c for c in rep.caveats)
+    assert not (run / "gate.yaml").exists()        # nothing to gate
+    assert "met the SLO nowhere" in (run / "report.md").read_text()
