@@ -29,9 +29,15 @@ BADNESS_CAP = 4.0  # beyond this a point is simply "far over": do not extrapolat
 class KneeSettings:
     precision: float = 0.05        # stop when (lowest fail / highest pass) - 1 <= precision
     max_runs: int = 12
-    remeasure: int = 1             # extra load runs for a point whose CI straddles the target
+    remeasure: int = 1             # extra load runs for a point whose CI straddles the target ...
+    remeasure_band: float = 0.05   # ... and whose badness is this close to 1 (the verdict is a coin flip)
     min_rate: float = 0.01
     max_rate: float = 10_000.0
+    #: With no incumbent to race, first send the whole run at once (rate inf): what the engine then
+    #: serves is its maximum throughput, an upper bound on the knee that saves the doubling climb.
+    probe_saturation: bool = True
+    saturation_rate: float = 1e6
+    knee_guess: float = 0.8   # first guess of the knee as a fraction of that throughput
 
 
 @dataclass
@@ -64,6 +70,7 @@ class KneeSearch:
         self._seed = load.seed  # re-measurements draw fresh requests from seed + 1, + 2, ...
         self._salt = load.seed * 1000  # every load run renders fresh request-unique prompt text
         self._last_interp = False
+        self._probe: LoadRunSummary | None = None  # the rate-inf run: an upper-bound hint, not a point
 
     # -- measuring ----------------------------------------------------------------------------
     def evaluate(self, rate: float) -> Measurement:
@@ -74,8 +81,8 @@ class KneeSearch:
         records = list(m.records)
         repeats = 1
         s = m.summary
-        while repeats <= self.knee.remeasure and s.ci_low < s.attainment and \
-                s.ci_low <= self.slo.target <= s.ci_high and 0 < s.badness < BADNESS_CAP:
+        while repeats <= self.knee.remeasure and s.ci_low <= self.slo.target <= s.ci_high and \
+                abs(s.badness - 1.0) <= self.knee.remeasure_band:
             m2, run2 = measure(self.server, self.workload, self.slo, rate, self.load,
                                seed=self._next_seed(), max_num_seqs=self.max_num_seqs,
                                salt=self._next_salt())
@@ -99,6 +106,11 @@ class KneeSearch:
         s = m.summary
         r = self.result
         r.points.append(s)
+        if s.rate >= self.knee.saturation_rate:
+            self._probe = s
+            if self.on_point:
+                self.on_point(s)
+            return
         if s.passed:
             if r.capacity is None or s.rate > r.capacity:
                 r.capacity, r.pass_digest, r.pass_records = s.rate, m.digest, m.records
@@ -124,10 +136,9 @@ class KneeSearch:
         g = p.badness if p.badness is not None and math.isfinite(p.badness) else BADNESS_CAP * 10
         served = p.throughput_rps
         if g >= BADNESS_CAP:
-            guess = p.rate / 2
-            if served and served < p.rate:
-                guess = max(guess, 0.9 * served)
-            return guess
+            if served and served < 0.9 * p.rate:  # overloaded: it served its maximum throughput
+                return self.knee.knee_guess * served
+            return p.rate / 2
         return p.rate / min(2.0, 1.0 + max(self.knee.precision * 2, (g - 1.0)))
 
     def _interpolate(self, lo: float, hi: float) -> float:
@@ -141,16 +152,22 @@ class KneeSearch:
     def next_rate(self, start: float) -> float | None:
         r, p = self.result, self.knee.precision
         lo, hi = r.capacity, r.upper
+        if lo is None and hi is None and self._probe is not None:
+            served = self._probe.throughput_rps
+            return max(self.knee.min_rate, self.knee.knee_guess * served) if served else start
         if lo is None and hi is None:
             return start
         if hi is None:
-            return min(lo * self._up_factor(self._point(lo)), self.knee.max_rate) \
-                if lo < self.knee.max_rate else None
+            nxt = lo * self._up_factor(self._point(lo))
+            mu = self._probe.throughput_rps if self._probe else None
+            if mu and lo < 1.1 * mu:  # the burst's throughput says where the knee can be
+                nxt = min(nxt, max(lo * (1 + 2 * p), 1.1 * mu))
+            return min(nxt, self.knee.max_rate) if lo < self.knee.max_rate else None
         if lo is None:
             fails = [q for q in r.points if not q.passed]
             if len(fails) >= 2:
                 a, b = fails[-2], fails[-1]
-                keeping_up = b.throughput_rps is not None and b.throughput_rps >= 0.9 * b.rate
+                keeping_up = b.throughput_rps is not None and b.throughput_rps >= 0.8 * b.rate
                 if keeping_up and a.badness and b.badness and b.badness > 0.9 * a.badness:
                     return None  # unloaded and still failing: no rate meets this SLO
             nxt = self._down_rate(self._point(hi))
@@ -182,6 +199,12 @@ class KneeSearch:
             m = self.evaluate(race_rate)
             if not m.summary.passed:
                 self.result.raced_out = True
+                return self.result
+        elif self.knee.probe_saturation:
+            m = self.evaluate(self.knee.saturation_rate)
+            served = m.summary.throughput_rps
+            if m.summary.passed and served:  # meets the SLO with everything at once: capacity >= served
+                self.result.capacity = served
                 return self.result
         try:
             while self.result.runs < self.knee.max_runs:

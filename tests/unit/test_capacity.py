@@ -1,0 +1,74 @@
+"""The knee search on the in-process simulator: brackets to its precision, races, knows when to stop."""
+
+import pytest
+
+from tuner.engine.sim import SimEngine
+from tuner.knobs import Knobs
+from tuner.search.capacity import KneeSettings, find_capacity
+from tuner.search.measure import LoadSettings, badness, salt_private_ids, shared_ids
+from tuner.slo import SLO
+from tuner.workload.model import Workload, WorkloadRequest
+
+LOAD = LoadSettings(requests=400)
+
+
+def chat(n=400):
+    reqs = [WorkloadRequest(prompt_tokens=300 + (i * 37) % 500, output_tokens=100 + (i * 53) % 200,
+                            prefix_hash_ids=list(range(8)) + [10_000 + i], hash_block_size=32)
+            for i in range(n)]
+    return Workload(name="chat", source_format="tuner", requests=reqs)
+
+
+def slo(ttft=400, tpot=60):
+    return SLO(ttft={"max_ms": ttft}, tpot={"max_ms": tpot})
+
+
+def server(**knobs):
+    return SimEngine("rtx4090", "qwen2.5-7b", token_times=False).launch(Knobs(**knobs))
+
+
+@pytest.mark.parametrize("probe", [True, False])
+def test_brackets_the_knee_to_the_precision(probe):
+    r = find_capacity(server(), chat(), slo(), start_rate=1.0, load=LOAD,
+                      knee=KneeSettings(precision=0.05, probe_saturation=probe))
+    assert r.capacity and r.upper
+    assert r.upper / r.capacity <= 1.05 + 1e-9
+    at = [p for p in r.points if p.rate == r.capacity][-1]
+    above = [p for p in r.points if p.rate == r.upper][-1]
+    assert at.passed and at.attainment >= 0.99 and not above.passed
+    assert r.runs <= 12
+
+
+def test_a_worse_candidate_is_raced_out_in_one_load_run():
+    good = find_capacity(server(), chat(), slo(), start_rate=1.0, load=LOAD)
+    worse = find_capacity(server(max_num_seqs=8), chat(), slo(), start_rate=1.0, load=LOAD,
+                          race_rate=good.capacity * 1.05)
+    assert worse.raced_out and worse.runs == 1 and worse.capacity is None
+
+
+def test_an_slo_below_the_decode_floor_stops_without_a_capacity():
+    # p99 TPOT 15 ms on a GPU whose decode floor is 21.5 ms: no rate can meet it
+    r = find_capacity(server(), chat(), slo(tpot=15), start_rate=1.0, load=LOAD)
+    assert r.capacity is None
+    assert r.runs <= 5
+
+
+def test_badness_is_one_exactly_on_the_slo():
+    from tuner.replay.record import RequestRecord
+
+    recs = [RequestRecord(index=i, scheduled_s=0, sent_s=0, first_token_s=0.1 * (i + 1), finish_s=10,
+                          output_tokens=2) for i in range(100)]
+    s = SLO(ttft={"max_ms": 9900}, target=0.99)  # the 99th fastest TTFT is 9.9 s
+    assert badness(recs, s) == pytest.approx(1.0)
+    recs[0].error = "boom"
+    assert badness(recs, s) == pytest.approx(10.0 / 9.9)
+
+
+def test_private_prompt_blocks_are_fresh_per_run_and_shared_ones_stay():
+    w = chat(10)
+    shared = shared_ids(w)
+    assert shared == frozenset(range(8))
+    a = salt_private_ids(w.requests, shared, 1)
+    b = salt_private_ids(w.requests, shared, 2)
+    assert a[0].prefix_hash_ids[:8] == b[0].prefix_hash_ids[:8] == list(range(8))
+    assert a[0].prefix_hash_ids[8] != b[0].prefix_hash_ids[8]
