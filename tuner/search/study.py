@@ -94,6 +94,27 @@ def open_study(url: str, *, create: bool, resume: bool) -> optuna.Study:
                                load_if_exists=True)
 
 
+def close_orphans(study: optuna.Study) -> int:
+    """Mark trials left RUNNING by a killed tool as interrupted (FAIL), so they are re-run, not shown as
+    running forever. Only for SQLite, which one tool uses at a time and which has no heartbeats to time
+    them out; on a shared database a RUNNING trial may be another worker's (heartbeats handle those)."""
+    from optuna.trial import TrialState
+
+    from tuner.search.records import TrialRecord
+
+    n = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        knobs = {**{k: v for k, v in t.params.items() if v is not None}, **t.user_attrs.get("extra_knobs", {})}
+        role = t.user_attrs.get("role") or ("baseline" if not knobs else "candidate")
+        rec = TrialRecord(number=t.number, role=role if role in ("baseline", "candidate", "grid") else "candidate",
+                          knobs=knobs, interrupted=True)
+        trial = optuna.Trial(study, t._trial_id)
+        trial.set_user_attr("record", rec.model_dump(mode="json"))
+        study.tell(trial, state=TrialState.FAIL)
+        n += 1
+    return n
+
+
 def engine_defaults(opts: TuneOptions) -> dict[str, Any]:
     """vLLM's values for unset knobs on this GPU, where the GPU is known (constraints, directions)."""
     if not opts.gpu:
@@ -177,6 +198,8 @@ def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outco
             reap_stale(d)
     url = storage_url(opts)
     study = open_study(url, create=True, resume=opts.resume)
+    if opts.resume and url.startswith("sqlite"):
+        close_orphans(study)
     if not url.startswith("sqlite"):
         (opts.out / "storage.txt").write_text(url + "\n")
     (opts.out / "study_name.txt").write_text(STUDY_NAME + "\n")
