@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1
 VENV=.venv-vllm
 MODEL=.tiny-model
-# .ci/run clears .ci/env before the setup scripts; each appends its own exports
+# .ci/run clears .ci/env before the setup scripts; each appends its own exports. Run alone, drop our old line.
+[ -f .ci/env ] && sed -i '/TUNER_VLLM_PYTHON=/d' .ci/env
 start=$(date +%s)
 if ! "$VENV/bin/python" -c 'import vllm, transformers' >/dev/null 2>&1; then
   rm -rf "$VENV"
