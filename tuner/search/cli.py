@@ -20,6 +20,10 @@ def _sigterm_to_interrupt() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+VLLM_ARG_HELP = ("vllm: one more `vllm serve` argument, after the knobs (repeatable); write it with '=': "
+                 "--vllm-arg=--enforce-eager --vllm-arg=--kv-cache-memory-bytes=4194304")
+
+
 def register(app: typer.Typer) -> None:
     @app.callback(invoke_without_command=True)
     def tune(
@@ -47,6 +51,7 @@ def register(app: typer.Typer) -> None:
         time_scale: float = typer.Option(1.0, help="sim-http: simulated GPU runs this many times slower."),
         vllm_python: Optional[str] = typer.Option(None, help="vllm: interpreter of a venv with vLLM."),
         vllm_command: Optional[str] = typer.Option(None, help="vllm: launch template with {model} {port} {host} {args}."),
+        vllm_arg: Optional[list[str]] = typer.Option(None, "--vllm-arg", help=VLLM_ARG_HELP),
         api_key: Optional[str] = typer.Option(None, envvar="VLLM_API_KEY", help="API key (env VLLM_API_KEY)."),
     ) -> None:
         """Tune vllm serve for the most traffic inside the SLO; writes report, plan and gate to --out."""
@@ -64,7 +69,8 @@ def register(app: typer.Typer) -> None:
                            time_budget_s=time_budget, storage=storage, resume=resume, seed=seed,
                            precision=precision, start_rate=start_rate, requests_per_run=requests_per_run,
                            max_run_s=max_run_s, arrival=arrival, noise=noise, time_scale=time_scale,
-                           vllm_python=vllm_python, vllm_command=vllm_command, api_key=api_key)
+                           vllm_python=vllm_python, vllm_command=vllm_command, vllm_args=list(vllm_arg or []),
+                           api_key=api_key)
         _sigterm_to_interrupt()
         reporter = RichReporter()
         try:
@@ -82,6 +88,7 @@ def register(app: typer.Typer) -> None:
         idle_exit: float = typer.Option(10.0, help="Exit after this many seconds with nothing to do."),
         vllm_python: Optional[str] = typer.Option(None),
         vllm_command: Optional[str] = typer.Option(None),
+        vllm_arg: Optional[list[str]] = typer.Option(None, "--vllm-arg", help=VLLM_ARG_HELP),
         api_key: Optional[str] = typer.Option(None, envvar="VLLM_API_KEY"),
     ) -> None:
         """Work on a shared study: run the configurations queued in its storage until none are left."""
@@ -90,7 +97,8 @@ def register(app: typer.Typer) -> None:
         _sigterm_to_interrupt()
         try:
             n = run_worker(out, storage=storage, max_trials=max_trials, idle_exit_s=idle_exit,
-                           vllm_python=vllm_python, vllm_command=vllm_command, api_key=api_key)
+                           vllm_python=vllm_python, vllm_command=vllm_command, vllm_args=list(vllm_arg or []),
+                           api_key=api_key)
         except KeyboardInterrupt:
             print("worker interrupted; its trial is recorded and will be retried", file=sys.stderr)
             sys.exit(130)  # not typer.Exit: with standalone_mode=False its code is returned, not used

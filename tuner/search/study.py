@@ -261,7 +261,7 @@ def write_outputs(run_dir: Path) -> list[Path]:
 
 def run_worker(run_dir: Path, *, storage: str | None = None, max_trials: int | None = None,
                idle_exit_s: float = 10.0, vllm_python: str | None = None, vllm_command: str | None = None,
-               api_key: str | None = None) -> int:
+               vllm_args: list[str] | None = None, api_key: str | None = None) -> int:
     """`tune worker`: join the study in `run_dir` (or `storage`) and run its queued trials."""
     url = storage or storage_url(TuneOptions(workload=Path(), slo=Path(), out=run_dir))
     study = open_study(url, create=False, resume=True)
@@ -269,7 +269,7 @@ def run_worker(run_dir: Path, *, storage: str | None = None, max_trials: int | N
     opts = TuneOptions(workload=Path(info.workload_path), slo=Path(info.slo_path), out=run_dir,
                        engine=info.engine, gpu=info.gpu, model=info.model, strategy=info.strategy,
                        precision=info.precision, vllm_python=vllm_python, vllm_command=vllm_command,
-                       api_key=api_key)
+                       vllm_args=list(vllm_args or []), api_key=api_key)
     workload, slo, _ = prepare(opts)
     space = SearchSpace(**info.search_space)
     engine = make_engine(opts, slo)
