@@ -32,7 +32,7 @@ MINUTES_PER_LOAD_RUN = 1.5    # a ~60 s load run plus drain and scrape
 
 
 def load_settings(sc, seed: int = 0) -> LoadSettings:
-    return LoadSettings(requests=300 if "rag" in sc.name else 500, arrival=sc.arrival, seed=seed)
+    return LoadSettings(requests=150 if "rag" in sc.name else 500, arrival=sc.arrival, seed=seed)
 
 
 def true_capacity(sc, knobs: Knobs, workload, slo, memo: dict) -> float:

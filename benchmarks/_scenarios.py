@@ -41,8 +41,8 @@ CHAT_SPACE = _space("bench-chat", max_num_seqs=[32, 64, 128, 256, 512],
                     max_num_batched_tokens=[512, 1024, 2048, 4096, 8192],
                     kv_cache_dtype=["auto", "fp8"], enable_prefix_caching=[True, False])
 RAG_SPACE = _space("bench-rag", max_num_seqs=[16, 64, 256, 1024],
-                   max_num_batched_tokens=[2048, 4096, 8192, 16384],
-                   gpu_memory_utilization=[0.85, 0.92, 0.95], kv_cache_dtype=["auto", "fp8"])
+                   max_num_batched_tokens=[2048, 8192, 16384],
+                   gpu_memory_utilization=[0.92, 0.95], kv_cache_dtype=["auto", "fp8"])
 
 SCENARIOS = [
     Scenario("chat-rtx4090", "rtx4090", "qwen2.5-7b", "workloads/chat.jsonl", "workloads/chat.slo.yaml",

@@ -37,6 +37,28 @@ def block_hashes(tokens: Sequence[int], block_size: int = BLOCK_SIZE) -> list[in
     return out
 
 
+_ID_CHAIN: dict[tuple, tuple[tuple[int, ...], int]] = {}
+
+
+def _id_chain(parent: int, hid: int, start: int, first: int, count: int, block_size: int
+              ) -> tuple[tuple[int, ...], int]:
+    """Chained hashes of `count` blocks inside one id block, memoised: a shared document's chain is
+    computed once, not once per request that quotes it."""
+    key = (parent, hid, start, first, count, block_size)
+    hit = _ID_CHAIN.get(key)
+    if hit is None:
+        out = []
+        p = parent
+        for j in range(count):
+            p = hash((p, (hid, first + j * block_size - start)))
+            out.append(p)
+        hit = (tuple(out), p)
+        if len(_ID_CHAIN) > 200_000:
+            _ID_CHAIN.clear()
+        _ID_CHAIN[key] = hit
+    return hit
+
+
 def block_hashes_from_ids(hash_ids: Sequence[int], hash_block_size: int, prompt_tokens: int,
                           unique: int, block_size: int = BLOCK_SIZE) -> list[int]:
     """Block hashes for a prompt described by trace hash ids (Mooncake: one id per 512-token block).
@@ -47,14 +69,18 @@ def block_hashes_from_ids(hash_ids: Sequence[int], hash_block_size: int, prompt_
     out: list[int] = []
     parent = 0
     n_full = prompt_tokens // block_size
-    n_ids = len(hash_ids)
-    for b in range(n_full):
-        start = b * block_size
-        k = start // hash_block_size
-        if k < n_ids and (start + block_size) <= (k + 1) * hash_block_size:
-            key = (hash_ids[k], start - k * hash_block_size)
-        else:
-            key = (unique, b, -1)  # 3-tuple: never equal to an id key
-        parent = hash((parent, key))
+    b = 0
+    for k, hid in enumerate(hash_ids):
+        start = k * hash_block_size
+        # full sim blocks that lie entirely inside id block k
+        first_b = -(-start // block_size)
+        last_b = min(n_full, ((k + 1) * hash_block_size) // block_size)
+        if first_b != b or last_b <= first_b:
+            break
+        chain, parent = _id_chain(parent, hid, start, first_b * block_size, last_b - first_b, block_size)
+        out.extend(chain)
+        b = last_b
+    for bb in range(b, n_full):
+        parent = hash((parent, (unique, bb, -1)))  # 3-tuple: never equal to an id key
         out.append(parent)
     return out

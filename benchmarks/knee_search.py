@@ -1,0 +1,139 @@
+"""Load runs needed to measure one configuration's capacity: ours against the peers' rate searches.
+
+- ours: badness-interpolated bracketing with noise-aware re-measurement (tuner/search/capacity.py);
+- doubling + bisection (vLLM `bench sweep serve_sla`): double the rate from the start until the SLO
+  fails, then bisect until the bracket is within the precision;
+- step-down (vLLM `auto_tune.sh`): one run at rate inf, then from int(throughput) + 1 down 1 req/s at a
+  time until the SLO holds (its precision is 1 req/s, whatever the capacity).
+
+All three start from the same rate, use the same load runs and pass/fail rule, on every benchmark
+scenario's vLLM-default and grid-optimal configuration, with simulator noise on, over several seeds.
+Printed: median load runs, and the median error of the capacity found against the noise-free truth.
+Target (issue 7): ours needs at most half the load runs of doubling + bisection at the same precision.
+
+Run: python benchmarks/knee_search.py [--seeds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import zlib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import NOISE, ground_truth, load_settings  # noqa: E402
+from _scenarios import SCENARIOS  # noqa: E402
+
+from tuner.engine.sim import SimEngine  # noqa: E402
+from tuner.knobs import Knobs  # noqa: E402
+from tuner.search.capacity import KneeSettings, find_capacity  # noqa: E402
+from tuner.search.measure import measure  # noqa: E402
+from tuner.search.runner import knobs_key  # noqa: E402
+
+PRECISION = 0.05
+START = 1.0
+
+
+class Counter:
+    def __init__(self, server, workload, slo, load):
+        self.server, self.workload, self.slo, self.load = server, workload, slo, load
+        self.runs = 0
+
+    def passes(self, rate: float) -> tuple[bool, float | None]:
+        self.runs += 1
+        m, _ = measure(self.server, self.workload, self.slo, rate, self.load, seed=self.load.seed,
+                       salt=self.runs)
+        return m.summary.passed, m.summary.throughput_rps
+
+
+def doubling_bisection(c: Counter) -> float | None:
+    lo, hi, rate = None, None, START
+    while hi is None and rate < 1e4:
+        ok, _ = c.passes(rate)
+        if ok:
+            lo, rate = rate, rate * 2
+        else:
+            hi = rate
+    if lo is None:  # the start already fails: halve until it passes
+        rate = START / 2
+        while lo is None and rate > 0.01:
+            ok, _ = c.passes(rate)
+            if ok:
+                lo = rate
+            else:
+                hi, rate = rate, rate / 2
+    if lo is None or hi is None:
+        return lo
+    while hi / lo > 1 + PRECISION:
+        mid = (lo + hi) / 2
+        ok, _ = c.passes(mid)
+        lo, hi = (mid, hi) if ok else (lo, mid)
+    return lo
+
+
+def step_down(c: Counter) -> float | None:
+    ok, thr = c.passes(1e6)
+    if ok:
+        return thr
+    rate = int(thr or 1) + 1
+    while rate > 0:
+        ok, _ = c.passes(float(rate))
+        if ok:
+            return float(rate)
+        rate -= 1
+    return None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS))
+    args = ap.parse_args(argv)
+    out = {}
+    print(f"{'scenario':18s} {'config':8s} {'truth':>7s}  {'ours runs':>9s} {'err':>5s}  "
+          f"{'dbl+bisect':>10s} {'err':>5s}  {'step-down':>9s} {'err':>5s}")
+    all_ratio = []
+    for sc in [s for s in SCENARIOS if s.name in args.scenarios.split(",")]:
+        gt = ground_truth(sc)
+        best = max(gt, key=gt.get)
+        workload, slo = sc.workload(), sc.slo()
+        for label, key in (("default", "{}"), ("optimum", best)):
+            knobs = Knobs(**json.loads(key))
+            truth = gt[key]
+            res = {"ours": [], "dbl": [], "step": []}
+            for seed in range(args.seeds):
+                eng = SimEngine(sc.gpu, sc.model, noise=NOISE, token_times="itl" in slo.thresholds,
+                                launch_seed=lambda k, s=seed: zlib.crc32(f"{s}:{knobs_key(k)}".encode()))
+                load = load_settings(sc, seed)
+                srv = eng.launch(knobs)
+                r = find_capacity(srv, workload, slo, start_rate=START, load=load,
+                                  knee=KneeSettings(precision=PRECISION), max_num_seqs=srv.cfg.max_num_seqs)
+                res["ours"].append((r.runs, r.capacity))
+                for name, fn in (("dbl", doubling_bisection), ("step", step_down)):
+                    c = Counter(eng.launch(knobs), workload, slo, load)
+                    res[name].append((c.runs, fn(c)))
+            row = {}
+            for name, vals in res.items():
+                runs = statistics.median(v[0] for v in vals)
+                err = statistics.median(abs((v[1] or 0) / truth - 1) for v in vals) if truth else float("nan")
+                row[name] = {"runs_median": runs, "error_median": err, "all": vals}
+            all_ratio.append(row["ours"]["runs_median"] / row["dbl"]["runs_median"])
+            out[f"{sc.name}/{label}"] = {"truth": truth, **row}
+            print(f"{sc.name:18s} {label:8s} {truth:7.2f}  {row['ours']['runs_median']:9.1f} "
+                  f"{row['ours']['error_median']:5.1%}  {row['dbl']['runs_median']:10.1f} "
+                  f"{row['dbl']['error_median']:5.1%}  {row['step']['runs_median']:9.1f} "
+                  f"{row['step']['error_median']:5.1%}")
+    print(f"\nours / doubling+bisection load runs: median {statistics.median(all_ratio):.2f} "
+          f"(target <= 0.5), worst {max(all_ratio):.2f}")
+    dest = Path(__file__).resolve().parent / "results"
+    dest.mkdir(exist_ok=True)
+    (dest / "knee_search.json").write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
