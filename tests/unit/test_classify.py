@@ -155,3 +155,12 @@ def test_strip_prefix():
                         "ValueError: x") == "ValueError: x"
     assert strip_prefix("INFO 05-01 10:00:00.123 [core.py:1] hello") == "hello"
     assert strip_prefix("plain line") == "plain line"
+
+
+def test_warnings_that_name_a_limitation_do_not_classify():
+    text = ("(EngineCore pid=1) WARNING 11-29 10:00:00 [cpu.py:1] FP8 KV cache is not supported on CPU, "
+            "falling back to auto\n"
+            "(EngineCore pid=1) INFO 11-29 10:00:00 [x.py:1] Try increasing gpu_memory_utilization if "
+            "you see No available memory for the cache blocks\n"
+            "KeyError: 'rope_scaling'\n")
+    assert classify_failure(text, returncode=1) == ("crash", "KeyError: 'rope_scaling'")

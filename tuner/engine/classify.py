@@ -114,7 +114,9 @@ def classify_failure(text: str, *, returncode: int | None = None, timed_out: boo
     lines = text.splitlines()
     for kind, pattern in _RULES:
         for i, line in enumerate(lines):
-            if pattern.search(line):
+            # INFO/WARNING lines may name a limitation vLLM works around ("... not supported on CPU,
+            # falling back"); only error lines and bare traceback lines can say why a launch died.
+            if pattern.search(line) and not _NOT_ERROR.search(line):
                 return kind, _message_at(lines, i)
     if timed_out:
         last = last_line(text)
