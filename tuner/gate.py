@@ -28,7 +28,6 @@ from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs
 
 DEFAULT_TOLERANCE = 0.10
-ENGINES = ("sim", "sim-http", "vllm")
 
 
 class FileRef(BaseModel):
@@ -207,22 +206,15 @@ class GateResult(BaseModel):
     measured_capacity_rps: float | None = None
 
 
-def make_engine(name: str, gpu: str | None, model: str | None, work_dir: Path):
-    if name not in ENGINES:
-        raise UserError(f"unknown engine {name!r} (known: {', '.join(ENGINES)})", field="--engine")
-    if name in ("sim", "sim-http") and (not gpu or not model):
-        raise UserError("the gate file has no gpu/model for the simulator", field="--engine")
-    if name == "sim":
-        from tuner.engine.sim import SimEngine
+def make_engine(name: str, gate: GateFile, work_dir: Path, workload: Path, slo: Path,
+                options: dict | None = None):
+    """The engine, built exactly as `tune` builds it (`tuner.search.study.make_engine`); `options` are
+    tune's engine options: `vllm_python`, `vllm_command`, `vllm_args`, `api_key`, `time_scale`."""
+    from tuner.search.study import TuneOptions, make_engine as tune_engine
 
-        return SimEngine(gpu, model)
-    if name == "sim-http":
-        from tuner.engine.sim_http import SimHTTPEngine
-
-        return SimHTTPEngine(gpu, model, run_dir=work_dir)
-    from tuner.engine.vllm import VllmEngine
-
-    return VllmEngine(model, run_root=work_dir)
+    opts = TuneOptions(workload=workload, slo=slo, out=work_dir, engine=name, gpu=gate.gpu, model=gate.model,
+                       **(options or {}))
+    return tune_engine(opts)
 
 
 GATE_SEED = 1000      # the gate's load runs draw fresh arrivals and requests, not the search's own
@@ -255,7 +247,7 @@ def check_rate(server, workload, slo, rate: float, load, *, max_runs: int = MAX_
 
 
 def _measure(gate: GateFile, engine_name: str, knobs: dict, workload_path: Path, slo_path: Path,
-             full: bool, work_dir: Path) -> tuple[list[Check], float | None]:
+             full: bool, work_dir: Path, engine_options: dict | None) -> tuple[list[Check], float | None]:
     from tuner.search.capacity import find_capacity
     from tuner.search.measure import measure
     from tuner.slo import load_slo
@@ -263,7 +255,12 @@ def _measure(gate: GateFile, engine_name: str, knobs: dict, workload_path: Path,
 
     workload, slo = load_workload(workload_path), load_slo(slo_path)
     load = load_settings(gate.load or default_load(engine_name))
-    engine = make_engine(engine_name, gate.gpu, gate.model, work_dir)
+    if engine_name != gate.engine and (engine_name == "sim") != (gate.engine == "sim"):
+        # sized for virtual time (1000 requests a run) or for the wall clock (200 within 60 s): re-size
+        # for the engine it runs on now, keeping the arrival process and seed
+        load = load_settings({**default_load(engine_name, load.arrival), "seed": load.seed,
+                              "burstiness": load.burstiness})
+    engine = make_engine(engine_name, gate, work_dir, workload_path, slo_path, engine_options)
     checks: list[Check] = []
     t0 = time.perf_counter()
     try:
@@ -311,7 +308,7 @@ def _measure(gate: GateFile, engine_name: str, knobs: dict, workload_path: Path,
 def run_gate(gate_path: str | Path, *, engine: str | None = None, overrides: list[str] | None = None,
              full: bool = False, allow_changed: bool = False, workload: str | None = None,
              slo: str | None = None, junit: str | Path | None = None,
-             work_dir: str | Path | None = None) -> GateResult:
+             work_dir: str | Path | None = None, engine_options: dict | None = None) -> GateResult:
     """Re-measure the gated configuration; see the module docstring for the verdicts and exit codes."""
     import tempfile
 
@@ -339,8 +336,13 @@ def run_gate(gate_path: str | Path, *, engine: str | None = None, overrides: lis
         if junit:
             write_junit(result, junit)
         raise UserError("; ".join(changed) + ": re-run `tune` for a new gate, or pass --allow-changed")
-    wd = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="tune-gate-"))
-    measured, cap = _measure(gate, engine_name, knobs, workload_path, slo_path, full, wd)
+    if work_dir is not None:
+        measured, cap = _measure(gate, engine_name, knobs, workload_path, slo_path, full, Path(work_dir),
+                                 engine_options)
+    else:  # server logs live only as long as the gate; pass work_dir to keep them
+        with tempfile.TemporaryDirectory(prefix="tune-gate-") as wd:
+            measured, cap = _measure(gate, engine_name, knobs, workload_path, slo_path, full, Path(wd),
+                                     engine_options)
     checks += measured
     ok = all(c.passed or c.skipped for c in checks)
     result = GateResult(exit_code=0 if ok else 1, verdict="PASS" if ok else "FAIL", checks=checks,

@@ -97,13 +97,20 @@ def gate(gate_file: Path = typer.Argument(..., help="gate.yaml written by a tuni
          workload: Optional[str] = typer.Option(None, "--workload", help="Workload file (default: recorded)."),
          slo: Optional[str] = typer.Option(None, "--slo", help="SLO file (default: recorded)."),
          junit: Optional[Path] = typer.Option(None, "--junit", help="Write JUnit XML here."),
+         vllm_python: Optional[str] = typer.Option(None, help="vllm: interpreter of a venv with vLLM."),
+         vllm_command: Optional[str] = typer.Option(None, help="vllm: launch template with {model} {port} "
+                                                                "{host} {args}."),
+         api_key: Optional[str] = typer.Option(None, envvar="VLLM_API_KEY", help="API key (env VLLM_API_KEY)."),
+         time_scale: float = typer.Option(1.0, help="sim-http: simulated GPU runs this many times slower."),
          ) -> None:
     """Re-measure the gated configuration: exit 0 pass, 1 regression, 2 bad input."""
     from tuner.gate import apply_overrides, format_result, load_gate, run_gate
 
     g = load_gate(gate_file)
     res = run_gate(gate_file, engine=engine, overrides=override, full=full, allow_changed=allow_changed,
-                   workload=workload, slo=slo, junit=junit)
+                   workload=workload, slo=slo, junit=junit,
+                   engine_options=dict(vllm_python=vllm_python, vllm_command=vllm_command, api_key=api_key,
+                                       time_scale=time_scale))
     print(format_result(res, g, engine or g.engine, apply_overrides(g.knobs, override)))
     if junit:
         print(f"junit: {junit}")
