@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import optuna
 from optuna.trial import TrialState
@@ -49,6 +50,17 @@ class NullReporter:
     def trial_started(self, number, knobs, role): pass
     def point(self, number, point): pass
     def trial_done(self, record, incumbent): pass
+
+
+@contextmanager
+def _heartbeats(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
+    """Optuna sends a trial's heartbeats only inside `Study.optimize`; trials run through ask/tell (all of
+    ours) got none, and a trial without heartbeats is never found stale, so a dead worker's trial stayed
+    RUNNING forever and was never retried. A no-op for storages without a heartbeat (SQLite)."""
+    from optuna.storages._heartbeat import get_heartbeat_thread
+
+    with get_heartbeat_thread(trial._trial_id, study._storage):
+        yield
 
 
 def knobs_key(knobs: Knobs) -> str:
@@ -113,9 +125,14 @@ class TrialRunner:
         return self.run_trial(trial, role=role, changed_knob=changed_knob, race_rate=race_rate,
                               start_rate=start_rate, incumbent=incumbent, accept_above=accept_above)
 
-    def run_trial(self, trial: optuna.Trial, *, role: str, changed_knob: str | None = None,
-                  race_rate: float | None = None, start_rate: float | None = None,
-                  incumbent: float | None = None, accept_above: float | None = None) -> TrialRecord:
+    def run_trial(self, trial: optuna.Trial, *, role: str, **kw: Any) -> TrialRecord:
+        """Run `trial` (see `_run_trial`), sending heartbeats meanwhile where the storage wants them."""
+        with _heartbeats(self.study, trial):
+            return self._run_trial(trial, role=role, **kw)
+
+    def _run_trial(self, trial: optuna.Trial, *, role: str, changed_knob: str | None = None,
+                   race_rate: float | None = None, start_rate: float | None = None,
+                   incumbent: float | None = None, accept_above: float | None = None) -> TrialRecord:
         params = {k: trial.params.get(k) for k in self.space.knobs}
         knobs = Knobs(**{k: v for k, v in {**params, **trial.user_attrs.get("extra_knobs", {})}.items()
                          if v is not None})
