@@ -9,6 +9,7 @@ one is re-run, and a server orphaned by a SIGKILLed tool is found by its pidfile
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,10 +79,26 @@ def storage_url(opts: TuneOptions) -> str:
     return f"sqlite:///{(opts.out / 'study.db').resolve()}"
 
 
+def _env_seconds(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UserError(f"must be a whole number of seconds >= 1, got {raw!r}", field=name)
+    return value
+
+
 def open_study(url: str, *, create: bool, resume: bool) -> optuna.Study:
-    heartbeat = None if url.startswith("sqlite") else 30
+    """Shared databases get heartbeats: a trial silent for the grace period (its worker died) is failed
+    and retried. Interval and grace: env TUNER_HEARTBEAT_S (30) and TUNER_HEARTBEAT_GRACE_S (3x)."""
+    heartbeat = None if url.startswith("sqlite") else _env_seconds("TUNER_HEARTBEAT_S", 30)
+    grace = _env_seconds("TUNER_HEARTBEAT_GRACE_S", 3 * heartbeat) if heartbeat else None
     storage = optuna.storages.RDBStorage(
-        url, heartbeat_interval=heartbeat, grace_period=90 if heartbeat else None,
+        url, heartbeat_interval=heartbeat, grace_period=grace,
         failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=2) if heartbeat else None,
         engine_kwargs={"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {})
     names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
