@@ -155,6 +155,10 @@ class TrialRunner:
                                           evidence={"failure": e.kind}, knobs=lesson[0],
                                           directions=lesson[1])
             return self._tell(trial, rec, TrialState.FAIL, t0)
+        except KeyboardInterrupt:  # Ctrl-C while the server comes up (vLLM: minutes); the launcher stopped it
+            rec.interrupted = True
+            self._tell(trial, rec, TrialState.FAIL, t0)
+            raise
         rec.launched = True
         rec.kv_cache_tokens, rec.max_concurrency = server.info.kv_cache_tokens, server.info.max_concurrency
         search = KneeSearch(server, self.workload, self.slo, self.load, self.knee,
