@@ -142,3 +142,27 @@ def test_sigkill_mid_trial_leaves_no_server_and_resume_finishes_the_grid(tmp_pat
     # the whole grid (baseline + 2 configurations) measured exactly once, the killed one included
     assert sorted(knobs_of(t) for t in done) == sorted(['{}', '{"max_num_seqs": 128}', '{"max_num_seqs": 32}'])
     assert any(knobs_of(t) == knobs_of(killed) and t.number > number for t in done)
+
+
+def test_ctrl_c_while_the_server_starts_is_recorded_as_interrupted(tmp_path: Path, spawn) -> None:
+    """Real vLLM takes minutes to come up; Ctrl-C then must stop it and record the trial as interrupted
+    (not leave it RUNNING). A stand-in server that never gets healthy plays vLLM."""
+    out = tmp_path / "run"
+    template = f"{sys.executable} -m tuner.testing.standin_server --port {{port}} --startup-delay 300 {{args}}"
+    args = study_args(out, "vllm", "--model", "standin", "--vllm-command", template)
+    p = spawn(args, tmp_path / "tune.log")
+
+    def starting():
+        if p.poll() is not None:
+            raise AssertionError(f"tune exited early ({p.poll()}):\n{p.output()}")
+        recs = server_pidfiles(out)
+        running = [n for n, s in sqlite_states(out / "study.db") if s == "RUNNING"]
+        return recs[0] if recs and running and not port_is_free(recs[0]["port"]) else None
+    srv = wait_for(starting, 60, 0.1, "the stand-in server to be starting")
+    p.ctrl_c()
+    assert p.wait(timeout=60) == 130, p.output()
+    assert "Traceback" not in p.output()
+    assert server_gone(srv) and session_members(p.pid) == []
+    (trial,) = load_trials(sqlite_url(out))
+    assert trial.state == TrialState.FAIL, trial.state
+    assert record(trial)["interrupted"] is True and record(trial)["launched"] is False, record(trial)
