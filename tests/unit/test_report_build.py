@@ -57,12 +57,40 @@ def test_headline_compares_at_the_baselines_capacity(rep):
     assert h.compare_rate_rps == rep.baseline.capacity_rps
     b = closest_run(rep.baseline.knee, h.compare_rate_rps)
     t = closest_run(rep.tuned.knee, h.compare_rate_rps)
-    rows = {r.metric: r for r in h.rows}
-    assert rows["capacity within the SLO"].tuned == rep.tuned.capacity_rps
-    assert rows["p99 TTFT"].baseline == b.p99_ms["ttft"] and rows["p99 TTFT"].tuned == t.p99_ms["ttft"]
-    assert rows["p99 E2EL"].tuned == t.p99_ms["e2el"]
-    assert rows["goodput"].baseline <= 1.2 * b.rate      # never above the offered rate
+    same = {r.metric: r for r in h.rows if r.at == "same_rate"}
+    own = {r.metric: r for r in h.rows if r.at == "capacity"}
+    assert own["capacity within the SLO"].tuned == rep.tuned.capacity_rps
+    assert same["p99 TTFT"].baseline == b.p99_ms["ttft"]
+    if abs(t.rate / h.compare_rate_rps - 1) <= 0.15:
+        assert same["p99 TTFT"].tuned == t.p99_ms["ttft"] and h.tuned_closest_rate is None
+    else:  # never measured near the baseline's capacity: no pretend comparison
+        assert same["p99 TTFT"].tuned is None and h.tuned_closest_rate == t.rate
+    at_cap = closest_run(rep.tuned.knee, rep.tuned.capacity_rps)
+    assert at_cap.passed and own["p99 TPOT"].tuned == at_cap.p99_ms["tpot"] <= 50
+    assert own["goodput"].baseline <= 1.2 * rep.baseline.capacity_rps     # never above the offered rate
     assert h.capacity_gain_pct == pytest.approx(100 * (rep.tuned.capacity_rps / rep.baseline.capacity_rps - 1))
+
+
+def _run(rate, ok=True, ttft=100.0):
+    return LoadRunSummary(rate=rate, n=800, attainment=0.995 if ok else 0.9, ci_low=0.98, ci_high=0.999,
+                          passed=ok, goodput=rate, p99_ms={"ttft": ttft, "tpot": 30.0, "e2el": 9000.0})
+
+
+def test_same_rate_rows_only_from_runs_near_the_comparison_rate():
+    from tuner.report.build import headline
+    from tuner.report.model import ConfigSummary
+
+    base = ConfigSummary(label="b", capacity_rps=6.0, knee=[_run(4.0), _run(6.0, ttft=280), _run(7, False)])
+    near = ConfigSummary(label="t", capacity_rps=12.0, knee=[_run(6.5, ttft=90), _run(12.0), _run(13, False)])
+    h = headline(base, near)
+    same = {r.metric: r for r in h.rows if r.at == "same_rate"}
+    assert same["p99 TTFT"].baseline == 280 and same["p99 TTFT"].tuned == 90 and h.tuned_run_rate == 6.5
+    far = near.model_copy(update={"knee": [_run(12.0, ttft=250), _run(13, False)]})
+    h = headline(base, far)
+    same = {r.metric: r for r in h.rows if r.at == "same_rate"}
+    own = {r.metric: r for r in h.rows if r.at == "capacity"}
+    assert same["p99 TTFT"].tuned is None and h.tuned_closest_rate == 12.0
+    assert own["p99 TTFT"].tuned == 250 and own["p99 TTFT"].baseline == 280
 
 
 def test_gain_is_attributed_knob_by_knob_and_adds_up(rep):

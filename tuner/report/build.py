@@ -83,27 +83,45 @@ def _pct(b: float | None, t: float | None) -> float | None:
     return 100.0 * (t - b) / b if b not in (None, 0) and t is not None else None
 
 
+MAX_RATE_GAP = 0.15  # a load run further than this from the comparison rate is not "the same offered load"
+
+
+def _near(runs, rate):
+    r = closest_run(runs, rate)
+    return r if r is not None and rate and abs(r.rate / rate - 1) <= MAX_RATE_GAP else None
+
+
 def headline(base: ConfigSummary, tuned: ConfigSummary) -> Headline:
-    """Capacity, then goodput, attainment and p99s of both configs at the baseline's capacity (the load
-    run of each config closest to that rate), so the latencies are compared at the same offered load."""
+    """Capacity and goodput at each config's capacity, then goodput, attainment and p99s of both configs
+    at the baseline's capacity (the load run of each config closest to that rate, if within 15% of it),
+    so the latencies are compared at the same offered load; and the p99s at each config's own capacity,
+    which the search always measured."""
     rate = base.capacity_rps
     if rate is None:  # the baseline passed nowhere: compare at its lowest measured rate
         rate = min((r.rate for r in base.knee), default=None)
-    b, t = closest_run(base.knee, rate), closest_run(tuned.knee, rate)
+    b, t = _near(base.knee, rate), _near(tuned.knee, rate)
+    bc, tc = closest_run(base.knee, base.capacity_rps), closest_run(tuned.knee, tuned.capacity_rps)
     rows = [HeadlineRow(metric="capacity within the SLO", unit="req/s", baseline=base.capacity_rps,
-                        tuned=tuned.capacity_rps, change_pct=_pct(base.capacity_rps, tuned.capacity_rps))]
+                        tuned=tuned.capacity_rps, change_pct=_pct(base.capacity_rps, tuned.capacity_rps),
+                        better="higher", at="capacity")]
 
-    def row(metric: str, unit: str, f, better: str = "lower") -> None:
-        bv, tv = (f(b) if b else None), (f(t) if t else None)
+    def row(metric: str, unit: str, f, better: str, at: str) -> None:
+        x, y = (b, t) if at == "same_rate" else (bc if base.capacity_rps else None,
+                                                  tc if tuned.capacity_rps else None)
+        bv, tv = (f(x) if x else None), (f(y) if y else None)
         rows.append(HeadlineRow(metric=metric, unit=unit, baseline=bv, tuned=tv, change_pct=_pct(bv, tv),
-                                better=better))
+                                better=better, at=at))
 
-    row("goodput", "req/s", lambda r: r.goodput, "higher")
-    row("attainment", "%", lambda r: 100.0 * r.attainment, "higher")
-    for m in ("ttft", "tpot", "e2el"):
-        row(f"p99 {m.upper()}", "ms", lambda r, m=m: r.p99_ms.get(m))
+    row("goodput", "req/s", lambda r: r.goodput, "higher", "capacity")
+    row("goodput", "req/s", lambda r: r.goodput, "higher", "same_rate")
+    row("attainment", "%", lambda r: 100.0 * r.attainment, "higher", "same_rate")
+    for at in ("same_rate", "capacity"):
+        for m in ("ttft", "tpot", "e2el"):
+            row(f"p99 {m.upper()}", "ms", lambda r, m=m: r.p99_ms.get(m), "lower", at)
+    tn = closest_run(tuned.knee, rate)
     return Headline(compare_rate_rps=rate, baseline_run_rate=b.rate if b else None,
                     tuned_run_rate=t.rate if t else None,
+                    tuned_closest_rate=tn.rate if tn and t is None else None,
                     capacity_gain_pct=_pct(base.capacity_rps, tuned.capacity_rps), rows=rows)
 
 

@@ -39,14 +39,16 @@ class HeadlineRow(BaseModel):
     tuned: float | None = None
     change_pct: float | None = None
     better: str = "higher"             # which direction is an improvement: higher | lower
+    at: str = "same_rate"              # same_rate: both at the comparison rate; capacity: each at its own
 
 
 class Headline(BaseModel):
     """Baseline vs tuned: capacity, and the other numbers at (nearly) the same offered rate."""
 
     compare_rate_rps: float | None = None     # the baseline's capacity
-    baseline_run_rate: float | None = None    # the load run of each config closest to it
-    tuned_run_rate: float | None = None
+    baseline_run_rate: float | None = None    # the load run of each config closest to it (None: none
+    tuned_run_rate: float | None = None       # within 15% of it, so no same-rate comparison)
+    tuned_closest_rate: float | None = None   # set when the tuned config was not measured near the rate
     capacity_gain_pct: float | None = None
     rows: list[HeadlineRow] = Field(default_factory=list)
 

@@ -50,14 +50,25 @@ def _headline(rep: Report) -> list[Block]:
     h = rep.headline
     rows = [["", rep.baseline.label, "tuned", "change"]]
     for r in h.rows:
-        name = r.metric if r.metric.startswith("capacity") else f"{r.metric} at ~{_n(h.compare_rate_rps)} req/s"
+        if r.metric.startswith("capacity"):
+            name = r.metric
+        elif r.at == "capacity":
+            name = f"{r.metric} at its own capacity"
+        else:
+            name = f"{r.metric} at ~{_n(h.compare_rate_rps)} req/s"
         rows.append([f"{name} ({r.unit})", _n(r.baseline), _n(r.tuned), _pct(r.change_pct)])
     where = ("the baseline's capacity" if rep.baseline.capacity_rps is not None else
              "the baseline's lowest measured rate (it met the SLO nowhere)")
-    note = (f"Capacity is each configuration's highest passing offered rate. The other rows compare both at "
-            f"the same offered load, {where}: the load runs closest to it "
-            f"({_n(h.baseline_run_rate)} req/s for the baseline, {_n(h.tuned_run_rate)} req/s tuned).")
-    return [Block("h2", "Headline"), Block("table", rows=rows), Block("p", note)]
+    note = (f"Capacity is each configuration's highest passing offered rate. The \"at ~{_n(h.compare_rate_rps)} "
+            f"req/s\" rows compare both at the same offered load, {where}, using each configuration's load "
+            f"run closest to it")
+    if h.tuned_closest_rate is not None:
+        note += (f"; the search never measured the tuned configuration near that rate (closest: "
+                 f"{_n(h.tuned_closest_rate)} req/s), so its same-rate cells are empty: compare the "
+                 f"at-capacity rows, where each configuration carries its own (higher) load")
+    else:
+        note += f" ({_n(h.baseline_run_rate)} req/s for the baseline, {_n(h.tuned_run_rate)} req/s tuned)"
+    return [Block("h2", "Headline"), Block("table", rows=rows), Block("p", note + ".")]
 
 
 def _attribution(rep: Report) -> list[Block]:
