@@ -3,7 +3,7 @@
 httpcore's pool re-examines every connection (and every idle one against all the others) each time a
 request starts or ends, so its cost grows with the square of the connections it holds. An open-loop run
 with a few hundred streams in flight spent most of its CPU there and sent requests hundreds of ms late
-(measured with benchmarks/replay_precision.py). Spreading requests over `shards` clients, each request to
+(measured with benchmarks/replay_precision.py). Spreading requests over `shards` transports, each request to
 the least busy one, keeps every pool small; no pool has a connection limit that could queue a request,
 because a queued request would be a silently delayed one.
 """
