@@ -233,3 +233,12 @@ def test_a_study_where_nothing_met_the_slo(tmp_path_factory, tmp_path):
     assert any("No configuration met the SLO at any offered rate" in c for c in rep.caveats)
     assert not (run / "gate.yaml").exists()        # nothing to gate
     assert "met the SLO nowhere" in (run / "report.md").read_text()
+
+
+def test_the_saturation_probe_is_not_a_point_of_the_knee(run, rep):
+    stored = load_study_data(run).trials[0].record.load_runs
+    probes = [r for r in stored if r.rate >= 1e5]
+    assert all(r.rate < 1e5 for r in rep.baseline.knee + rep.tuned.knee)
+    if probes:  # the search sent the whole run at once: its throughput is the engine's ceiling
+        assert rep.baseline.saturation_rps == probes[0].throughput_rps
+        assert len(rep.baseline.knee) == len({r.rate for r in stored}) - 1

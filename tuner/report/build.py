@@ -17,7 +17,8 @@ from tuner.errors import UserError
 from tuner.knobs import Knobs
 from tuner.plan import format_plan, plan_for_study
 from tuner.report.model import (ConfigSummary, Headline, HeadlineRow, Report, TrialRow, WorkloadRef)
-from tuner.report.select import attribution, closest_run, knee_curve, pick_configs
+from tuner.report.select import (attribution, closest_run, knee_curve, pick_configs,
+                                  saturation_throughput)
 from tuner.report.storage import StudyData, TrialView, load_study_data
 from tuner.search.records import StudyInfo
 from tuner.slo import SLO
@@ -75,6 +76,7 @@ def _summary(label: str, t: TrialView | None) -> ConfigSummary:
     return ConfigSummary(label=label, trial=t.number, knobs=r.knobs, serve_args=serve_args(r.knobs),
                          capacity_rps=r.capacity_rps, capacity_upper_rps=r.capacity_upper_rps,
                          kv_cache_tokens=r.kv_cache_tokens, knee=knee_curve(r.load_runs),
+                         saturation_rps=saturation_throughput(r.load_runs),
                          diagnosis=r.diagnosis, knee_metrics=r.knee_metrics,
                          latency_at_capacity=r.latency_at_capacity)
 

@@ -27,6 +27,7 @@ class ConfigSummary(BaseModel):
     capacity_upper_rps: float | None = None
     kv_cache_tokens: int | None = None
     knee: list[LoadRunSummary] = Field(default_factory=list)
+    saturation_rps: float | None = None      # finished req/s with the whole run sent at once (if probed)
     diagnosis: Diagnosis | None = None
     knee_metrics: MetricsDigest | None = None
     latency_at_capacity: LatencyQuantiles | None = None

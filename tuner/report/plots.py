@@ -52,6 +52,9 @@ def _plot_config(ax, c: ConfigSummary, f, color: str, label: str) -> None:
                edgecolors=color, s=22, zorder=3)
     if c.capacity_rps:
         ax.axvline(c.capacity_rps, color=color, ls=":", lw=1)
+    if c.saturation_rps and ax.get_ylabel().startswith("goodput"):
+        ax.axhline(c.saturation_rps, color=color, ls="-.", lw=0.8,
+                   label=f"served when all sent at once ({c.saturation_rps:.3g}/s)")
 
 
 def knee_curves(rep: Report) -> str | None:
@@ -66,6 +69,7 @@ def knee_curves(rep: Report) -> str | None:
     with plt.rc_context(RC):
         fig, axes = plt.subplots(1, len(panels), figsize=(12, 3.6))
         for ax, (ylabel, f, th) in zip(axes, panels):
+            ax.set_ylabel(ylabel)
             same = rep.tuned.trial == rep.baseline.trial
             _plot_config(ax, rep.baseline, f, BASE, "baseline (defaults)")
             if not same:
@@ -112,8 +116,8 @@ def capacity_per_trial(rep: Report) -> str | None:
             inc.append(best if best is not None else math.nan)
         ax.step(xs, inc, where="mid", color="#2ca02c", lw=1.2, label="incumbent")
         ax.set_xticks(xs)
-        ax.set_xticklabels([f"{t.number}\n{(t.changed_knob or t.role)[:14]}" for t in rep.trials],
-                           fontsize=6.5)
+        ax.set_xticklabels([f"{t.number} {(t.changed_knob or t.role)}" for t in rep.trials],
+                           fontsize=6.5, rotation=45, ha="right")
         ax.set_ylabel("capacity (req/s within the SLO)")
         for label, key in [("accepted", "accepted"), ("rejected", "COMPLETE"), ("raced out", "PRUNED"),
                            ("failed", "FAIL")]:
@@ -178,8 +182,8 @@ def latency_cdfs(rep: Report) -> str | None:
         for ax, m in zip(axes[0], metrics):
             if b is not None and m in b.values_ms and rep.baseline.trial != rep.tuned.trial:
                 ax.plot(b.values_ms[m], b.q, color=BASE,
-                        label=f"baseline @ {rep.baseline.capacity_rps:g} req/s")
-            ax.plot(t.values_ms[m], t.q, color=TUNED, label=f"tuned @ {rep.tuned.capacity_rps:g} req/s")
+                        label=f"baseline @ {rep.baseline.capacity_rps:.3g} req/s")
+            ax.plot(t.values_ms[m], t.q, color=TUNED, label=f"tuned @ {rep.tuned.capacity_rps:.3g} req/s")
             th = (rep.slo.get(m) or {}).get("max_ms")
             if th:
                 ax.axvline(th, color="#d62728", ls="--", lw=1, label=f"SLO {th:g} ms")
@@ -216,7 +220,7 @@ def timeseries(rep: Report) -> str | None:
             h1, l1 = ax.get_legend_handles_labels()
             h2, l2 = ax2.get_legend_handles_labels()
             ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper left")
-            ax.set_title(f"{c.label} at {c.knee_metrics.rate:g} req/s", fontsize=9)
+            ax.set_title(f"{c.label} at {c.knee_metrics.rate:.3g} req/s", fontsize=9)
         fig.suptitle("Queue depth and KV usage just above the knee", y=1.04)
         return _svg(fig)
 

@@ -8,6 +8,8 @@ accepted trials: each changed (mostly) one knob, so capacity before -> after is 
 
 from __future__ import annotations
 
+import math
+
 from pydantic import BaseModel
 
 from tuner.knobs import Knobs
@@ -120,9 +122,23 @@ def sane_goodput(r: LoadRunSummary) -> LoadRunSummary:
     return r
 
 
+SATURATION_RPS = 1e5  # a "rate" no single instance serves: the knee search's send-everything-at-once probe
+
+
+def is_probe(r: LoadRunSummary) -> bool:
+    return not math.isfinite(r.rate) or r.rate >= SATURATION_RPS
+
+
 def knee_curve(runs: list[LoadRunSummary]) -> list[LoadRunSummary]:
-    """Load runs sorted by rate, one per rate (the last measurement of a rate wins: it pooled repeats)."""
+    """Load runs sorted by rate, one per rate (the last measurement of a rate wins: it pooled repeats).
+    The saturation probe (the whole run sent at once) is a hint for the search, not a point of the curve."""
     by_rate: dict[float, LoadRunSummary] = {}
     for r in runs:
-        by_rate[r.rate] = sane_goodput(r)
+        if not is_probe(r):
+            by_rate[r.rate] = sane_goodput(r)
     return [by_rate[k] for k in sorted(by_rate)]
+
+
+def saturation_throughput(runs: list[LoadRunSummary]) -> float | None:
+    """Requests per second the engine finished when everything was sent at once: its service ceiling."""
+    return next((r.throughput_rps for r in runs if is_probe(r) and r.throughput_rps), None)
