@@ -122,7 +122,8 @@ def write_gate(run_dir: str | Path, *, path: str | Path | None = None,
                     capacity_rps=rec.capacity_rps, capacity_upper_rps=rec.capacity_upper_rps,
                     attainment=knee[-1].attainment if knee else None,
                     attainment_ci=[knee[-1].ci_low, knee[-1].ci_high] if knee else None,
-                    tolerance=tolerance, load=default_load(info.engine, info.arrival),
+                    tolerance=tolerance,
+                    load=getattr(info, "load", None) or default_load(info.engine, info.arrival),
                     source_run=str(run_dir), source_trial=tuned.number if tuned else None)
     out = Path(path) if path is not None else Path(run_dir) / "gate.yaml"
     head = ("# Regression gate written by slo-tuner: `tune gate gate.yaml` re-measures this configuration.\n"

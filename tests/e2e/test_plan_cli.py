@@ -68,3 +68,21 @@ def test_bad_input_is_one_line_and_exit_2(args, expected):
 
 def test_not_a_run_directory(tmp_path):
     assert_user_error(tune("plan", tmp_path / "nope"), f"{tmp_path / 'nope'}: no such run directory")
+
+
+def test_plan_from_a_run_directory(tmp_path_factory):
+    import math
+
+    from tests.conftest import ROOT
+    from tests.e2e.test_report_cli import tuned_run
+
+    run = tuned_run(tmp_path_factory, 4)
+    cap = json.loads((run / "report.json").read_text())["tuned"]["capacity_rps"]
+    p = tune("plan", run, "--json", cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert d["speed_gate_rps"] == cap and d["peak_rate"] == 50 and d["headroom"] == 0.7
+    assert d["instances"] == math.ceil(50 / (0.7 * cap)) and d["gpus"] == d["instances"]
+    assert d["memory_gate"]["kv_pool_tokens"] > 0
+    over = tune("plan", run, "--peak-rate", "100", "--json", cwd=ROOT)
+    assert json.loads(over.stdout)["instances"] == math.ceil(100 / (0.7 * cap))
