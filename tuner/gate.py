@@ -2,9 +2,12 @@
 
 Every run leaves `gate.yaml`: the tuned knobs, the engine/GPU/model, the workload and SLO files with their
 SHA-256, the measured capacity with its bracket and confidence interval, and a tolerance (10%). `tune gate`
-launches that configuration again and runs one open-loop load run at capacity x (1 - tolerance): the SLO
-must still hold there. With `--full` it also re-measures the capacity. The rate is below the knee by the
-tolerance on purpose: a check exactly at the knee would fail half the time on noise alone.
+launches that configuration again (with the study runner's own engine, load-run and scoring code), warms
+it with one run at half the rate, and measures at capacity x (1 - tolerance): the SLO must still hold
+there. Runs there are pooled (up to three, fresh draws each) while the verdict is inside the noise, and
+only an attainment whose whole 95% interval lies below the target fails. With `--full` it also
+re-measures the capacity. The rate is below the knee by the tolerance on purpose: a check exactly at the
+knee would fail half the time on noise alone.
 
 Inputs that changed since the gate was written are reported as such and stop the gate (exit 2) unless
 `--allow-changed`: a new workload has a new knee, and comparing against the old one would be silent
