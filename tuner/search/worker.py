@@ -50,9 +50,11 @@ def work(runner: TrialRunner, *, max_trials: int | None = None, idle_exit_s: flo
         if not waiting:
             # a stale trial of a dead worker is failed (and re-enqueued) when anyone asks; trigger it
             optuna.storages.fail_stale_trials(study)
+            if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+                continue  # a dead worker's trial, queued again just now
             running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
             now = time.monotonic()
-            idle_since = idle_since or now
+            idle_since = None if running else (idle_since or now)  # idle: nothing queued *or running*
             if not running and now - idle_since >= idle_exit_s:
                 break
             time.sleep(poll_s)
