@@ -1,0 +1,153 @@
+"""Scale-out on a real PostgreSQL: `tune --strategy grid --storage URL` queues the grid, `tune worker`
+processes share it. Every configuration runs exactly once, and a worker killed mid-trial costs nothing: its
+trial stops sending heartbeats, is failed as stale and retried by another worker, and the queue drains.
+
+Needs `TUNER_TEST_POSTGRES_URL` (written to .ci/env by .ci/setup-postgres.sh); each test gets a database
+of its own, dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import (GPU, MODEL, SIM_HTTP_LOAD, SLO, TUNE_FIX, WORKLOAD, knobs_of, load_trials,
+                                port_is_free, record, server_gone, server_pidfiles, spawn, tune, tune_env,
+                                wait_for)
+
+URL = os.environ.get("TUNER_TEST_POSTGRES_URL")
+
+pytestmark = [
+    pytest.mark.postgres,
+    pytest.mark.skipif(not URL, reason="no PostgreSQL: TUNER_TEST_POSTGRES_URL is unset (run "
+                                       ".ci/setup-postgres.sh, then source .ci/env)"),
+]
+
+# Fast heartbeats so a dead worker's trial is found stale in seconds (defaults: 30 s, grace 90 s).
+HEARTBEAT_ENV = {"TUNER_HEARTBEAT_S": "1", "TUNER_HEARTBEAT_GRACE_S": "4"}
+
+
+@pytest.fixture
+def pg_url():
+    """A fresh database for one test (the study name is fixed, so one study per database)."""
+    import sqlalchemy as sa
+
+    try:
+        admin = sa.create_engine(URL, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
+        with admin.connect() as c:
+            c.execute(sa.text("SELECT 1"))
+    except Exception as e:  # the server is gone since setup: a skip with the reason, not an error
+        pytest.skip(f"PostgreSQL at TUNER_TEST_POSTGRES_URL does not answer: {e.__class__.__name__}: {e}")
+    name = f"tuner_{uuid.uuid4().hex[:12]}"
+    with admin.connect() as c:
+        c.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = admin.url.set(database=name).render_as_string(hide_password=False)
+    yield url
+    with admin.connect() as c:
+        c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def leader_args(out: Path, url: str, engine: str, space: Path) -> list[str]:
+    """The study's creator: runs the baseline, queues the grid, and (with one launch of budget) leaves the
+    queue to the workers."""
+    args = ["--workload", WORKLOAD, "--slo", SLO, "--engine", engine, "--gpu", GPU, "--model", MODEL,
+            "--strategy", "grid", "--search-space", space, "--storage", url, "--max-trials", "1", "--out", out]
+    if engine == "sim-http":
+        args += [*SIM_HTTP_LOAD, "--precision", "1.0"]  # a coarse knee: grid trials are not raced
+    else:
+        args += ["--requests-per-run", "400"]
+    return [str(a) for a in args]
+
+
+def worker_args(out: Path, url: str, idle_exit: float = 3) -> list[str]:
+    return ["worker", "--out", str(out), "--storage", url, "--idle-exit", str(idle_exit)]
+
+
+def trials_done(p) -> int:
+    m = re.search(r"worker done: (\d+) trials", p.output() if hasattr(p, "output") else p.stderr)
+    assert m, p.output() if hasattr(p, "output") else p.stderr
+    return int(m.group(1))
+
+
+def start_leader(tmp_path: Path, url: str, engine: str, space: Path, grid: int):
+    from optuna.trial import TrialState
+
+    lead = tune(*leader_args(tmp_path / "leader", url, engine, space), timeout=180, env=tune_env(**HEARTBEAT_ENV))
+    assert lead.returncode == 0, lead.stderr
+    trials = load_trials(url)
+    assert [t.state for t in trials] == [TrialState.COMPLETE] + [TrialState.WAITING] * grid, \
+        [(t.number, t.state) for t in trials]
+    assert (tmp_path / "leader" / "storage.txt").read_text().strip() == url
+    return trials
+
+
+def assert_grid_done_once(url: str, grid: int) -> list:
+    from optuna.trial import TrialState
+
+    trials = load_trials(url)
+    assert not [t for t in trials if t.state in (TrialState.WAITING, TrialState.RUNNING)], \
+        [(t.number, t.state) for t in trials]
+    done = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    keys = [knobs_of(t) for t in done]
+    assert len(set(keys)) == len(keys), f"a configuration ran twice: {sorted(keys)}"
+    assert len(keys) == grid + 1, sorted(keys)  # the baseline and every grid configuration
+    return trials
+
+
+def test_two_workers_share_the_grid_each_configuration_once(tmp_path: Path, pg_url: str, spawn) -> None:
+    start_leader(tmp_path, pg_url, "sim", TUNE_FIX / "space_grid8.yaml", grid=8)
+    # two hosts: each its own run directory, the database shared
+    workers = [spawn(worker_args(tmp_path / f"w{i}", pg_url), tmp_path / f"w{i}.log",
+                     env=tune_env(**HEARTBEAT_ENV)) for i in (1, 2)]
+    for w in workers:
+        assert w.wait(timeout=180) == 0, w.output()
+        assert "Traceback" not in w.output()
+    assert sum(trials_done(w) for w in workers) == 8, [w.output()[-300:] for w in workers]
+    assert_grid_done_once(pg_url, grid=8)
+
+
+def test_the_queue_drains_when_a_worker_is_killed_mid_trial(tmp_path: Path, pg_url: str, spawn) -> None:
+    """One queued configuration; the worker running it is SIGKILLed mid-trial while a second worker waits.
+    The dead worker's trial stops sending heartbeats, is failed as stale, and re-queued; the second worker
+    runs it and the queue drains."""
+    from optuna.trial import TrialState
+
+    start_leader(tmp_path, pg_url, "sim-http", TUNE_FIX / "space1.yaml", grid=1)
+    env = tune_env(**HEARTBEAT_ENV)
+    victim = spawn(worker_args(tmp_path / "w1", pg_url), tmp_path / "w1.log", env=env)
+    seen: dict[int, float] = {}
+
+    def under_load():
+        """The first worker's server has been up for 2 s: its trial is in the middle of its load runs
+        (`tune worker` prints no progress, so its run directory tells)."""
+        assert victim.poll() is None, victim.output()
+        recs = [r for r in server_pidfiles(tmp_path / "w1") if not port_is_free(r["port"])]
+        if len(recs) != 1:
+            return None
+        first = seen.setdefault(recs[0]["pid"], time.monotonic())
+        return recs[0] if time.monotonic() - first > 2.0 else None
+    srv = wait_for(under_load, 120, 0.2, "the first worker's trial to be under load")
+    (running,) = [t for t in load_trials(pg_url) if t.state == TrialState.RUNNING]
+
+    survivor = spawn(worker_args(tmp_path / "w2", pg_url), tmp_path / "w2.log", env=env)
+    time.sleep(2)  # the second worker is up, finds the queue empty and the trial running: it waits
+    assert survivor.poll() is None, survivor.output()
+    victim.kill()
+    wait_for(lambda: server_gone(srv), 20, what=f"the killed worker's server to go: {srv}")
+
+    assert survivor.wait(timeout=180) == 0, survivor.output()
+    assert "Traceback" not in survivor.output()
+    assert trials_done(survivor) == 1
+    trials = assert_grid_done_once(pg_url, grid=1)
+    stale = next(t for t in trials if t.number == running.number)
+    assert stale.state == TrialState.FAIL and not record(stale), (stale.state, record(stale))
+    retried = [t for t in trials if t.system_attrs.get("failed_trial") == stale.number]
+    assert len(retried) == 1 and retried[0].state in (TrialState.COMPLETE, TrialState.PRUNED), retried
+    assert knobs_of(retried[0]) == knobs_of(stale) == '{"max_num_seqs": 64}'
+    assert record(retried[0])["capacity_rps"] and record(retried[0])["role"] == "grid"
