@@ -227,6 +227,9 @@ def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outco
                          load=load_settings(opts, engine), knee=KneeSettings(precision=opts.precision),
                          defaults=engine_defaults(opts), reporter=reporter or NullReporter(),
                          start_rate=opts.start_rate or 1.0)
+    if opts.resume:  # --max-trials is the study's budget: launches made before the interruption count
+        runner.launches = sum(1 for r in runner.finished().values()
+                              if r.launched or r.launch_failure_kind not in (None, "bad_flag"))
     budget = Budget(max_trials=opts.max_trials, time_budget_s=opts.time_budget_s, started=time.monotonic())
     if opts.strategy == "guided":
         outcome = guided(runner, budget, noise_floor=noise_floor, plateau=opts.plateau)
