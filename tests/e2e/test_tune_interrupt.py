@@ -166,3 +166,24 @@ def test_ctrl_c_while_the_server_starts_is_recorded_as_interrupted(tmp_path: Pat
     (trial,) = load_trials(sqlite_url(out))
     assert trial.state == TrialState.FAIL, trial.state
     assert record(trial)["interrupted"] is True and record(trial)["launched"] is False, record(trial)
+
+
+def test_resume_keeps_the_studys_trial_budget(tmp_path: Path) -> None:
+    """--max-trials counts the study's launches, not the resumed process's: resuming a study that spent
+    its budget launches nothing more; a larger --max-trials extends it."""
+    out = tmp_path / "run"
+    def args(n: int) -> list[str]:
+        return study_args(out, "sim", "--requests-per-run", "300", max_trials=n)
+
+    def launched() -> list:
+        return [t for t in load_trials(sqlite_url(out)) if record(t).get("launched")]
+
+    first = tune(*args(2))
+    assert first.returncode == 0, first.stderr
+    assert len(launched()) == 2
+    again = tune(*args(2), "--resume")
+    assert again.returncode == 0, again.stderr
+    assert len(launched()) == 2 and "stopped: budget spent" in again.stdout
+    more = tune(*args(3), "--resume")
+    assert more.returncode == 0, more.stderr
+    assert len(launched()) == 3
