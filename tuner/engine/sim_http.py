@@ -14,6 +14,7 @@ as if the GPU ran at full speed (and take K times longer).
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 import tempfile
 import time
@@ -69,7 +70,7 @@ class SimHTTPEngine(Engine):
         self.launches += 1
         port = launcher.free_port(HOST)
         if run_dir is None:
-            run_dir = self.run_root / f"launch-{next(self._counter):03d}-{time.strftime('%Y%m%d-%H%M%S')}"
+            run_dir = self.run_root / f"launch-{next(self._counter):03d}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         env, headers = {}, {}
         if self.api_key:
             env["VLLM_API_KEY"] = self.api_key

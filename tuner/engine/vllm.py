@@ -18,6 +18,7 @@ The API key goes in the environment (`VLLM_API_KEY`), never on the command line,
 from __future__ import annotations
 
 import itertools
+import os
 import shlex
 import shutil
 import time
@@ -135,7 +136,7 @@ class VllmEngine(Engine):
         """
         port = self.port or launcher.free_port(self.host)
         if run_dir is None:
-            run_dir = self.run_root / f"launch-{next(self._counter):03d}-{time.strftime('%Y%m%d-%H%M%S')}"
+            run_dir = self.run_root / f"launch-{next(self._counter):03d}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         env = {**DEFAULT_ENV, **self.env}
         headers = {}
         if self.api_key:
