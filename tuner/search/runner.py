@@ -111,9 +111,11 @@ class TrialRunner:
     # -- one trial --------------------------------------------------------------------------------
     def evaluate(self, knobs: Knobs, *, role: str = "candidate", changed_knob: str | None = None,
                  race_rate: float | None = None, start_rate: float | None = None,
-                 incumbent: float | None = None, accept_above: float | None = None) -> TrialRecord:
+                 incumbent: float | None = None, accept_above: float | None = None,
+                 accept: Callable[[TrialRecord], bool] | None = None) -> TrialRecord:
         """Measure `knobs` (or read back the stored result of an earlier identical trial). The trial
-        becomes the incumbent (`accepted`) when its capacity beats `accept_above` (None: any capacity)."""
+        becomes the incumbent (`accepted`) when its capacity beats `accept_above` (None: any capacity),
+        or when `accept(record)` says so."""
         done = self.finished().get(knobs_key(knobs))
         if done is not None:
             return done
@@ -123,7 +125,8 @@ class TrialRunner:
         self.study.enqueue_trial(params, user_attrs={"extra_knobs": extra}, skip_if_exists=False)
         trial = self.study.ask(self.distributions())
         return self.run_trial(trial, role=role, changed_knob=changed_knob, race_rate=race_rate,
-                              start_rate=start_rate, incumbent=incumbent, accept_above=accept_above)
+                              start_rate=start_rate, incumbent=incumbent, accept_above=accept_above,
+                              accept=accept)
 
     def run_trial(self, trial: optuna.Trial, *, role: str, **kw: Any) -> TrialRecord:
         """Run `trial` (see `_run_trial`), sending heartbeats meanwhile where the storage wants them."""
@@ -132,7 +135,8 @@ class TrialRunner:
 
     def _run_trial(self, trial: optuna.Trial, *, role: str, changed_knob: str | None = None,
                    race_rate: float | None = None, start_rate: float | None = None,
-                   incumbent: float | None = None, accept_above: float | None = None) -> TrialRecord:
+                   incumbent: float | None = None, accept_above: float | None = None,
+                  accept: Callable[[TrialRecord], bool] | None = None) -> TrialRecord:
         params = {k: trial.params.get(k) for k in self.space.knobs}
         knobs = Knobs(**{k: v for k, v in {**params, **trial.user_attrs.get("extra_knobs", {})}.items()
                          if v is not None})
@@ -186,7 +190,7 @@ class TrialRunner:
             if result.pass_records:
                 rec.latency_at_capacity = latency_quantiles(result.pass_records)
         rec.accepted = bool(rec.capacity_rps) and not result.raced_out and (
-            accept_above is None or rec.capacity_rps > accept_above)
+            accept_above is None or rec.capacity_rps > accept_above or bool(accept and accept(rec)))
         state = TrialState.PRUNED if result.raced_out else TrialState.COMPLETE
         return self._tell(trial, rec, state, t0)
 

@@ -76,8 +76,25 @@ def _current(knobs: Knobs, name: str, defaults: dict[str, Any]) -> Any:
     return v
 
 
+TIE_MARGIN = 0.02
+
+
+def clearly_better_at_same_load(rec: TrialRecord, inc: TrialRecord, margin: float = TIE_MARGIN) -> bool:
+    """A tie on capacity (the same bracket) broken by the SLO stress at the incumbent's capacity: both
+    ran the same requests at the same rate there, so a candidate whose badness is `margin` lower is
+    better, even when the incumbent's own capacity estimate came out lucky-high. Without this, one
+    noisy-high incumbent hides every real gain smaller than the noise floor."""
+    if not inc.capacity_rps or not rec.capacity_rps or rec.capacity_rps < inc.capacity_rps:
+        return False
+    mine = [p for p in rec.load_runs if abs(p.rate / inc.capacity_rps - 1) < 1e-6]
+    theirs = [p for p in inc.load_runs if abs(p.rate / inc.capacity_rps - 1) < 1e-6]
+    if not mine or not theirs or mine[-1].badness is None or theirs[-1].badness is None:
+        return False
+    return mine[-1].badness <= (1 - margin) * theirs[-1].badness
+
+
 def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: int = 3,
-           max_visits: int = 2) -> Outcome:
+           max_visits: int = 2, race_margin: float = 0.0) -> Outcome:
     base = runner.evaluate(Knobs(), role="baseline")
     inc = base
     if not base.capacity_rps and base.diagnosis is None:
@@ -111,15 +128,17 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
             if runner.space.allows(knobs, runner.defaults) or knobs_key(knobs) in runner.finished():
                 continue  # impossible, or measured already (the same configuration as another trial)
             floor = (best.capacity_rps or 0.0) * (1 + noise_floor)
+            race = (best.capacity_rps or 0.0) * (1 + race_margin)
             tried += 1
             rec = runner.evaluate(knobs, changed_knob=knob, incumbent=inc.capacity_rps,
-                                  race_rate=floor if best.capacity_rps else None,
+                                  race_rate=race if best.capacity_rps else None,
                                   start_rate=best.capacity_rps or runner.start_rate,
-                                  accept_above=floor if best.capacity_rps else None)
+                                  accept_above=floor if best.capacity_rps else None,
+                                  accept=lambda r, b=best: clearly_better_at_same_load(r, b))
             if rec.launch_failure_kind in ("memory_utilization", "oom") and knob == "gpu_memory_utilization":
                 dead.setdefault(knob, set()).update(x for x in cands if x >= v)
                 break
-            if rec.accepted and (rec.capacity_rps or 0) > floor:
+            if rec.accepted:
                 best = rec
                 misses = 0
             else:
