@@ -9,8 +9,10 @@ one is re-run, and a server orphaned by a SIGKILLed tool is found by its pidfile
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,9 +99,18 @@ def open_study(url: str, *, create: bool, resume: bool) -> optuna.Study:
     and retried. Interval and grace: env TUNER_HEARTBEAT_S (30) and TUNER_HEARTBEAT_GRACE_S (3x)."""
     heartbeat = None if url.startswith("sqlite") else _env_seconds("TUNER_HEARTBEAT_S", 30)
     grace = _env_seconds("TUNER_HEARTBEAT_GRACE_S", 3 * heartbeat) if heartbeat else None
+    # Heartbeats, stale trials and their retry are all "experimental" in Optuna, and ask/tell with
+    # heartbeats "should use optimize": warnings on every run that a user can do nothing about.
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with")
+    retry: dict[str, Any] = {}
+    if heartbeat:  # Optuna 4.9 renamed the retry callback and its argument; the old names go in 6.0
+        cls = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
+        new_arg = "heartbeat_stale_trial_callback" in inspect.signature(optuna.storages.RDBStorage).parameters
+        retry = {("heartbeat_stale_trial_callback" if new_arg else "failed_trial_callback"):
+                 (cls or optuna.storages.RetryFailedTrialCallback)(max_retry=2)}
     storage = optuna.storages.RDBStorage(
-        url, heartbeat_interval=heartbeat, grace_period=grace,
-        failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=2) if heartbeat else None,
+        url, heartbeat_interval=heartbeat, grace_period=grace, **retry,
         engine_kwargs={"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {})
     names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
     if STUDY_NAME in names and create and not resume:
