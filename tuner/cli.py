@@ -39,20 +39,21 @@ _register()
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)
+        if isinstance(rc, int) and rc:  # typer.Exit(code) comes back as a return value here
+            sys.exit(rc)
     except UserError as e:
         print(f"error: {e.format()}", file=sys.stderr)
         sys.exit(2)
     except (typer.Abort, KeyboardInterrupt):
         print("interrupted", file=sys.stderr)
         sys.exit(130)
-    except Exception as e:  # click usage errors carry their own exit code
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            sys.exit(e.exit_code if e.exit_code else 2)
-        if isinstance(e, click.exceptions.Exit):
+    except Exception as e:
+        # Usage errors (a bad option value, an unknown option): click's, or the copy typer vendors.
+        if hasattr(e, "format_message") and hasattr(e, "exit_code"):
+            print(f"error: {e.format_message()} (see tune --help)", file=sys.stderr)
+            sys.exit(e.exit_code or 2)
+        if type(e).__name__ == "Exit" and hasattr(e, "exit_code"):  # typer.Exit / click Exit
             sys.exit(e.exit_code)
         raise
 

@@ -81,8 +81,6 @@ def test_corrected_command_runs_after_a_rejected_one(tmp_path: Path) -> None:
     assert "stopped:" in p.stdout
 
 
-@pytest.mark.xfail(reason="tuner/cli.py catches click.exceptions.ClickException, but typer >= 0.2x raises its "
-                          "vendored typer._click exceptions, so usage errors print a traceback", strict=False)
 @pytest.mark.parametrize("bad", [["--max-trials", "many"], ["--no-such-option"]])
 def test_usage_errors_are_one_line_and_exit_2(tmp_path: Path, bad: list[str]) -> None:
     p = tune("--workload", WORKLOAD, "--slo", SLO, "--gpu", GPU, "--model", MODEL, "--out", tmp_path / "o",
