@@ -5,6 +5,10 @@ in its own process so it does not share the client's event loop or core) and pri
 requests went out relative to their schedule (p50/p99/max of `sent_s - scheduled_s`) and the achieved
 versus target send rate. Target: p99 lateness under 5 ms at 200 req/s on a 2-core machine.
 
+Lateness has two sources: the client's own event loop being busy, and the client not getting a core at
+all. The last columns separate them: involuntary context switches per second and how many ms of every
+second the event loop spent runnable but waiting for a core (other processes, including the server).
+
     .venv/bin/python benchmarks/replay_precision.py [--rates 50 200 500] [--duration 5] [--output-tokens 16]
 """
 
@@ -36,14 +40,25 @@ def poisson_times(rate: float, duration: float, seed: int) -> list[float]:
         out.append(t)
 
 
+def _runqueue_wait_s() -> float:
+    """Seconds this process's main thread (the event loop) has spent runnable but waiting for a core
+    (Linux /proc/self/schedstat, 2nd field, ns); 0 where unavailable."""
+    try:
+        return int(Path("/proc/self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def measure(base_url: str, rate: float, duration: float, output_tokens: int, prompt_tokens: int) -> dict:
     times = poisson_times(rate, duration, seed=int(rate))
     reqs = [WorkloadRequest(prompt_tokens=prompt_tokens, output_tokens=output_tokens) for _ in times]
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+    wait0 = _runqueue_wait_s()
     wall0 = time.monotonic()
     run = run_load_http(base_url, reqs, times, offered_rate=rate, metrics=True, sample_interval_s=0.5)
     wall = time.monotonic() - wall0
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    waited = _runqueue_wait_s() - wait0
     sent = [r for r in run.records if r.sent_s is not None]
     late_ms = [(r.sent_s - r.scheduled_s) * 1e3 for r in sent]
     span = max(r.sent_s for r in sent) - min(r.sent_s for r in sent)
@@ -58,6 +73,8 @@ def measure(base_url: str, rate: float, duration: float, output_tokens: int, pro
         # Involuntary context switches per second: the client was runnable but another process had the
         # core. On a shared 2-core machine this, not the scheduler, is what makes sends late.
         "preempted_per_s": (cpu1.ru_nivcsw - cpu0.ru_nivcsw) / wall,
+        # Of every second, how long the event loop was ready to run but had no core.
+        "cpu_wait_ms_per_s": waited / wall * 1e3,
         "load": os.getloadavg()[0],
     }
 
@@ -82,13 +99,13 @@ def main(argv=None) -> None:
             for _ in range(a.repeat):
                 rows.append(measure(srv.base_url, rate, a.duration, a.output_tokens, a.prompt_tokens))
     head = (f"{'rate':>6} {'n':>6} {'errors':>6} {'late p50 ms':>11} {'late p99 ms':>11} {'late max ms':>11} "
-            f"{'target/s':>9} {'achieved/s':>10} {'TTFT p50 ms':>11} {'client CPU':>10} {'preempt/s':>9} {'load':>5}")
+            f"{'target/s':>9} {'achieved/s':>10} {'TTFT p50 ms':>11} {'client CPU':>10} {'preempt/s':>9} {'CPU wait ms/s':>13} {'load':>5}")
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['rate']:>6g} {r['n']:>6} {r['errors']:>6} {r['late_p50']:>11.3f} {r['late_p99']:>11.3f} "
               f"{r['late_max']:>11.3f} {r['target_rate']:>9.1f} {r['achieved_rate']:>10.1f} "
-              f"{r['ttft_p50']:>11.2f} {r['client_cpu']:>10.0%} {r['preempted_per_s']:>9.0f} {r['load']:>5.2f}")
+              f"{r['ttft_p50']:>11.2f} {r['client_cpu']:>10.0%} {r['preempted_per_s']:>9.0f} {r['cpu_wait_ms_per_s']:>13.0f} {r['load']:>5.2f}")
 
 
 if __name__ == "__main__":
