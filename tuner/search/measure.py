@@ -168,14 +168,19 @@ def digest(metrics: MetricsWindow | None, rate: float, max_num_seqs: int | None,
 
 def summarize(records: list[RequestRecord], slo: SLO, rate: float, run: LoadRun | None,
               repeats: int, wall_s: float) -> LoadRunSummary:
+    """Score one load run, or `repeats` runs of the same rate pooled: rates (goodput, throughput) are
+    per run, so pooled counts are divided by the number of runs (each run starts at t=0)."""
     sc = score(records, slo, window=None)
     finished = [r for r in records if r.in_window and r.ok]
     span = max((r.finish_s for r in finished), default=0.0) - min((r.sent_s or 0.0 for r in finished),
                                                                   default=0.0)
+    if repeats > 1 and sc.goodput is not None:
+        sc.goodput /= repeats
     return LoadRunSummary(
         rate=rate, n=sc.n, attainment=sc.attainment, ci_low=sc.ci_low, ci_high=sc.ci_high,
         passed=sc.meets_target, goodput=sc.goodput,
-        throughput_rps=(len(finished) / span) if span > 0 else None, badness=badness(records, slo),
+        throughput_rps=(len(finished) / span / repeats) if span > 0 else None,
+        badness=badness(records, slo),
         p99_ms={m: st.p99_ms for m, st in sc.metrics.items()},
         p50_ms={m: st.p50_ms for m, st in sc.metrics.items()}, errors=sc.errors, binding=sc.binding,
         violations=sc.violations, repeats=repeats, duration_s=run.duration_s if run else 0.0,

@@ -99,6 +99,7 @@ class TrialRecord(BaseModel):
     latency_at_capacity: LatencyQuantiles | None = None
     incumbent_before: float | None = None               # incumbent capacity when this trial started
     accepted: bool = False                              # became the new incumbent
+    at_baseline_rate: LoadRunSummary | None = None      # one run at the baseline's capacity (headline)
     interrupted: bool = False
     wall_s: float = 0.0
     engine_s: float = 0.0                               # engine (GPU) seconds spent in load runs
@@ -125,5 +126,6 @@ class StudyInfo(BaseModel):
     precision: float = 0.05
     noise_floor: float = 0.05
     arrival: str = "poisson"
+    load: dict = Field(default_factory=dict)             # LoadSettings of every load run (for the gate)
     created_unix: float = 0.0
     tool_version: str = ""

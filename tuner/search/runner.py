@@ -22,7 +22,7 @@ from tuner.engine.base import Engine
 from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs
 from tuner.search.capacity import KneeSearch, KneeSettings
-from tuner.search.measure import LoadSettings, latency_quantiles
+from tuner.search.measure import LoadSettings, latency_quantiles, measure
 from tuner.search.records import Diagnosis, LoadRunSummary, TrialRecord
 from tuner.search.space import SearchSpace
 from tuner.slo import SLO
@@ -82,6 +82,7 @@ class TrialRunner:
     launches: int = 0
     engine_s: float = 0.0
     on_server: Callable[[Any], None] | None = None
+    compare_rate: float | None = None  # the baseline's capacity: accepted trials also run there once
 
     # -- storage ----------------------------------------------------------------------------------
     def finished(self) -> dict[str, TrialRecord]:
@@ -173,6 +174,16 @@ class TrialRunner:
                 if self.on_server:
                     self.on_server(server)
                 result = search.run(start_rate or self.start_rate, race_rate)
+                rec.accepted = bool(result.capacity) and not result.raced_out and (
+                    accept_above is None or result.capacity > accept_above
+                    or bool(accept and accept(rec.model_copy(update={
+                        "capacity_rps": result.capacity, "load_runs": list(result.points)}))))
+                if rec.accepted and self.compare_rate and not any(
+                        abs(p.rate / self.compare_rate - 1) < 0.03 for p in result.points):
+                    # the headline compares both configurations at the same offered load
+                    m, _ = measure(server, self.workload, self.slo, self.compare_rate, self.load,
+                                   seed=self.load.seed, max_num_seqs=search.max_num_seqs, salt=-1)
+                    rec.at_baseline_rate = m.summary
         except KeyboardInterrupt:
             rec.interrupted = True
             rec.load_runs = search.result.points
@@ -189,8 +200,6 @@ class TrialRunner:
             rec.diagnosis = diagnose(result.fail_summary, rec.knee_metrics, passing)
             if result.pass_records:
                 rec.latency_at_capacity = latency_quantiles(result.pass_records)
-        rec.accepted = bool(rec.capacity_rps) and not result.raced_out and (
-            accept_above is None or rec.capacity_rps > accept_above or bool(accept and accept(rec)))
         state = TrialState.PRUNED if result.raced_out else TrialState.COMPLETE
         return self._tell(trial, rec, state, t0)
 

@@ -97,6 +97,7 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
            max_visits: int = 2, race_margin: float = 0.0) -> Outcome:
     base = runner.evaluate(Knobs(), role="baseline")
     inc = base
+    runner.compare_rate = base.capacity_rps
     if not base.capacity_rps and base.diagnosis is None:
         return Outcome(base, None, "the baseline neither served the SLO at any rate nor told us why")
     visits: Counter[str] = Counter()

@@ -8,6 +8,7 @@ one is re-run, and a server orphaned by a SIGKILLed tool is found by its pidfile
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import os
@@ -186,7 +187,8 @@ def load_settings(opts: TuneOptions, engine: Engine) -> LoadSettings:
                         arrival=opts.arrival, seed=opts.seed, request_timeout_s=60.0)
 
 
-def study_info(opts: TuneOptions, workload: Workload, slo: SLO, space: SearchSpace) -> StudyInfo:
+def study_info(opts: TuneOptions, workload: Workload, slo: SLO, space: SearchSpace,
+               load: LoadSettings | None = None) -> StudyInfo:
     from tuner.workload.stats import prompt_length
 
     reqs = workload.requests
@@ -199,7 +201,8 @@ def study_info(opts: TuneOptions, workload: Workload, slo: SLO, space: SearchSpa
         engine=opts.engine, simulated=opts.engine != "vllm", gpu=opts.gpu, model=opts.model,
         search_space=space.model_dump(mode="json"), strategy=opts.strategy, precision=opts.precision,
         noise_floor=opts.noise_floor if opts.noise_floor is not None else opts.precision,
-        arrival=opts.arrival, created_unix=time.time(), tool_version=__version__)
+        arrival=opts.arrival, load=dataclasses.asdict(load) if load else {}, created_unix=time.time(),
+        tool_version=__version__)
 
 
 def prepare(opts: TuneOptions) -> tuple[Workload, SLO, SearchSpace]:
@@ -231,11 +234,12 @@ def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outco
     if not url.startswith("sqlite"):
         (opts.out / "storage.txt").write_text(url + "\n")
     (opts.out / "study_name.txt").write_text(STUDY_NAME + "\n")
+    load = load_settings(opts, engine)
     if "info" not in study.user_attrs:
-        study.set_user_attr("info", study_info(opts, workload, slo, space).model_dump(mode="json"))
+        study.set_user_attr("info", study_info(opts, workload, slo, space, load).model_dump(mode="json"))
     noise_floor = opts.noise_floor if opts.noise_floor is not None else opts.precision
     runner = TrialRunner(study=study, engine=engine, workload=workload, slo=slo, space=space,
-                         load=load_settings(opts, engine), knee=KneeSettings(precision=opts.precision),
+                         load=load, knee=KneeSettings(precision=opts.precision),
                          defaults=engine_defaults(opts), reporter=reporter or NullReporter(),
                          start_rate=opts.start_rate or 1.0)
     if opts.resume:  # --max-trials is the study's budget: launches made before the interruption count

@@ -66,7 +66,12 @@ def work(runner: TrialRunner, *, max_trials: int | None = None, idle_exit_s: flo
             study.tell(trial, state=TrialState.FAIL)
             continue
         role = trial.user_attrs.get("role", "grid")
-        runner.run_trial(trial, role=role if role in ("grid", "baseline", "candidate") else "grid")
+        try:
+            runner.run_trial(trial, role=role if role in ("grid", "baseline", "candidate") else "grid")
+        except KeyboardInterrupt:  # recorded as interrupted; queue the configuration again for others
+            attrs = {k: v for k, v in trial.user_attrs.items() if k != "record"}
+            study.enqueue_trial(dict(trial.params), user_attrs=attrs, skip_if_exists=False)
+            raise
         ran += 1
     return ran
 
