@@ -308,7 +308,9 @@ def run_worker(run_dir: Path, *, storage: str | None = None, max_trials: int | N
     workload, slo, _ = prepare(opts)
     space = SearchSpace(**info.search_space)
     engine = make_engine(opts, slo)
+    # the study's own load settings (requests per run, run cap, arrival, seed), not this host's defaults
+    load = LoadSettings(**info.load) if info.load else load_settings(opts, engine)
     runner = TrialRunner(study=study, engine=engine, workload=workload, slo=slo, space=space,
-                         load=load_settings(opts, engine), knee=KneeSettings(precision=info.precision),
+                         load=load, knee=KneeSettings(precision=info.precision),
                          defaults=engine_defaults(opts))
     return work(runner, max_trials=max_trials, idle_exit_s=idle_exit_s)
