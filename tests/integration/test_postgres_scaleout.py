@@ -151,3 +151,32 @@ def test_the_queue_drains_when_a_worker_is_killed_mid_trial(tmp_path: Path, pg_u
     assert len(retried) == 1 and retried[0].state in (TrialState.COMPLETE, TrialState.PRUNED), retried
     assert knobs_of(retried[0]) == knobs_of(stale) == '{"max_num_seqs": 64}'
     assert record(retried[0])["capacity_rps"] and record(retried[0])["role"] == "grid"
+    # measured like the leader's trials: the study's --requests-per-run 50, not a worker's default 200
+    assert all(run["n"] <= 50 for run in record(retried[0])["load_runs"]), record(retried[0])["load_runs"]
+
+
+def test_a_worker_stopped_with_ctrl_c_hands_its_trial_back(tmp_path: Path, pg_url: str, spawn) -> None:
+    """Ctrl-C (or SIGTERM) to a worker: its trial is recorded as interrupted, its configuration queued
+    again, and the next worker runs it."""
+    from optuna.trial import TrialState
+
+    start_leader(tmp_path, pg_url, "sim-http", TUNE_FIX / "space1.yaml", grid=1)
+    first = spawn(worker_args(tmp_path / "w1", pg_url), tmp_path / "w1.log", env=tune_env(**HEARTBEAT_ENV))
+    srv = wait_for(lambda: first.poll() is None and next(
+        (r for r in server_pidfiles(tmp_path / "w1") if not port_is_free(r["port"])), None), 120, 0.2,
+        "the worker's server to be up")
+    time.sleep(1.0)
+    first.ctrl_c()
+    assert first.wait(timeout=60) == 130, first.output()
+    assert "will be retried" in first.output() and "Traceback" not in first.output()
+    assert server_gone(srv)
+    trials = load_trials(pg_url)
+    (cut,) = [t for t in trials if t.state == TrialState.FAIL]
+    assert record(cut)["interrupted"] is True
+    (queued,) = [t for t in trials if t.state == TrialState.WAITING]
+    assert queued.system_attrs["fixed_params"] == {"max_num_seqs": 64} and queued.user_attrs["role"] == "grid"
+    assert knobs_of(cut) == '{"max_num_seqs": 64}'
+
+    second = tune(*worker_args(tmp_path / "w2", pg_url), timeout=120, env=tune_env(**HEARTBEAT_ENV))
+    assert second.returncode == 0 and trials_done(second) == 1, second.stderr
+    assert_grid_done_once(pg_url, grid=1)
