@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 import pytest
 
-from tests.conftest import FIXTURES, ROOT
+from tests.conftest import FIXTURES
 
 _TUNE = Path(sys.executable).parent / "tune"
 TUNE = [str(_TUNE)] if _TUNE.exists() else [sys.executable, "-m", "tuner.cli"]
@@ -224,5 +224,3 @@ def server_gone(rec: dict) -> bool:
             and not processes_mentioning("tuner.sim", str(rec["port"]))
             and port_is_free(rec["port"]))
 
-
-__all__ = ["ROOT", "FIXTURES"]
