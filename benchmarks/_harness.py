@@ -71,7 +71,7 @@ def true_capacity(sc, knobs: Knobs, workload, slo, memo: dict) -> float:
 def _cache_path(sc) -> Path:
     h = hashlib.sha256(json.dumps([sc.name, sc.gpu, sc.model, sc.workload_path, sc.slo_path,
                                    sc.space.model_dump(mode="json"), sc.arrival,
-                                   load_settings(sc).requests, 2],
+                                   load_settings(sc).requests, 3],
                                   sort_keys=True).encode()).hexdigest()[:12]
     return CACHE / f"{sc.name}-{h}.json"
 

@@ -194,7 +194,20 @@ class KneeSearch:
         return min(max(x, lo * step), hi / step)
 
     # -- the search ---------------------------------------------------------------------------
+    def warm_up(self, rate: float) -> None:
+        """Shared prefixes into the fresh server's prefix cache; measured, never scored or counted."""
+        n = self.load.warmup_requests
+        if n <= 0:
+            return
+        from dataclasses import replace
+
+        warm = replace(self.load, requests=n, max_duration_s=None)
+        _, run = measure(self.server, self.workload, self.slo, rate, warm, seed=self.load.seed + 7919,
+                         salt=-7919)
+        self.result.engine_s += run.duration_s
+
     def run(self, start_rate: float, race_rate: float | None = None) -> KneeResult:
+        self.warm_up(min(race_rate or start_rate, start_rate) or 1.0)
         if race_rate is not None:
             m = self.evaluate(race_rate)
             if not m.summary.passed:

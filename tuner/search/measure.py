@@ -37,6 +37,11 @@ class LoadSettings:
     arrival: str = "poisson"           # poisson | gamma | trace
     burstiness: float = 1.0
     seed: int = 0
+    #: Requests sent (and not scored) to every freshly launched server before its first load run, so
+    #: shared prefixes (system prompts, RAG documents) are in its prefix cache as in a server that has
+    #: been up a while: without it a candidate's first run (its race) pays a cold cache the incumbent's
+    #: later runs did not.
+    warmup_requests: int = 50
 
 
 @dataclass
