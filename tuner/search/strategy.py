@@ -82,15 +82,26 @@ TIE_MARGIN = 0.02
 def clearly_better_at_same_load(rec: TrialRecord, inc: TrialRecord, margin: float = TIE_MARGIN) -> bool:
     """A tie on capacity (the same bracket) broken by the SLO stress at the incumbent's capacity: both
     ran the same requests at the same rate there, so a candidate whose badness is `margin` lower is
-    better, even when the incumbent's own capacity estimate came out lucky-high. Without this, one
-    noisy-high incumbent hides every real gain smaller than the noise floor."""
-    if not inc.capacity_rps or not rec.capacity_rps or rec.capacity_rps < inc.capacity_rps:
+    better, even when the incumbent's own capacity estimate came out lucky-high. It must not be worse
+    at any common rate above that either (a tighter batch cap can look better at one load and collapse
+    just above it). Without this, one noisy-high incumbent hides every real gain below the noise floor."""
+    cap = inc.capacity_rps
+    if not cap or not rec.capacity_rps or rec.capacity_rps < cap:
         return False
-    mine = [p for p in rec.load_runs if abs(p.rate / inc.capacity_rps - 1) < 1e-6]
-    theirs = [p for p in inc.load_runs if abs(p.rate / inc.capacity_rps - 1) < 1e-6]
-    if not mine or not theirs or mine[-1].badness is None or theirs[-1].badness is None:
+
+    def at(runs, rate):
+        return next((p for p in reversed(runs) if abs(p.rate / rate - 1) < 1e-6 and p.badness is not None),
+                    None)
+
+    mine, theirs = at(rec.load_runs, cap), at(inc.load_runs, cap)
+    if mine is None or theirs is None or mine.badness > (1 - margin) * theirs.badness:
         return False
-    return mine[-1].badness <= (1 - margin) * theirs[-1].badness
+    for p in inc.load_runs:
+        if p.rate > cap and p.badness is not None:
+            q = at(rec.load_runs, p.rate)
+            if q is not None and q.badness > p.badness:
+                return False
+    return True
 
 
 def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: int = 3,
