@@ -12,6 +12,7 @@ who want them; they share the same trial runner and storage.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -54,7 +55,7 @@ def _order(value: Any, values: list[Any], direction: str) -> list[Any]:
         return sorted((v for v in others if v < value), reverse=True)
     if value is not None and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in others):
         # no preferred direction: nearest values first, alternating sides
-        return sorted(others, key=lambda v: abs(v / value - 1) if value else v)
+        return sorted(others, key=lambda v: abs(math.log(v / value)) if value and v > 0 else v)
     if direction == "on":
         return [v for v in others if v is True]
     if direction == "off":
