@@ -97,10 +97,14 @@ def clearly_better_at_same_load(rec: TrialRecord, inc: TrialRecord, margin: floa
     mine, theirs = at(rec.load_runs, cap), at(inc.load_runs, cap)
     if mine is None or theirs is None or mine.badness > (1 - margin) * theirs.badness:
         return False
-    for p in inc.load_runs:
-        if p.rate > cap and p.badness is not None:
-            q = at(rec.load_runs, p.rate)
-            if q is not None and q.badness > p.badness:
+    # above the capacity, the candidate may not be worse than the incumbent was at the same or a higher
+    # rate (the two knee searches rarely probe identical rates; badness grows with the rate)
+    for q in rec.load_runs:
+        if q.rate <= cap * (1 + 1e-6) or q.badness is None or q.rate >= 1e5:
+            continue
+        for p in inc.load_runs:
+            if p.rate >= q.rate * (1 - 1e-6) and p.rate < 1e5 and p.badness is not None \
+                    and q.badness > p.badness:
                 return False
     return True
 
