@@ -22,6 +22,7 @@ from tuner.search.records import LoadRunSummary, MetricsDigest
 from tuner.slo import SLO
 from tuner.workload.model import Workload
 
+WARMUP_SPAN_S = 5.0  # the prefix-cache warm-up of a fresh server sends its requests within this span
 BADNESS_CAP = 4.0  # beyond this a point is simply "far over": do not extrapolate from it
 
 
@@ -202,6 +203,7 @@ class KneeSearch:
         from dataclasses import replace
 
         warm = replace(self.load, requests=n, max_duration_s=None)
+        rate = max(rate, n / WARMUP_SPAN_S)  # not n / rate seconds: at the default 1 req/s, 50 s a launch
         _, run = measure(self.server, self.workload, self.slo, rate, warm, seed=self.load.seed + 7919,
                          salt=-7919)
         self.result.engine_s += run.duration_s
