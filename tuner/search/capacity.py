@@ -195,6 +195,14 @@ class KneeSearch:
         return min(max(x, lo * step), hi / step)
 
     # -- the search ---------------------------------------------------------------------------
+    def _burst_saturates(self) -> bool:
+        """A rate-inf burst measures the engine's maximum throughput only if it is several batches
+        deep; a burst the engine takes in one batch measures requests / latency instead."""
+        n = self.load.requests
+        if self.load.max_duration_s:
+            return False  # real-time engines cap their runs: the burst would be small
+        return self.max_num_seqs is not None and n >= 2 * self.max_num_seqs
+
     def warm_up(self, rate: float) -> None:
         """Shared prefixes into the fresh server's prefix cache; measured, never scored or counted."""
         n = self.load.warmup_requests
@@ -215,12 +223,11 @@ class KneeSearch:
             if not m.summary.passed:
                 self.result.raced_out = True
                 return self.result
-        elif self.knee.probe_saturation:
+        elif self.knee.probe_saturation and self._burst_saturates():
             m = self.evaluate(self.knee.saturation_rate)
-            served = m.summary.throughput_rps
-            if m.summary.passed and served:  # meets the SLO with everything at once: capacity >= served
-                self.result.capacity = served
-                return self.result
+            if m.summary.passed:
+                # everything at once still met the SLO: the burst says nothing about the knee
+                self._probe = None
         try:
             while self.result.runs < self.knee.max_runs:
                 nxt = self.next_rate(start_rate)
