@@ -113,7 +113,6 @@ def main(argv=None) -> int:
             rs = [r for r in results if r["scenario"] == n and r["strategy"] == st]
             reach = {lv: [first_reaching(r["curve"], lv) for r in rs] for lv in LEVELS}
             finals = [r["curve"][-1][2] if r["curve"] else 0.0 for r in rs]
-            l95 = [x[0] if x else None for x in reach[0.95]]
             r95 = [x[1] if x else None for x in reach[0.95]]
             gpu = [None if x is None else x[0] * MINUTES_PER_LAUNCH + x[1] * MINUTES_PER_LOAD_RUN
                    for x in reach[0.95]]

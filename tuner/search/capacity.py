@@ -249,11 +249,4 @@ def find_capacity(server: Server, workload: Workload, slo: SLO, *, start_rate: f
                       on_point=on_point).run(start_rate, race_rate)
 
 
-def measure_point(server: Server, workload: Workload, slo: SLO, rate: float, *,
-                  load: LoadSettings | None = None) -> tuple[LoadRunSummary, MetricsDigest]:
-    """One scored load run at `rate` (the regression gate's check)."""
-    m, _ = measure(server, workload, slo, rate, load or LoadSettings(), seed=(load or LoadSettings()).seed)
-    return m.summary, m.digest
-
-
-__all__ = ["KneeSearch", "KneeSettings", "KneeResult", "find_capacity", "measure_point", "digest"]
+__all__ = ["KneeSearch", "KneeSettings", "KneeResult", "find_capacity", "digest"]

@@ -99,7 +99,6 @@ class TrialRecord(BaseModel):
     latency_at_capacity: LatencyQuantiles | None = None
     incumbent_before: float | None = None               # incumbent capacity when this trial started
     accepted: bool = False                              # became the new incumbent
-    at_baseline_rate: LoadRunSummary | None = None      # one run at the baseline's capacity (headline)
     interrupted: bool = False
     wall_s: float = 0.0
     engine_s: float = 0.0                               # engine (GPU) seconds spent in load runs

@@ -81,7 +81,6 @@ class TrialRunner:
     start_rate: float = 1.0
     launches: int = 0
     engine_s: float = 0.0
-    on_server: Callable[[Any], None] | None = None
     compare_rate: float | None = None  # the baseline's capacity: accepted trials also run there once
 
     # -- storage ----------------------------------------------------------------------------------
@@ -171,8 +170,6 @@ class TrialRunner:
                             on_point=lambda p: self.reporter.point(trial.number, p))
         try:
             with server:
-                if self.on_server:
-                    self.on_server(server)
                 result = search.run(start_rate or self.start_rate, race_rate)
                 rec.accepted = bool(result.capacity) and not result.raced_out and (
                     accept_above is None or result.capacity > accept_above
@@ -183,7 +180,7 @@ class TrialRunner:
                     # the headline compares both configurations at the same offered load
                     m, _ = measure(server, self.workload, self.slo, self.compare_rate, self.load,
                                    seed=self.load.seed, max_num_seqs=search.max_num_seqs, salt=-1)
-                    rec.at_baseline_rate = m.summary
+                    result.points.append(m.summary)  # a point of its knee curve like any other
         except KeyboardInterrupt:
             rec.interrupted = True
             rec.load_runs = search.result.points
