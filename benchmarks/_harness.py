@@ -128,8 +128,18 @@ class Trace:
 
 
 def noisy_runner(sc, seed: int, workload, slo, sampler=None) -> TrialRunner:
+    launches: dict[str, int] = {}
+
+    def launch_seed(k: Knobs) -> int:
+        """The noise draw of a launch: the seed and the configuration pick it, and a second launch of the
+        same configuration (a confirmation) draws again, as a real relaunch would."""
+        key = knobs_key(k)
+        launches[key] = launches.get(key, 0) + 1
+        n = launches[key]
+        return zlib.crc32(f"{seed}:{key}".encode() if n == 1 else f"{seed}:{key}:{n}".encode())
+
     engine = SimEngine(sc.gpu, sc.model, noise=NOISE, seed=seed, token_times="itl" in slo.thresholds,
-                       launch_seed=lambda k: zlib.crc32(f"{seed}:{knobs_key(k)}".encode()))
+                       launch_seed=launch_seed)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     opts = TuneOptions(workload=None, slo=None, out=None, gpu=sc.gpu, model=sc.model)
     return TrialRunner(study=study, engine=engine, workload=workload, slo=slo, space=sc.space,

@@ -82,7 +82,7 @@ class TrialRecord(BaseModel):
 
     schema_version: int = SCHEMA_VERSION
     number: int = 0
-    role: Literal["baseline", "candidate", "grid", "tpe", "random", "gate"] = "candidate"
+    role: Literal["baseline", "candidate", "confirm", "grid", "tpe", "random", "gate"] = "candidate"
     knobs: dict = Field(default_factory=dict)           # set knobs only; {} = vLLM's defaults
     changed_knob: str | None = None                     # the one knob this trial turned
     launched: bool = False

@@ -112,11 +112,12 @@ class TrialRunner:
     def evaluate(self, knobs: Knobs, *, role: str = "candidate", changed_knob: str | None = None,
                  race_rate: float | None = None, start_rate: float | None = None,
                  incumbent: float | None = None, accept_above: float | None = None,
-                 accept: Callable[[TrialRecord], bool] | None = None) -> TrialRecord:
-        """Measure `knobs` (or read back the stored result of an earlier identical trial). The trial
+                 accept: Callable[[TrialRecord], bool] | None = None, fresh: bool = False) -> TrialRecord:
+        """Measure `knobs` (or read back the stored result of an earlier identical trial, unless `fresh`:
+        a second launch of the same configuration). The trial
         becomes the incumbent (`accepted`) when its capacity beats `accept_above` (None: any capacity),
         or when `accept(record)` says so."""
-        done = self.finished().get(knobs_key(knobs))
+        done = None if fresh else self.finished().get(knobs_key(knobs))
         if done is not None:
             return done
         # knobs outside the space (or values it does not list) travel as a user attribute

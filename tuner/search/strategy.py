@@ -77,7 +77,7 @@ def _current(knobs: Knobs, name: str, defaults: dict[str, Any]) -> Any:
     return v
 
 
-TIE_MARGIN = 0.02
+TIE_MARGIN = 0.0
 
 
 def clearly_better_at_same_load(rec: TrialRecord, inc: TrialRecord, margin: float = TIE_MARGIN) -> bool:
@@ -107,6 +107,19 @@ def clearly_better_at_same_load(rec: TrialRecord, inc: TrialRecord, margin: floa
                     and q.badness > p.badness:
                 return False
     return True
+
+
+def confirm(runner: TrialRunner, rec: TrialRecord, budget: Budget) -> TrialRecord:
+    """The winner's curse: of several noisy candidates, the one accepted is the one whose launch came out
+    lucky, and a lucky-high incumbent then races every real gain out. A second launch of the new
+    incumbent, measured from its claimed capacity, and the lower of the two estimates stands."""
+    if not rec.capacity_rps or not budget.left(runner):
+        return rec
+    again = runner.evaluate(Knobs(**rec.knobs), role="confirm", changed_knob=rec.changed_knob,
+                            start_rate=rec.capacity_rps, incumbent=rec.capacity_rps, fresh=True)
+    if again.capacity_rps and again.capacity_rps < rec.capacity_rps:
+        return again
+    return rec
 
 
 def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: int = 3,
@@ -151,7 +164,7 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
                                   race_rate=race if best.capacity_rps else None,
                                   start_rate=best.capacity_rps or runner.start_rate,
                                   accept_above=floor if best.capacity_rps else None,
-                                  accept=lambda r, b=best: clearly_better_at_same_load(r, b))
+                                  accept=lambda r, b=best: clearly_better_at_same_load(r, b, TIE_MARGIN))
             if rec.launch_failure_kind in ("memory_utilization", "oom") and knob == "gpu_memory_utilization":
                 dead.setdefault(knob, set()).update(x for x in cands if x >= v)
                 break
@@ -167,7 +180,7 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
         if not tried:
             continue  # nothing to try for this knob (already at its best value): not a miss
         if best is not inc:
-            inc = best
+            inc = confirm(runner, best, budget)
             streak = 0
         else:
             streak += 1
