@@ -21,8 +21,9 @@ def test_a_tie_is_broken_by_lower_slo_stress_at_the_same_load():
     assert clearly_better_at_same_load(rec(10.0, point(10.0, 0.85), point(10.5, 1.05)), INC)
 
 
-def test_no_tie_break_for_a_marginal_difference_or_a_lower_capacity():
-    assert not clearly_better_at_same_load(rec(10.0, point(10.0, 0.94), point(10.5, 1.05)), INC)
+def test_no_tie_break_for_an_equal_or_marginal_difference_or_a_lower_capacity():
+    assert not clearly_better_at_same_load(rec(10.0, point(10.0, 0.95), point(10.5, 1.05)), INC)
+    assert not clearly_better_at_same_load(rec(10.0, point(10.0, 0.94), point(10.5, 1.05)), INC, margin=0.02)
     assert not clearly_better_at_same_load(rec(9.5, point(10.0, 0.80)), INC)
 
 

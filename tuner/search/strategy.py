@@ -95,7 +95,7 @@ def clearly_better_at_same_load(rec: TrialRecord, inc: TrialRecord, margin: floa
                     None)
 
     mine, theirs = at(rec.load_runs, cap), at(inc.load_runs, cap)
-    if mine is None or theirs is None or mine.badness > (1 - margin) * theirs.badness:
+    if mine is None or theirs is None or mine.badness >= (1 - margin) * theirs.badness:
         return False
     # above the capacity, the candidate may not be worse than the incumbent was at the same or a higher
     # rate (the two knee searches rarely probe identical rates; badness grows with the rate)
