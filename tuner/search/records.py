@@ -126,5 +126,9 @@ class StudyInfo(BaseModel):
     noise_floor: float = 0.05
     arrival: str = "poisson"
     load: dict = Field(default_factory=dict)             # LoadSettings of every load run (for the gate)
+    start_rate: float | None = None                      # what a worker on another host needs too
+    time_scale: float = 1.0
+    noise: float = 0.0
+    seed: int = 0
     created_unix: float = 0.0
     tool_version: str = ""

@@ -201,7 +201,8 @@ def study_info(opts: TuneOptions, workload: Workload, slo: SLO, space: SearchSpa
         engine=opts.engine, simulated=opts.engine != "vllm", gpu=opts.gpu, model=opts.model,
         search_space=space.model_dump(mode="json"), strategy=opts.strategy, precision=opts.precision,
         noise_floor=opts.noise_floor if opts.noise_floor is not None else opts.precision,
-        arrival=opts.arrival, load=dataclasses.asdict(load) if load else {}, created_unix=time.time(),
+        arrival=opts.arrival, load=dataclasses.asdict(load) if load else {}, start_rate=opts.start_rate,
+        time_scale=opts.time_scale, noise=opts.noise, seed=opts.seed, created_unix=time.time(),
         tool_version=__version__)
 
 
@@ -304,7 +305,8 @@ def run_worker(run_dir: Path, *, storage: str | None = None, max_trials: int | N
     opts = TuneOptions(workload=Path(info.workload_path), slo=Path(info.slo_path), out=run_dir,
                        engine=info.engine, gpu=info.gpu, model=info.model, strategy=info.strategy,
                        precision=info.precision, vllm_python=vllm_python, vllm_command=vllm_command,
-                       vllm_args=list(vllm_args or []), api_key=api_key)
+                       vllm_args=list(vllm_args or []), api_key=api_key, start_rate=info.start_rate,
+                       time_scale=info.time_scale, noise=info.noise, seed=info.seed)
     workload, slo, _ = prepare(opts)
     space = SearchSpace(**info.search_space)
     engine = make_engine(opts, slo)
@@ -312,5 +314,5 @@ def run_worker(run_dir: Path, *, storage: str | None = None, max_trials: int | N
     load = LoadSettings(**info.load) if info.load else load_settings(opts, engine)
     runner = TrialRunner(study=study, engine=engine, workload=workload, slo=slo, space=space,
                          load=load, knee=KneeSettings(precision=info.precision),
-                         defaults=engine_defaults(opts))
+                         defaults=engine_defaults(opts), start_rate=opts.start_rate or 1.0)
     return work(runner, max_trials=max_trials, idle_exit_s=idle_exit_s)
