@@ -54,15 +54,18 @@ class GaugeSampler:
         while True:
             t = time.monotonic()
             try:
-                r = await client.get(self.url, headers=self.headers, timeout=self.timeout_s)
-                if r.status_code < 400:
-                    self._record(t, r.text)
-                else:
-                    self.errors += 1
+                self._take(t, await client.get(self.url, headers=self.headers, timeout=self.timeout_s))
             except httpx.HTTPError:
                 self.errors += 1
             n = max(n + 1, int((time.monotonic() - self.t0) / self.interval_s) + 1)
             await asyncio.sleep(max(0.0, self._next_tick(n) - time.monotonic()))
+
+    def _take(self, t: float, r: httpx.Response) -> None:
+        """One scrape's outcome, the same for the asyncio and the thread sampler."""
+        if r.status_code < 400:
+            self._record(t, r.text)
+        else:
+            self.errors += 1
 
     def start(self) -> "GaugeSampler":
         """Sample on a background thread until `stop()`."""
@@ -85,11 +88,7 @@ class GaugeSampler:
             while not self._stop.is_set():
                 t = time.monotonic()
                 try:
-                    r = client.get(self.url, headers=self.headers)
-                    if r.status_code < 400:
-                        self._record(t, r.text)
-                    else:
-                        self.errors += 1
+                    self._take(t, client.get(self.url, headers=self.headers))
                 except httpx.HTTPError:
                     self.errors += 1
                 n = max(n + 1, int((time.monotonic() - self.t0) / self.interval_s) + 1)
