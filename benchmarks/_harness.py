@@ -68,10 +68,26 @@ def true_capacity(sc, knobs: Knobs, workload, slo, memo: dict) -> float:
     return measure_truth(sc, knobs, workload, slo, memo)["cap"]
 
 
+def _code_digest() -> str:
+    """The ground truth is only as current as the code that measured it: the simulator, the profiles, the
+    workload and SLO readers and the knee search all go into the cache key (a cache computed before a
+    knee-search change once made a stale optimum look unreachable)."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for sub in ("tuner/sim", "tuner/profiles", "tuner/workload", "tuner/replay", "tuner/engine/sim.py",
+                "tuner/search/capacity.py", "tuner/search/measure.py", "tuner/slo.py", "tuner/knobs.py"):
+        path = root / sub
+        for f in sorted(path.rglob("*") if path.is_dir() else [path]):
+            if f.suffix in (".py", ".yaml") and f.is_file():
+                h.update(f.relative_to(root).as_posix().encode())
+                h.update(f.read_bytes())
+    return h.hexdigest()[:12]
+
+
 def _cache_path(sc) -> Path:
     h = hashlib.sha256(json.dumps([sc.name, sc.gpu, sc.model, sc.workload_path, sc.slo_path,
                                    sc.space.model_dump(mode="json"), sc.arrival,
-                                   load_settings(sc).requests, 3],
+                                   load_settings(sc).requests, _code_digest()],
                                   sort_keys=True).encode()).hexdigest()[:12]
     return CACHE / f"{sc.name}-{h}.json"
 
@@ -127,7 +143,7 @@ class Trace:
             self.points.append((launches, runs, best))
 
 
-def noisy_runner(sc, seed: int, workload, slo, sampler=None) -> TrialRunner:
+def noisy_runner(sc, seed: int, workload, slo, sampler=None, noise: float = NOISE) -> TrialRunner:
     launches: dict[str, int] = {}
 
     def launch_seed(k: Knobs) -> int:
@@ -138,7 +154,7 @@ def noisy_runner(sc, seed: int, workload, slo, sampler=None) -> TrialRunner:
         n = launches[key]
         return zlib.crc32(f"{seed}:{key}".encode() if n == 1 else f"{seed}:{key}:{n}".encode())
 
-    engine = SimEngine(sc.gpu, sc.model, noise=NOISE, seed=seed, token_times="itl" in slo.thresholds,
+    engine = SimEngine(sc.gpu, sc.model, noise=noise, seed=seed, token_times="itl" in slo.thresholds,
                        launch_seed=launch_seed)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     opts = TuneOptions(workload=None, slo=None, out=None, gpu=sc.gpu, model=sc.model)
@@ -167,6 +183,14 @@ class TraceReporter:
         if self.by_measured:
             if cap and not rec.raced_out and (self.best is None or cap > self.best[0]):
                 self.best = (cap, key)
-        elif rec.accepted:
-            self.best = (cap, key)
         self.trace.add(self.runner.launches, self.runs, self.best[1] if self.best else None)
+
+    def incumbent_changed(self, rec):
+        """The strategy stands on `rec` now (after its confirmation launch, the trial just recorded)."""
+        if self.by_measured:
+            return
+        self.best = (rec.capacity_rps or 0.0, knobs_key(Knobs(**rec.knobs)))
+        if self.trace.points and self.trace.points[-1][0] == self.runner.launches:
+            self.trace.points[-1] = (self.runner.launches, self.runs, self.best[1])
+        else:
+            self.trace.add(self.runner.launches, self.runs, self.best[1])

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import (MINUTES_PER_LAUNCH, MINUTES_PER_LOAD_RUN, Trace, TraceReporter,  # noqa: E402
+from _harness import (MINUTES_PER_LAUNCH, MINUTES_PER_LOAD_RUN, NOISE, Trace, TraceReporter,  # noqa: E402
                       ground_truth, noisy_runner, true_capacity)
 from _replayed import replay_auto_tune, replay_whole_space  # noqa: E402
 from _scenarios import SCENARIOS  # noqa: E402
@@ -32,7 +32,7 @@ from _scenarios import SCENARIOS  # noqa: E402
 from tuner.search.strategy import Budget, guided  # noqa: E402
 
 LEVELS = (0.90, 0.95, 0.98)
-CAPS = {"ours": 15, "tpe": 40, "random": 40}
+CAPS = {"ours": 15, "ours-exact": 15, "tpe": 40, "random": 40}
 OUT = Path(__file__).resolve().parent / "results"
 
 
@@ -47,8 +47,8 @@ def run_one(args) -> dict:
         replay_auto_tune(sc, memo, workload, slo, seed, trace)
     elif strategy in ("tpe", "random"):
         replay_whole_space(sc, memo, workload, slo, seed, strategy, CAPS[strategy], trace)
-    else:  # ours, for real on the noisy simulator
-        runner = noisy_runner(sc, seed, workload, slo)
+    else:  # ours, for real on the noisy simulator (or the deterministic one: `tune --engine sim`)
+        runner = noisy_runner(sc, seed, workload, slo, noise=0.0 if strategy == "ours-exact" else NOISE)
         runner.reporter = TraceReporter(runner, trace, by_measured=False)
         guided(runner, Budget(max_trials=CAPS[strategy]), noise_floor=0.05)
     opt = gt["__grid_optimum__"]["cap"]
@@ -84,7 +84,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS))
-    ap.add_argument("--strategies", default="ours,tpe,random,autotune")
+    ap.add_argument("--strategies", default="ours-exact,ours,tpe,random,autotune",
+                    help="ours-exact = ours on the noise-free simulator (deterministic: one run, seed 0)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--fresh", action="store_true", help="recompute the ground-truth grids")
     args = ap.parse_args(argv)
@@ -94,7 +95,7 @@ def main(argv=None) -> int:
         gts = dict(zip(names, pool.map(_gt, [(n, not args.fresh) for n in names])))
         print(f"ground truth ready in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         jobs = [(n, st, seed, gts[n]) for n in names for st in args.strategies.split(",")
-                for seed in range(args.seeds)]
+                for seed in (range(1) if st == "ours-exact" else range(args.seeds))]
         results = list(pool.map(run_one, jobs))
     OUT.mkdir(exist_ok=True)
     summary = {"machine": os.uname().machine, "cores": os.cpu_count(), "seeds": args.seeds,

@@ -227,7 +227,7 @@ def build_report(run_dir: str | Path) -> Report:
                              mean_output_tokens=info.workload_mean_output_tokens),
         slo_path=info.slo_path, slo_sha256=info.slo_sha256, slo=info.slo, slo_text=slo.describe(),
         baseline=base, tuned=tuned, headline=head,
-        attribution=attribution(data.trials, base_t, tuned_t, vllm_defaults(info)),
+        attribution=attribution(data.trials, base_t, tuned_t, vllm_defaults(info), data.outcome),
         trials=[_trial_row(t) for t in data.trials], counts=counts,
         engine_s=sum(t.record.engine_s for t in data.trials),
         serve_command=serve_command(info.model, tuned.knobs), config_yaml=config_yaml(info.model, tuned.knobs),

@@ -48,7 +48,7 @@ def pick_configs(trials: list[TrialView], outcome: dict | None = None
         base = next((t for t in trials if t.number == 0), None)
     if named_tuned is not None:
         return base, named_tuned
-    accepted = [t for t in trials if t.record.accepted and _completed(t)]
+    accepted = _chain(trials, outcome)
     if accepted:
         return base, accepted[-1]
     done = [t for t in trials if _completed(t)]
@@ -74,13 +74,23 @@ def knob_value(knobs: dict, name: str, defaults: dict | None) -> str:
     return f"default ({fmt_value(d) if d is not None else 'none'})"
 
 
+def _chain(trials: list[TrialView], outcome: dict | None) -> list[TrialView]:
+    """The trials that became the incumbent: as the strategy named them (a candidate that beat the
+    incumbent once but failed its confirmation launch is not one), else every accepted trial."""
+    named = (outcome or {}).get("incumbent_chain")
+    if named is not None:
+        by_number = {t.number: t for t in trials}
+        return [by_number[n] for n in named if n in by_number and _completed(by_number[n])]
+    return [t for t in trials if t.record.accepted and _completed(t)]
+
+
 def attribution(trials: list[TrialView], base: TrialView | None, tuned: TrialView | None,
-                defaults: dict | None = None) -> list[KnobStep]:
-    """Accepted trials after the baseline, in order, up to the tuned one."""
+                defaults: dict | None = None, outcome: dict | None = None) -> list[KnobStep]:
+    """Incumbent trials after the baseline, in order, up to the tuned one."""
     if base is None or tuned is None:
         return []
-    chain = [t for t in trials if t.record.accepted and _completed(t) and t.number != base.number
-             and t.number <= tuned.number]
+    chain = [t for t in _chain(trials, outcome) if t.number != base.number and t.number <= tuned.number
+             and t.record.knobs != base.record.knobs]
     if tuned.number != base.number and tuned not in chain:
         chain.append(tuned)
     prev_knobs = dict(base.record.knobs)

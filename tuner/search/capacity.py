@@ -39,6 +39,10 @@ class KneeSettings:
     probe_saturation: bool = True
     saturation_rate: float = 1e6
     knee_guess: float = 0.8   # first guess of the knee as a fraction of that throughput
+    #: A race is lost only when the candidate is clearly over the SLO at the incumbent's capacity (badness
+    #: above 1 + race_band); a near miss there is inside the noise of one load run and earns the full
+    #: knee search (a coin flip must not eliminate what may be the best configuration).
+    race_band: float = 0.1
 
 
 @dataclass
@@ -220,7 +224,8 @@ class KneeSearch:
         self.warm_up(min(race_rate or start_rate, start_rate) or 1.0)
         if race_rate is not None:
             m = self.evaluate(race_rate)
-            if not m.summary.passed:
+            s = m.summary
+            if not s.passed and (s.badness is None or s.badness > 1 + self.knee.race_band):
                 self.result.raced_out = True
                 return self.result
         elif self.knee.probe_saturation and self._burst_saturates():

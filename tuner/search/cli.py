@@ -36,6 +36,9 @@ def register(app: typer.Typer) -> None:
         search_space: str = typer.Option("default", help="Built-in space name or a YAML file."),
         strategy: str = typer.Option("guided", help="guided | tpe | random | grid."),
         max_trials: int = typer.Option(15, help="Engine launches at most (the baseline included)."),
+        confirm: bool = typer.Option(True, help="Launch the baseline and every new incumbent twice and keep "
+                                     "the lower capacity (guards against a lucky launch; off: one launch "
+                                     "per configuration)."),
         time_budget: Optional[float] = typer.Option(None, help="Stop starting trials after this many seconds."),
         out: Optional[Path] = typer.Option(None, help="Run directory (default runs/<timestamp>)."),
         storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: SQLite in --out)."),
@@ -65,7 +68,7 @@ def register(app: typer.Typer) -> None:
         import time as _t
         run_dir = out or Path("runs") / _t.strftime("%Y%m%d-%H%M%S")
         opts = TuneOptions(workload=workload, slo=slo, out=run_dir, engine=engine, gpu=gpu, model=model,
-                           search_space=search_space, strategy=strategy, max_trials=max_trials,
+                           search_space=search_space, strategy=strategy, max_trials=max_trials, confirm=confirm,
                            time_budget_s=time_budget, storage=storage, resume=resume, seed=seed,
                            precision=precision, start_rate=start_rate, requests_per_run=requests_per_run,
                            max_run_s=max_run_s, arrival=arrival, noise=noise, time_scale=time_scale,

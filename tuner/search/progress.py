@@ -50,6 +50,10 @@ class RichReporter:
         else:
             cap = f"{rec.capacity_rps:.2f} req/s" if rec.capacity_rps else "none"
             diag = f"; binds: {rec.diagnosis.kind} ({rec.diagnosis.summary})" if rec.diagnosis else ""
-            self.console.print(f"   capacity {cap}{' [green]new incumbent[/]' if rec.accepted else ''}{diag}")
-        if rec.accepted:
-            self.incumbent = rec
+            beat = " [green]beats the incumbent[/]" if rec.accepted and rec.role == "candidate" else ""
+            self.console.print(f"   capacity {cap}{beat}{diag}")
+
+    def incumbent_changed(self, rec: TrialRecord) -> None:
+        cap = f"{rec.capacity_rps:.2f} req/s" if rec.capacity_rps else "none"
+        self.console.print(f"   [green]incumbent[/]: trial {rec.number}, {_knobs(rec.knobs)}, {cap}")
+        self.incumbent = rec

@@ -97,6 +97,13 @@ class TrialRunner:
             out[knobs_key(Knobs(**r.knobs))] = r
         return out
 
+    def reporter_incumbent(self, rec: TrialRecord) -> None:
+        """Tell the reporter which trial the strategy now stands on (optional hook: a confirmed
+        candidate, not every trial that beat the incumbent once)."""
+        hook = getattr(self.reporter, "incumbent_changed", None)
+        if hook is not None:
+            hook(rec)
+
     def choices(self, knob: str) -> list[Any]:
         """A knob's Optuna choices: None (vLLM's default) and the space's values, each once."""
         out: list[Any] = [None]

@@ -44,6 +44,7 @@ class Outcome:
     baseline: TrialRecord | None
     incumbent: TrialRecord | None
     stop_reason: str
+    chain: list[int] | None = None  # trials that became the incumbent, in order (the baseline first)
 
 
 def _order(value: Any, values: list[Any], direction: str) -> list[Any]:
@@ -109,26 +110,73 @@ def clearly_better_at_same_load(rec: TrialRecord, inc: TrialRecord, margin: floa
     return True
 
 
-def confirm(runner: TrialRunner, rec: TrialRecord, budget: Budget) -> TrialRecord:
-    """The winner's curse: of several noisy candidates, the one accepted is the one whose launch came out
-    lucky, and a lucky-high incumbent then races every real gain out. A second launch of the new
-    incumbent, measured from its claimed capacity, and the lower of the two estimates stands."""
-    if not rec.capacity_rps or not budget.left(runner):
+NEGLIGIBLE_SPREAD = 0.01  # two launches of one configuration within 1%: the engine is deterministic
+
+
+class LaunchNoise:
+    """The launch-to-launch spread of capacity seen so far, from pairs of launches of one configuration.
+    A deterministic engine (the noise-free simulator) shows none on the baseline's pair, and then no
+    further launch is spent on confirmation."""
+
+    def __init__(self) -> None:
+        self.spreads: list[float] = []
+
+    def add(self, a: float | None, b: float | None) -> None:
+        if a and b:
+            self.spreads.append(abs(math.log(a / b)))
+
+    @property
+    def negligible(self) -> bool:
+        return bool(self.spreads) and max(self.spreads) < NEGLIGIBLE_SPREAD
+
+
+def _lower(a: TrialRecord, b: TrialRecord) -> TrialRecord:
+    return b if (b.capacity_rps or 0.0) < (a.capacity_rps or 0.0) else a
+
+
+def confirm_incumbent(runner: TrialRunner, rec: TrialRecord, budget: Budget, against: TrialRecord,
+            noise: LaunchNoise) -> TrialRecord | None:
+    """The winner's curse: of several noisy candidates, the one that beats the incumbent is the one whose
+    launch came out lucky, and a lucky-high incumbent then races every real gain out. A second launch of
+    the candidate, measured from its claimed capacity; the lower of the two estimates stands, and must
+    still be no worse than the incumbent's (itself the lower of two launches), or the candidate is
+    dropped. Returns the record that stands for the candidate, or None when it did not confirm."""
+    if noise.negligible:
         return rec
+    if not budget.left(runner):
+        return None  # an unconfirmed lucky draw is no result to end a study on
     again = runner.evaluate(Knobs(**rec.knobs), role="confirm", changed_knob=rec.changed_knob,
-                            start_rate=rec.capacity_rps, incumbent=rec.capacity_rps, fresh=True)
-    if again.capacity_rps and again.capacity_rps < rec.capacity_rps:
-        return again
-    return rec
+                            start_rate=rec.capacity_rps, incumbent=against.capacity_rps, fresh=True)
+    noise.add(rec.capacity_rps, again.capacity_rps)
+    low = _lower(rec, again)
+    if (low.capacity_rps or 0.0) >= (against.capacity_rps or 0.0) * (1 - 1e-9):
+        return low
+    return None
+
+
+def replicate_baseline(runner: TrialRunner, base: TrialRecord, budget: Budget,
+                       noise: LaunchNoise) -> TrialRecord:
+    """The baseline launched twice, the lower estimate kept: every later incumbent is the lower of two
+    launches too, so the two compare like for like, and a lucky-high first launch of the defaults cannot
+    block every real gain. The pair also tells whether the engine is noisy at all."""
+    if not base.capacity_rps or not budget.left(runner):
+        return base
+    again = runner.evaluate(Knobs(), role="confirm", start_rate=base.capacity_rps,
+                            incumbent=base.capacity_rps, fresh=True)
+    noise.add(base.capacity_rps, again.capacity_rps)
+    return _lower(base, again)
 
 
 def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: int = 3,
-           max_visits: int = 2, race_margin: float = 0.0) -> Outcome:
-    base = runner.evaluate(Knobs(), role="baseline")
-    inc = base
+           max_visits: int = 2, race_margin: float = 0.0, confirm: bool = True) -> Outcome:
+    first = runner.evaluate(Knobs(), role="baseline")
+    if not first.capacity_rps and first.diagnosis is None:
+        return Outcome(first, None, "the baseline neither served the SLO at any rate nor told us why")
+    noise = LaunchNoise()
+    base = inc = replicate_baseline(runner, first, budget, noise) if confirm else first
     runner.compare_rate = base.capacity_rps
-    if not base.capacity_rps and base.diagnosis is None:
-        return Outcome(base, None, "the baseline neither served the SLO at any rate nor told us why")
+    chain = [base.number]
+    runner.reporter_incumbent(inc)
     visits: Counter[str] = Counter()
     done_for: set[tuple[str, int]] = set()  # (knob, incumbent trial) pairs already explored
     dead: dict[str, set] = {}  # values a launch failure ruled out, per knob
@@ -140,7 +188,7 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
         if not order:  # nothing the diagnosis names is left: explore the rest of the space once
             order = [k for k in runner.space.knobs if visits[k] == 0]
         if not order:
-            return Outcome(base, inc, "every knob tried: plateau")
+            return Outcome(base, inc, "every knob tried: plateau", chain)
         knob = order[0]
         direction = (diag.directions.get(knob, "any") if diag and knob in wanted else "any")
         inc_knobs = Knobs(**inc.knobs)
@@ -157,11 +205,16 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
             knobs = normalize(inc_knobs.with_(**{knob: v}), runner.defaults)
             if runner.space.allows(knobs, runner.defaults) or knobs_key(knobs) in runner.finished():
                 continue  # impossible, or measured already (the same configuration as another trial)
-            floor = (best.capacity_rps or 0.0) * (1 + noise_floor)
-            race = (best.capacity_rps or 0.0) * (1 + race_margin)
+            # the floor is the noise measured: a deterministic engine (the baseline's two launches agree)
+            # resolves any gain the knee search's bracket does
+            gain = NEGLIGIBLE_SPREAD if noise.negligible else noise_floor
+            floor = (best.capacity_rps or 0.0) * (1 + gain)
+            # race at the confirmed incumbent's capacity, not at a sibling's unconfirmed (possibly lucky)
+            # estimate: a candidate that fails there cannot be better than what the study stands on
+            race = (inc.capacity_rps or 0.0) * (1 + race_margin)
             tried += 1
             rec = runner.evaluate(knobs, changed_knob=knob, incumbent=inc.capacity_rps,
-                                  race_rate=race if best.capacity_rps else None,
+                                  race_rate=race if inc.capacity_rps else None,
                                   start_rate=best.capacity_rps or runner.start_rate,
                                   accept_above=floor if best.capacity_rps else None,
                                   accept=lambda r, b=best: clearly_better_at_same_load(r, b, TIE_MARGIN))
@@ -179,15 +232,19 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
         done_for.add((knob, inc.number))
         if not tried:
             continue  # nothing to try for this knob (already at its best value): not a miss
-        if best is not inc:
-            inc = confirm(runner, best, budget)
+        confirmed = None if best is inc else (
+            confirm_incumbent(runner, best, budget, inc, noise) if confirm else best)
+        if confirmed is not None:
+            inc = confirmed
+            chain.append(inc.number)
+            runner.reporter_incumbent(inc)
             streak = 0
         else:
             streak += 1
             if streak >= plateau and (not diag or all(visits[k] for k in wanted)):
                 return Outcome(base, inc, f"plateau: {plateau} knobs in a row gave no gain above the "
-                                          f"{noise_floor:.0%} noise floor")
-    return Outcome(base, inc, "budget spent")
+                                          f"{noise_floor:.0%} noise floor", chain)
+    return Outcome(base, inc, "budget spent", chain)
 
 
 def whole_space(runner: TrialRunner, budget: Budget, *, sampler: str, noise_floor: float,

@@ -49,6 +49,7 @@ class TuneOptions:
     search_space: str = "default"
     strategy: str = "guided"
     max_trials: int = 15
+    confirm: bool = True
     time_budget_s: float | None = None
     storage: str | None = None
     resume: bool = False
@@ -248,7 +249,7 @@ def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outco
                               if r.launched or r.launch_failure_kind not in (None, "bad_flag"))
     budget = Budget(max_trials=opts.max_trials, time_budget_s=opts.time_budget_s, started=time.monotonic())
     if opts.strategy == "guided":
-        outcome = guided(runner, budget, noise_floor=noise_floor, plateau=opts.plateau)
+        outcome = guided(runner, budget, noise_floor=noise_floor, plateau=opts.plateau, confirm=opts.confirm)
     elif opts.strategy == "grid":
         outcome = grid(runner, opts.max_trials)
     else:
@@ -256,6 +257,7 @@ def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outco
     study.set_user_attr("outcome", {"stop_reason": outcome.stop_reason,
                                     "baseline_trial": outcome.baseline.number if outcome.baseline else None,
                                     "tuned_trial": outcome.incumbent.number if outcome.incumbent else None,
+                                    "incumbent_chain": outcome.chain,
                                     "launches": runner.launches, "engine_s": runner.engine_s})
     if opts.write_outputs:
         write_outputs(opts.out)
