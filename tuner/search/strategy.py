@@ -242,8 +242,11 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
         else:
             streak += 1
             if streak >= plateau and (not diag or all(visits[k] for k in wanted)):
+                floor = NEGLIGIBLE_SPREAD if noise.negligible else noise_floor
                 return Outcome(base, inc, f"plateau: {plateau} knobs in a row gave no gain above the "
-                                          f"{noise_floor:.0%} noise floor", chain)
+                                          f"{floor:.0%} noise floor"
+                                          f"{' (the baseline measured alike on two launches)' if noise.negligible else ''}",
+                               chain)
     return Outcome(base, inc, "budget spent", chain)
 
 
