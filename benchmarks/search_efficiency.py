@@ -3,7 +3,8 @@
 For each scenario (benchmarks/_scenarios.py) the exhaustive grid is measured noise-free (the ground
 truth, cached in benchmarks/.cache/; --fresh recomputes it). Then each strategy runs on the same
 landscape with simulator noise on, over several seeds: ours, Optuna TPE over the whole space, random
-search, and vLLM's auto_tune.sh algorithm. Printed per scenario and strategy: engine launches and load
+search, and vLLM's auto_tune.sh algorithm; `ours-exact` is ours once on the noise-free simulator (what
+`tune --engine sim` runs: issue 5's "95% of the grid optimum within 15 launches"). Printed per scenario and strategy: engine launches and load
 runs to reach 90/95/98% of the grid optimum (median [min-max] over seeds; '-' = not reached), the
 GPU-minutes that costs, and the true capacity it ends with. Writes benchmarks/results/search_efficiency.json
 and a plot (capacity vs launches, one line per strategy).
