@@ -127,13 +127,16 @@ def headline(base: ConfigSummary, tuned: ConfigSummary) -> Headline:
                     capacity_gain_pct=_pct(base.capacity_rps, tuned.capacity_rps), rows=rows)
 
 
-def _trial_row(t: TrialView) -> TrialRow:
+def _trial_row(t: TrialView, chain: list[int] | None = None) -> TrialRow:
+    """`incumbent` = the strategy stood on this trial: a candidate that beat the incumbent once but fell
+    below it on its confirmation launch did not become one."""
     r = t.record
     return TrialRow(number=t.number, state=t.state, role=r.role, knobs=r.knobs, changed_knob=r.changed_knob,
                     launched=r.launched, launch_failure_kind=r.launch_failure_kind,
                     launch_failure_message=r.launch_failure_message, capacity_rps=r.capacity_rps,
                     capacity_upper_rps=r.capacity_upper_rps, incumbent_before=r.incumbent_before,
-                    accepted=r.accepted, raced_out=r.raced_out,
+                    accepted=r.accepted, incumbent=None if chain is None else t.number in chain,
+                    raced_out=r.raced_out,
                     load_runs=sum(x.repeats for x in r.load_runs), engine_s=r.engine_s, diagnosis=r.diagnosis)
 
 
@@ -228,7 +231,8 @@ def build_report(run_dir: str | Path) -> Report:
         slo_path=info.slo_path, slo_sha256=info.slo_sha256, slo=info.slo, slo_text=slo.describe(),
         baseline=base, tuned=tuned, headline=head,
         attribution=attribution(data.trials, base_t, tuned_t, vllm_defaults(info), data.outcome),
-        trials=[_trial_row(t) for t in data.trials], counts=counts,
+        trials=[_trial_row(t, (data.outcome or {}).get("incumbent_chain")) for t in data.trials],
+        counts=counts,
         engine_s=sum(t.record.engine_s for t in data.trials),
         serve_command=serve_command(info.model, tuned.knobs), config_yaml=config_yaml(info.model, tuned.knobs),
         plan=plan, plan_text=plan_text, caveats=caveats(info, tuned, base, counts, head.capacity_gain_pct))

@@ -66,7 +66,8 @@ class TrialRow(BaseModel):
     capacity_rps: float | None = None
     capacity_upper_rps: float | None = None
     incumbent_before: float | None = None
-    accepted: bool = False
+    accepted: bool = False             # beat the incumbent on its own launch
+    incumbent: bool | None = None      # became the incumbent (after its confirmation launch); None: unknown
     raced_out: bool = False
     load_runs: int = 0
     engine_s: float = 0.0

@@ -103,7 +103,13 @@ def _trials(rep: Report) -> list[Block]:
             at = t.capacity_upper_rps or t.incumbent_before
             outcome = (f"raced out: failed its one load run at {_n(at)} req/s (incumbent: "
                        f"{_n(t.incumbent_before)} req/s)")
-        elif t.accepted:
+        elif t.incumbent:
+            outcome = "incumbent (the baseline)" if not t.knobs else "accepted (new incumbent)"
+        elif t.incumbent is False and t.role in ("baseline", "confirm") and t.state == "COMPLETE":
+            outcome = "launched twice: the lower (or equal) other launch of the pair stands"
+        elif t.incumbent is False and t.accepted and t.state == "COMPLETE":
+            outcome = "beat the incumbent once; not kept after its second launch"
+        elif t.accepted and t.incumbent is None:
             outcome = "accepted (new incumbent)"
         elif t.state == "COMPLETE":
             outcome = "rejected (not better)"

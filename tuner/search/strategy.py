@@ -135,7 +135,7 @@ def _lower(a: TrialRecord, b: TrialRecord) -> TrialRecord:
 
 
 def confirm_incumbent(runner: TrialRunner, rec: TrialRecord, budget: Budget, against: TrialRecord,
-            noise: LaunchNoise) -> TrialRecord | None:
+                      noise: LaunchNoise) -> TrialRecord | None:
     """The winner's curse: of several noisy candidates, the one that beats the incumbent is the one whose
     launch came out lucky, and a lucky-high incumbent then races every real gain out. A second launch of
     the candidate, measured from its claimed capacity; the lower of the two estimates stands, and must
