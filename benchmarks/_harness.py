@@ -177,7 +177,7 @@ class TraceReporter:
     def point(self, number, p):
         self.runs += p.repeats
 
-    def trial_done(self, rec, incumbent):
+    def trial_done(self, rec):
         key = knobs_key(Knobs(**rec.knobs))
         cap = rec.capacity_rps or 0.0
         if self.by_measured:

@@ -11,25 +11,16 @@ model (512 bytes per token); 1 MiB is 2,048 tokens, about two sequences of 800, 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from tests.conformance.base import EngineConformance
+from tests.helpers.real_vllm import MODEL, PYTHON, needs_vllm
 from tuner.engine.vllm import VllmEngine
 from tuner.knobs import Knobs
 
-PYTHON = os.environ.get("TUNER_VLLM_PYTHON")
-MODEL = os.environ.get("TUNER_TINY_MODEL")
-
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(not (PYTHON and MODEL), reason="real vLLM not set up: TUNER_VLLM_PYTHON and "
-                       "TUNER_TINY_MODEL are unset (run .ci/setup-vllm.sh, then source .ci/env)"),
-    pytest.mark.skipif(bool(PYTHON and MODEL) and not (Path(PYTHON or "").exists() and Path(MODEL or "").is_dir()),
-                       reason=f"TUNER_VLLM_PYTHON={PYTHON} or TUNER_TINY_MODEL={MODEL} does not exist"),
-]
+pytestmark = needs_vllm
 
 MIB = 1024 * 1024
 

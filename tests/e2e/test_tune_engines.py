@@ -8,7 +8,6 @@ the study goes on.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -16,24 +15,18 @@ from optuna.trial import TrialState
 
 from tests.e2e.conftest import (TUNE_FIX, knobs_of, load_trials, record, server_pidfiles, sqlite_url, study_args,
                                 tune)
+from tests.helpers.real_vllm import MODEL as TINY_MODEL
+from tests.helpers.real_vllm import PYTHON as VLLM_PYTHON
+from tests.helpers.real_vllm import needs_vllm as real_vllm_marks
 
 pytestmark = pytest.mark.e2e
 
-VLLM_PYTHON = os.environ.get("TUNER_VLLM_PYTHON")
-TINY_MODEL = os.environ.get("TUNER_TINY_MODEL")
 # CPU vLLM: KV pool in bytes (the default utilisation fails on a shared CI machine), no graph capture.
 # 4 MiB is 8,192 tokens of the tiny model, as in tests/conformance/test_vllm.py.
 VLLM_ARGS = ["--vllm-python", str(VLLM_PYTHON), "--model", str(TINY_MODEL), "--vllm-arg=--enforce-eager",
              f"--vllm-arg=--kv-cache-memory-bytes={4 * 1024 * 1024}"]
 
-needs_vllm = [
-    pytest.mark.vllm, pytest.mark.slow,
-    pytest.mark.skipif(not (VLLM_PYTHON and TINY_MODEL), reason="real vLLM not set up: TUNER_VLLM_PYTHON and "
-                       "TUNER_TINY_MODEL are unset (run .ci/setup-vllm.sh, then source .ci/env)"),
-    pytest.mark.skipif(bool(VLLM_PYTHON and TINY_MODEL) and not (Path(VLLM_PYTHON or "").exists()
-                                                                and Path(TINY_MODEL or "").is_dir()),
-                       reason=f"TUNER_VLLM_PYTHON={VLLM_PYTHON} or TUNER_TINY_MODEL={TINY_MODEL} does not exist"),
-]
+needs_vllm = [pytest.mark.slow, *real_vllm_marks]
 
 
 @pytest.mark.parametrize("engine", ["sim", "sim-http", pytest.param("vllm", marks=needs_vllm)])

@@ -6,12 +6,10 @@ own overhead, and lateness bounds that a closed-loop or blocked client would mis
 
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from statistics import median
 
 import pytest

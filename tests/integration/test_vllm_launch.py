@@ -16,18 +16,11 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
+from tests.helpers.real_vllm import MODEL, PYTHON, needs_vllm
 from tuner.engine import launcher, procs
 
-PYTHON = os.environ.get("TUNER_VLLM_PYTHON")
-MODEL = os.environ.get("TUNER_TINY_MODEL")
-
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(not (PYTHON and MODEL), reason="real vLLM not set up: TUNER_VLLM_PYTHON and "
-                       "TUNER_TINY_MODEL are unset (run .ci/setup-vllm.sh, then source .ci/env)"),
-]
+pytestmark = needs_vllm
 
 
 def _start_tool(run_dir: Path) -> tuple[subprocess.Popen, dict]:

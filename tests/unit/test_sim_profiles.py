@@ -5,7 +5,7 @@ import pytest
 from tuner.errors import UserError
 from tuner.knobs import Knobs
 from tuner.profiles.gpus import GIB, builtin_gpus, get_gpu
-from tuner.profiles.models import builtin_models, get_model, load_hf_config
+from tuner.profiles.models import builtin_models, get_model
 from tuner.sim.config import resolve
 from tuner.sim.costs import CostModel, CostParams
 

@@ -36,7 +36,7 @@ class RichReporter:
                                 f"attainment {p.attainment:.3f}; incumbent "
                                 f"{f'{inc:.2f} req/s' if inc else '-'}")
 
-    def trial_done(self, rec: TrialRecord, incumbent: float | None) -> None:
+    def trial_done(self, rec: TrialRecord) -> None:
         if self._status:
             self._status.stop()
             self._status = None

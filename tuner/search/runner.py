@@ -43,13 +43,17 @@ LAUNCH_LESSONS = {
 class Reporter(Protocol):
     def trial_started(self, number: int, knobs: Knobs, role: str) -> None: ...
     def point(self, number: int, point: LoadRunSummary) -> None: ...
-    def trial_done(self, record: TrialRecord, incumbent: float | None) -> None: ...
+    def trial_done(self, record: TrialRecord) -> None: ...
+    def incumbent_changed(self, record: TrialRecord) -> None:
+        """The strategy stands on `record` now (a confirmed candidate, not every trial that beat the
+        incumbent once)."""
 
 
 class NullReporter:
     def trial_started(self, number, knobs, role): pass
     def point(self, number, point): pass
-    def trial_done(self, record, incumbent): pass
+    def trial_done(self, record): pass
+    def incumbent_changed(self, record): pass
 
 
 @contextmanager
@@ -96,13 +100,6 @@ class TrialRunner:
                 continue
             out[knobs_key(Knobs(**r.knobs))] = r
         return out
-
-    def reporter_incumbent(self, rec: TrialRecord) -> None:
-        """Tell the reporter which trial the strategy now stands on (optional hook: a confirmed
-        candidate, not every trial that beat the incumbent once)."""
-        hook = getattr(self.reporter, "incumbent_changed", None)
-        if hook is not None:
-            hook(rec)
 
     def choices(self, knob: str) -> list[Any]:
         """A knob's Optuna choices: None (vLLM's default) and the space's values, each once."""
@@ -215,5 +212,5 @@ class TrialRunner:
             self.study.tell(trial, rec.capacity_rps or 0.0)
         else:
             self.study.tell(trial, state=state)
-        self.reporter.trial_done(rec, None)
+        self.reporter.trial_done(rec)
         return rec

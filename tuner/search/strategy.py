@@ -129,9 +129,20 @@ class LaunchNoise:
     def negligible(self) -> bool:
         return bool(self.spreads) and max(self.spreads) < NEGLIGIBLE_SPREAD
 
+    def floor(self, configured: float) -> float:
+        """The gain a candidate must show: the configured floor, or 1% on a deterministic engine, which
+        resolves any gain the knee search's bracket does."""
+        return NEGLIGIBLE_SPREAD if self.negligible else configured
 
-def _lower(a: TrialRecord, b: TrialRecord) -> TrialRecord:
-    return b if (b.capacity_rps or 0.0) < (a.capacity_rps or 0.0) else a
+
+def _launch_again(runner: TrialRunner, rec: TrialRecord, against: float | None,
+                  noise: LaunchNoise) -> TrialRecord:
+    """A second launch of `rec`'s configuration, measured from its claimed capacity; the lower of the
+    two estimates is returned, and their spread is noted."""
+    again = runner.evaluate(Knobs(**rec.knobs), role="confirm", changed_knob=rec.changed_knob,
+                            start_rate=rec.capacity_rps, incumbent=against, fresh=True)
+    noise.add(rec.capacity_rps, again.capacity_rps)
+    return again if (again.capacity_rps or 0.0) < (rec.capacity_rps or 0.0) else rec
 
 
 def confirm_incumbent(runner: TrialRunner, rec: TrialRecord, budget: Budget, against: TrialRecord,
@@ -145,10 +156,7 @@ def confirm_incumbent(runner: TrialRunner, rec: TrialRecord, budget: Budget, aga
         return rec
     if not budget.left(runner):
         return None  # an unconfirmed lucky draw is no result to end a study on
-    again = runner.evaluate(Knobs(**rec.knobs), role="confirm", changed_knob=rec.changed_knob,
-                            start_rate=rec.capacity_rps, incumbent=against.capacity_rps, fresh=True)
-    noise.add(rec.capacity_rps, again.capacity_rps)
-    low = _lower(rec, again)
+    low = _launch_again(runner, rec, against.capacity_rps, noise)
     if (low.capacity_rps or 0.0) >= (against.capacity_rps or 0.0) * (1 - 1e-9):
         return low
     return None
@@ -161,10 +169,7 @@ def replicate_baseline(runner: TrialRunner, base: TrialRecord, budget: Budget,
     block every real gain. The pair also tells whether the engine is noisy at all."""
     if not base.capacity_rps or not budget.left(runner):
         return base
-    again = runner.evaluate(Knobs(), role="confirm", start_rate=base.capacity_rps,
-                            incumbent=base.capacity_rps, fresh=True)
-    noise.add(base.capacity_rps, again.capacity_rps)
-    return _lower(base, again)
+    return _launch_again(runner, base, base.capacity_rps, noise)
 
 
 def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: int = 3,
@@ -176,7 +181,7 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
     base = inc = replicate_baseline(runner, first, budget, noise) if confirm else first
     runner.compare_rate = base.capacity_rps
     chain = [base.number]
-    runner.reporter_incumbent(inc)
+    runner.reporter.incumbent_changed(inc)
     visits: Counter[str] = Counter()
     done_for: set[tuple[str, int]] = set()  # (knob, incumbent trial) pairs already explored
     dead: dict[str, set] = {}  # values a launch failure ruled out, per knob
@@ -205,10 +210,7 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
             knobs = normalize(inc_knobs.with_(**{knob: v}), runner.defaults)
             if runner.space.allows(knobs, runner.defaults) or knobs_key(knobs) in runner.finished():
                 continue  # impossible, or measured already (the same configuration as another trial)
-            # the floor is the noise measured: a deterministic engine (the baseline's two launches agree)
-            # resolves any gain the knee search's bracket does
-            gain = NEGLIGIBLE_SPREAD if noise.negligible else noise_floor
-            floor = (best.capacity_rps or 0.0) * (1 + gain)
+            floor = (best.capacity_rps or 0.0) * (1 + noise.floor(noise_floor))
             # race at the confirmed incumbent's capacity, not at a sibling's unconfirmed (possibly lucky)
             # estimate: a candidate that fails there cannot be better than what the study stands on
             race = (inc.capacity_rps or 0.0) * (1 + race_margin)
@@ -237,14 +239,13 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
         if confirmed is not None:
             inc = confirmed
             chain.append(inc.number)
-            runner.reporter_incumbent(inc)
+            runner.reporter.incumbent_changed(inc)
             streak = 0
         else:
             streak += 1
             if streak >= plateau and (not diag or all(visits[k] for k in wanted)):
-                floor = NEGLIGIBLE_SPREAD if noise.negligible else noise_floor
                 return Outcome(base, inc, f"plateau: {plateau} knobs in a row gave no gain above the "
-                                          f"{floor:.0%} noise floor"
+                                          f"{noise.floor(noise_floor):.0%} noise floor"
                                           f"{' (the baseline measured alike on two launches)' if noise.negligible else ''}",
                                chain)
     return Outcome(base, inc, "budget spent", chain)

