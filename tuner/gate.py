@@ -233,20 +233,22 @@ def check_rate(server, workload, slo, rate: float, load, *, max_runs: int = MAX_
     interval still reaches it: not a demonstrated regression) or "broken" (the whole interval is below).
     A regression gate must fail on a regression, not on one unlucky draw of a p99 from a few hundred
     requests, and must not pass on a lucky one either: hence pooling, then the interval."""
-    from tuner.search.measure import measure, summarize
+    from tuner.search.measure import measure_run, summarize
 
     target = float(slo.target)
-    records, wall = [], 0.0
+    runs = []
     for i in range(max_runs):
-        m, run = measure(server, workload, slo, rate, load, seed=load.seed + GATE_SEED + i)
-        records += m.records
-        wall += m.summary.wall_s
-        s = summarize(records, slo, rate, run, i + 1, wall)
+        runs.append(measure_run(server, workload, slo, rate, load, seed=load.seed + GATE_SEED + i))
+        s = summarize([r for m in runs for r in m.run.records], slo, rate, [m.run for m in runs],
+                      [m.verdict for m in runs], sum(m.wall_s for m in runs))
+        if not s.passed and s.verdict in ("overloaded", "too_short"):
+            break  # the engine did not keep up: no pooling changes that
         # Runs of a few hundred requests vary more than the binomial interval says (bursts make
         # requests' latencies correlated), so only a pass or a gross failure ends the pooling early.
         if s.passed or s.attainment < target - GROSS:
             break
-    verdict = "holds" if s.passed else ("noise" if s.ci_high >= target else "broken")
+    verdict = "holds" if s.passed else ("noise" if s.ci_high >= target and s.verdict not in (
+        "overloaded", "too_short") else "broken")
     return s, verdict
 
 

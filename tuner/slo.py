@@ -21,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tuner.errors import UserError
-from tuner.replay.record import LoadRun, RequestRecord
+from tuner.replay.record import TOOL_CAUSES, LoadRun, RequestRecord
 from tuner.workload._validation import first_error
 
 METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")
@@ -174,7 +174,8 @@ class Score(BaseModel):
     meets_target: bool
     goodput: float | None  # good requests per second of the window
     window_s: float | None
-    errors: int  # failed, timed out or unfinished: never good
+    errors: int  # failed, truncated, timed out or unfinished: never good
+    errors_by_cause: dict[str, int] = Field(default_factory=dict)  # see tuner.replay.record.ERROR_CAUSES
     violations: dict[str, int]  # finished requests that broke each threshold
     binding: str | None  # the threshold broken most often: the one to tune for
     metrics: dict[str, MetricStats]
@@ -210,6 +211,39 @@ def _per_request_ms(r: RequestRecord, metric: str) -> tuple[float | None, bool]:
     return (v * 1000.0 if v is not None else None), False
 
 
+def request_ratios(r: RequestRecord, slo: SLO) -> dict[str, float]:
+    """THE per-request SLO check, one number per threshold: value / threshold (<= 1 holds). A request
+    that failed, was truncated or has no value for a metric gets inf for it: it is never good. The knee
+    search, the score, the gate and the report all judge requests through this function."""
+    bad = not r.ok or r.truncated
+    out = {}
+    for m, t in slo.thresholds.items():
+        v = None if bad else _per_request_ms(r, m)[0]
+        out[m] = math.inf if v is None else v / t.max_ms
+    return out
+
+
+def request_ratio(r: RequestRecord, slo: SLO) -> float:
+    """The request's worst ratio over the thresholds (`request_ratios`); good exactly when <= 1."""
+    return max(request_ratios(r, slo).values(), default=0.0)
+
+
+def is_good(r: RequestRecord, slo: SLO) -> bool:
+    return request_ratio(r, slo) <= 1.0
+
+
+def badness(records: Iterable[RequestRecord], slo: SLO) -> float:
+    """The target-quantile of the in-window requests' worst ratios (`request_ratio`).
+
+    Attainment >= target exactly when this is <= 1 (both come from the same per-request check), and
+    unlike attainment it moves continuously with the rate, so the knee search can interpolate on it."""
+    vals = sorted(request_ratio(r, slo) for r in records if r.in_window)
+    if not vals:
+        return math.inf
+    k = max(0, math.ceil(float(slo.target) * len(vals)) - 1)  # type: ignore[arg-type]
+    return vals[k]
+
+
 def _default_window(records: list[RequestRecord]) -> float | None:
     """Send span stretched by one mean gap (n requests occupy n gaps), so goodput = attainment x rate."""
     if len(records) < 2:
@@ -221,26 +255,28 @@ def _default_window(records: list[RequestRecord]) -> float | None:
 
 def score(records: Iterable[RequestRecord], slo: SLO, window: float | None = None) -> Score:
     """Score the in-window records of one load run against `slo` (per-request check)."""
-    recs = [r for r in records if r.in_window]
+    # requests the tool itself cut or never sent (a decided load run) are not the server's outcome
+    recs = [r for r in records if r.in_window and r.cause not in TOOL_CAUSES]
     if window is not None and (not math.isfinite(window) or window <= 0):
         raise UserError(f"must be > 0 seconds, got {window}", field="window")
     window_s = window if window is not None else _default_window(recs)
     th = slo.thresholds
     violations = {m: 0 for m in th}
+    causes: dict[str, int] = {}
     n_good = errors = fallback = 0
     for r in recs:
-        if not r.ok:
+        cause = r.cause
+        if cause is not None:
             errors += 1
+            causes[cause] = causes.get(cause, 0) + 1
             continue
-        good = True
-        for m, t in th.items():
-            v, fb = _per_request_ms(r, m)
-            fallback += fb
-            if v is None or v > t.max_ms:
+        ratios = request_ratios(r, slo)
+        fallback += "itl" in th and _per_request_ms(r, "itl")[1]
+        for m, x in ratios.items():
+            if x > 1.0:
                 violations[m] += 1
-                good = False
-        n_good += good
-    finished = [r for r in recs if r.ok]
+        n_good += max(ratios.values(), default=0.0) <= 1.0
+    finished = [r for r in recs if r.ok and not r.truncated]
     values: dict[str, list[float]] = {}
     for m in METRICS:
         if m == "itl":
@@ -270,6 +306,7 @@ def score(records: Iterable[RequestRecord], slo: SLO, window: float | None = Non
     return Score(n=n, n_good=n_good, attainment=attainment, ci_low=lo, ci_high=hi, target=target,
                  meets_target=n > 0 and attainment >= target,
                  goodput=(n_good / window_s) if window_s else None, window_s=window_s, errors=errors,
+                 errors_by_cause=causes,
                  violations=violations, binding=worst[0] if worst[1] > 0 else None, metrics=metrics,
                  percentile_values_ms=pct, warnings=warnings)
 

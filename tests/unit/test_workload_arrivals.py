@@ -24,7 +24,11 @@ def test_poisson_rate_cv_and_seed() -> None:
     assert t[0] == 0.0 and all(b >= a for a, b in zip(t, t[1:]))
     assert (len(t) - 1) / t[-1] == pytest.approx(8.0, rel=0.03)
     assert _cv(t) == pytest.approx(1.0, abs=0.05)  # exponential gaps
-    assert poisson_times(100, 8.0, seed=1) == t[:100]
+    assert poisson_times(100, 8.0, seed=1) == poisson_times(100, 8.0, seed=1)
+    # rescaled to the nominal span: the run offers exactly the rate it is labelled with (bench serve)
+    for seed in range(5):
+        short = poisson_times(200, 8.0, seed=seed)
+        assert (len(short) - 1) / short[-1] == pytest.approx(8.0, rel=1e-12)
     assert poisson_times(100, 8.0, seed=2) != t[:100]
 
 

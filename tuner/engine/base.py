@@ -36,8 +36,12 @@ class Server(abc.ABC):
     @abc.abstractmethod
     def run_load(self, requests: Sequence[WorkloadRequest], send_times: Sequence[float], *,
                  offered_rate: float, request_timeout_s: float = 120.0,
-                 warmup_s: float = 0.0, cooldown_s: float = 0.0, prompt_salt: int | None = None) -> LoadRun:
+                 warmup_s: float = 0.0, cooldown_s: float = 0.0, prompt_salt: int | None = None,
+                 stop_when=None) -> LoadRun:
         """Send `requests[i]` at `send_times[i]` seconds (open loop) and measure every one.
+
+        `stop_when(records, now)` (see `tuner.replay.client.StopWhen`) may end the run early once its
+        verdict is certain: the sequential test of `tuner.search.verdict`.
 
         `prompt_salt` changes the request-unique part of synthesised prompts (shared prefixes stay
         shared): a knee search replays the same requests at several rates, and without a fresh salt per

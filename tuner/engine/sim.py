@@ -14,7 +14,7 @@ from tuner.engine.base import Engine, LaunchInfo, Server
 from tuner.knobs import Knobs
 from tuner.profiles.gpus import GPUProfile, get_gpu
 from tuner.profiles.models import ModelProfile, get_model
-from tuner.replay.record import LoadRun
+from tuner.replay.record import CUT, NOT_SENT, LoadRun
 from tuner.sim.config import ResolvedConfig, resolve
 from tuner.sim.costs import CostParams
 from tuner.sim.engine import EngineCore
@@ -60,7 +60,7 @@ class SimServer(Server):
     def run_load(self, requests: Sequence[WorkloadRequest], send_times: Sequence[float], *,
                  offered_rate: float, request_timeout_s: float = 120.0, warmup_s: float = 0.0,
                  cooldown_s: float = 0.0, token_times: bool | None = None,
-                 prompt_salt: int | None = None) -> LoadRun:
+                 prompt_salt: int | None = None, stop_when=None) -> LoadRun:
         sims = []
         if prompt_salt is not None:
             self._shapes.clear()
@@ -77,9 +77,12 @@ class SimServer(Server):
                           warmup_s=warmup_s, cooldown_s=cooldown_s,
                           token_times=self.token_times if token_times is None else token_times)
         self._drain()
-        return LoadRun(offered_rate=offered_rate, duration_s=run.duration_s, records=run.records,
-                       metrics=run.metrics, engine="sim", window_start_s=warmup_s,
-                       window_end_s=max(send_times, default=0.0) - cooldown_s)
+        out = LoadRun(offered_rate=offered_rate, duration_s=run.duration_s, records=run.records,
+                      metrics=run.metrics, engine="sim", window_start_s=warmup_s,
+                      window_end_s=max(send_times, default=0.0) - cooldown_s)
+        if stop_when is not None:
+            replay_stop_rule(out, stop_when, span)
+        return out
 
     def _drain(self) -> None:
         """Abort whatever a timed-out run left in the engine, as clients disconnecting would."""
@@ -91,6 +94,39 @@ class SimServer(Server):
 
     def stop(self) -> None:
         self._shapes.clear()
+
+
+def replay_stop_rule(run: LoadRun, stop_when, span: float, max_checks: int = 400) -> None:
+    """Apply a load run's `stop_when` rule as the HTTP client would have, at its check times, to a run
+    simulated whole: requests sent after the decision become "not sent" (out of the window), and after
+    a "cut" those still in flight become "cut at decision" (never good); the run's duration ends at the decision (cut) or when the last
+    request sent before it ended (drain). Virtual time is free, so the whole schedule is simulated first;
+    the requests in flight at the decision then ran beside arrivals the real client would not have sent
+    (slightly pessimistic latencies for them, at most one E2E latency's worth of the run)."""
+    records = run.records
+    table = stop_when.table(records) if hasattr(stop_when, "table") else None
+    every = max(float(getattr(stop_when, "check_interval_s", 0.25)), span / max_checks)
+    t = every
+    action = None
+    while t <= span + every:
+        action = stop_when(table if table is not None else records, t)
+        if action is not None:
+            break
+        t += every
+    if action is None:
+        return
+    ends = []
+    for r in records:
+        if r.sent_s is None or r.sent_s > t:
+            r.error, r.in_window, r.finish_s, r.first_token_s, r.token_times = NOT_SENT, False, None, None, None
+            r.end_s = None
+            continue
+        if action == "cut" and (r.end_s is None or r.end_s > t):
+            r.error, r.end_s = CUT, t
+        ends.append(r.end_s if r.end_s is not None else t)
+    run.stopped_s = t
+    run.window_end_s = min(run.window_end_s, t)
+    run.duration_s = t if action == "cut" else max(ends, default=t)
 
 
 class SimEngine(Engine):

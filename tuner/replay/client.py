@@ -38,7 +38,7 @@ from tuner.metrics.sampler import GaugeSampler
 from tuner.metrics.scrape import ascrape, window
 from tuner.metrics.window import MetricsWindow
 from tuner.replay.pool import ShardedClient
-from tuner.replay.record import LoadRun, RequestRecord
+from tuner.replay.record import CUT, NOT_SENT, LoadRun, RequestRecord
 from tuner.replay.schedule import sleep_until
 from tuner.replay.sse import build_request, stream_request
 from tuner.workload.model import WorkloadRequest
@@ -46,6 +46,11 @@ from tuner.workload.prompts import render_messages, render_prompt
 
 Api = Literal["completions", "chat"]
 Progress = Callable[[int, int, int], None]
+#: `stop_when(records, now)`, called every `stop_when.check_interval_s` (default 0.25) run seconds with
+#: the live records: None goes on; "drain" stops sending and lets the requests in flight finish; "cut"
+#: also cancels them (error "cut at decision", never good). Requests not yet sent get error "not sent"
+#: and leave the measured window. The run's `stopped_s` says when.
+StopWhen = Callable[[Sequence[RequestRecord], float], "str | None"]
 
 #: A request's task is created this long before its send time, to render its prompt off the deadline.
 LEAD_S = 0.05
@@ -64,7 +69,7 @@ class _Runner:
                  offered_rate: float, model: str | None, api: Api, api_key: str | None,
                  request_timeout_s: float, stall_timeout_s: float, max_in_flight: int, warmup_s: float,
                  cooldown_s: float, metrics: bool, sample_interval_s: float, progress: Progress | None,
-                 prompt_salt: int | str | None, engine: str):
+                 prompt_salt: int | str | None, engine: str, stop_when: StopWhen | None = None):
         if len(requests) != len(send_times):
             raise ValueError(f"{len(requests)} requests but {len(send_times)} send times")
         if not all(0.0 <= float(t) < float("inf") for t in send_times):
@@ -83,6 +88,9 @@ class _Runner:
         self.metrics, self.sample_interval_s, self.progress = metrics, sample_interval_s, progress
         self.salt = prompt_salt if prompt_salt is not None else random.getrandbits(32)
         self.engine = engine
+        self.stop_when = stop_when
+        self.stop_action: str | None = None
+        self.stopped_s: float | None = None
         self.scale = 1.0
         self.t0 = 0.0
         self.in_flight = self.sent = self.done = self.good = self.cap_hits = 0
@@ -122,6 +130,7 @@ class _Runner:
         if self.in_flight >= self.max_in_flight:
             rec.sent_s = self.clock(time.monotonic())
             rec.error = CAP_ERROR
+            rec.end_s = rec.sent_s
             self.cap_hits += 1
             self.done += 1
             return
@@ -172,6 +181,36 @@ class _Runner:
             await asyncio.sleep(0.2)
             self._report()
 
+    async def _stopper(self, tasks: list[asyncio.Task]) -> None:
+        """Judge the run every check interval; on a decision stop sending (and, for "cut", cancel)."""
+        assert self.stop_when is not None
+        every = float(getattr(self.stop_when, "check_interval_s", 0.25)) * self.scale
+        while self.stop_action is None:
+            await asyncio.sleep(every)
+            now = self.clock(time.monotonic())
+            try:
+                action = self.stop_when(self.records, now)
+            except Exception as e:  # a broken rule must not end a measurement: run the schedule out
+                self.warnings.append(f"stop rule failed and was dropped: {e!r}")
+                return
+            if action is None:
+                continue
+            self.stop_action, self.stopped_s = action, now
+            self._stopped.set()
+            for t, rec in zip(tasks, self._task_recs):
+                if rec.sent_s is None or (action == "cut" and rec.end_s is None):
+                    t.cancel()
+
+    def _mark_stopped(self) -> None:
+        for rec in self.records:
+            if rec.sent_s is None:
+                rec.error, rec.in_window = NOT_SENT, False
+            elif rec.end_s is None and rec.error is None and rec.finish_s is None:
+                rec.error = CUT  # stays in the window: never good (the verdict counted it so)
+                rec.end_s = self.stopped_s
+            elif self.stopped_s is not None and rec.sent_s > self.stopped_s:
+                rec.in_window = False
+
     def _report(self) -> None:
         if self.progress is not None:
             try:
@@ -205,15 +244,27 @@ class _Runner:
                                            api_key=self.api_key, t0=self.t0, time_scale=self.scale)
                     helpers.append(asyncio.create_task(sampler.run(client)))
                 helpers.append(asyncio.create_task(self._ticker()))
+                self._task_recs: list[RequestRecord] = []
+                self._stopped = asyncio.Event()
+                if self.stop_when is not None:
+                    helpers.append(asyncio.create_task(self._stopper(tasks)))
                 order = sorted(range(len(self.records)), key=self.send_times.__getitem__)
                 for i in order:
                     deadline = self.t0 + self.send_times[i] * self.scale
                     create_at = deadline - LEAD_S
                     if create_at > time.monotonic():
-                        await asyncio.sleep(create_at - time.monotonic())
+                        try:  # wakes early when the stop rule decides
+                            await asyncio.wait_for(self._stopped.wait(), create_at - time.monotonic())
+                        except TimeoutError:
+                            pass
+                    if self.stop_action is not None:
+                        break
                     tasks.append(asyncio.create_task(self._one(pool, url, i, deadline)))
-                if tasks:
-                    await asyncio.gather(*tasks)
+                    self._task_recs.append(self.records[i])
+                if tasks:  # a task the stop rule cancelled ends in CancelledError: returned, not raised
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                if self.stop_action is not None:
+                    self._mark_stopped()
                 end = time.monotonic()
                 for h in helpers:
                     h.cancel()
@@ -249,7 +300,7 @@ class _Runner:
         return LoadRun(offered_rate=self.offered_rate, duration_s=max(0.0, self.clock(end)),
                        window_start_s=self.window[0], window_end_s=self.window[1], records=self.records,
                        metrics=mw, warnings=self.warnings, engine=self.engine, time_scale=self.scale,
-                       interrupted=interrupted, started_unix=started_unix)
+                       interrupted=interrupted, started_unix=started_unix, stopped_s=self.stopped_s)
 
 
 async def run_load_async(base_url: str, requests: Sequence[WorkloadRequest], send_times: Sequence[float],
@@ -262,7 +313,7 @@ async def run_load_async(base_url: str, requests: Sequence[WorkloadRequest], sen
 def _defaults(kw: dict) -> dict:
     out = dict(offered_rate=0.0, model=None, api="completions", api_key=None, request_timeout_s=120.0,
                stall_timeout_s=30.0, max_in_flight=2048, warmup_s=0.0, cooldown_s=0.0, metrics=True,
-               sample_interval_s=0.5, progress=None, prompt_salt=None, engine="http")
+               sample_interval_s=0.5, progress=None, prompt_salt=None, engine="http", stop_when=None)
     unknown = set(kw) - set(out)
     if unknown:
         raise TypeError(f"unknown options: {sorted(unknown)}")
@@ -275,7 +326,8 @@ def run_load_http(base_url: str, requests: Sequence[WorkloadRequest], send_times
                   api_key: str | None = None, request_timeout_s: float = 120, stall_timeout_s: float = 30,
                   max_in_flight: int = 2048, warmup_s: float = 0, cooldown_s: float = 0,
                   metrics: bool = True, sample_interval_s: float = 0.5, progress: Progress | None = None,
-                  prompt_salt: int | str | None = None, engine: str = "http") -> LoadRun:
+                  prompt_salt: int | str | None = None, engine: str = "http",
+                  stop_when: StopWhen | None = None) -> LoadRun:
     """Send `requests[i]` at `send_times[i]` seconds (open loop) to `base_url` and measure every one.
 
     `model=None` takes the first model of `/v1/models`. `prompt_salt` seeds the request-unique part of
@@ -288,7 +340,7 @@ def run_load_http(base_url: str, requests: Sequence[WorkloadRequest], send_times
         offered_rate=offered_rate, model=model, api=api, api_key=api_key,
         request_timeout_s=request_timeout_s, stall_timeout_s=stall_timeout_s, max_in_flight=max_in_flight,
         warmup_s=warmup_s, cooldown_s=cooldown_s, metrics=metrics, sample_interval_s=sample_interval_s,
-        progress=progress, prompt_salt=prompt_salt, engine=engine)))
+        progress=progress, prompt_salt=prompt_salt, engine=engine, stop_when=stop_when)))
     try:
         return asyncio.run(runner.run())
     except (KeyboardInterrupt, asyncio.CancelledError):

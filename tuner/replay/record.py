@@ -23,6 +23,24 @@ class RequestRecord(BaseModel):
     expected_output_tokens: int = 0
     error: str | None = None
     in_window: bool = True
+    #: When the request stopped occupying the server, from the client's side: `[DONE]`, the error, or
+    #: the abort. None while in flight.
+    end_s: float | None = None
+
+    @property
+    def truncated(self) -> bool:
+        """Finished with fewer tokens than asked for, although EOS was ignored: never good (a server
+        that stops early looks fast)."""
+        return self.ok and 0 < self.output_tokens < self.expected_output_tokens
+
+    @property
+    def cause(self) -> str | None:
+        """Why the request is not a complete response (None when it is one): see `error_cause`."""
+        if self.error is not None:
+            return error_cause(self.error)
+        if self.finish_s is None:
+            return "unfinished"
+        return "truncated" if self.truncated else None
 
     @property
     def ok(self) -> bool:
@@ -55,6 +73,37 @@ class RequestRecord(BaseModel):
         return [b - a for a, b in zip(t, t[1:])]
 
 
+#: The error texts of requests a stop rule left out (see `tuner.replay.client.StopWhen`).
+NOT_SENT = "not sent"
+CUT = "cut at decision"
+
+#: Error causes, most specific first: (cause, substrings of the error text that identify it).
+ERROR_CAUSES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("over_context", ("maximum context length", "maximum model length", "max_model_len")),
+    ("cut", ("cut at decision",)),
+    ("not_sent", ("not sent",)),
+    ("cancelled", ("cancelled",)),
+    ("in_flight_cap", ("in-flight cap",)),
+    ("timeout", ("timeout",)),
+    ("stalled", ("stalled",)),
+    ("http_4xx", ("HTTP 4",)),
+    ("http_5xx", ("HTTP 5",)),
+    ("connection", ("connection dropped", "ConnectError", "stream ended before")),
+)
+#: Causes that are the tool's own doing, not the server's: a request cut because the verdict was already
+#: certain, or a cancelled run. Never good, never reported as a server error.
+TOOL_CAUSES = frozenset({"cut", "cancelled", "not_sent"})
+
+
+def error_cause(error: str) -> str:
+    """The cause of a failed request, from its error text (vLLM's messages and the client's own)."""
+    low = error.lower()
+    for cause, needles in ERROR_CAUSES:
+        if any(n.lower() in low for n in needles):
+            return cause
+    return "failed"
+
+
 class LoadRun(BaseModel):
     """One open-loop load run at one offered rate against one launched configuration."""
 
@@ -72,3 +121,6 @@ class LoadRun(BaseModel):
     interrupted: bool = False
     #: Wall-clock (Unix) time of the run's t=0, to match server-side series (e.g. a Prometheus server).
     started_unix: float | None = None
+    #: Set when a `stop_when` rule ended the run early: the run's time then. Requests scheduled later
+    #: were not sent (`error` "not sent", never in the window).
+    stopped_s: float | None = None

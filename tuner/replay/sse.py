@@ -128,3 +128,4 @@ async def stream_request(transport: httpx.AsyncBaseTransport, request: httpx.Req
             rec.output_tokens = chunks
     if rec.error is None and rec.first_token_s is None:
         rec.error = "no tokens in a complete stream"
+    rec.end_s = clock(time.monotonic()) if rec.finish_s is None else rec.finish_s

@@ -17,7 +17,8 @@ from typing import Callable
 
 from tuner.engine.base import Server
 from tuner.replay.record import RequestRecord
-from tuner.search.measure import LoadSettings, Measurement, digest, measure, summarize
+from tuner.search.measure import (LoadSettings, Measured, Measurement, digest, measure_run, run_size,
+                                  summarize)
 from tuner.search.records import LoadRunSummary, MetricsDigest
 from tuner.slo import SLO
 from tuner.workload.model import Workload
@@ -43,6 +44,13 @@ class KneeSettings:
     #: above 1 + race_band); a near miss there is inside the noise of one load run and earns the full
     #: knee search (a coin flip must not eliminate what may be the best configuration).
     race_band: float = 0.1
+    #: A failing point with fewer requests than this in flight on average (Little's law: offered rate
+    #: x mean E2E) is an unloaded engine: only there may the search conclude that no rate meets the SLO.
+    unloaded_in_flight: float = 1.5
+    #: A run too short to tell is run again with this many times the requests, up to `max_lengthen`
+    #: times the load settings' `requests` (virtual time; a real-time run is bounded by its duration).
+    max_lengthen: int = 4
+    lengthen_band: float = 0.15  # ... when its badness is this close to 1 and its verdict undecided
 
 
 @dataclass
@@ -57,10 +65,34 @@ class KneeResult:
     pass_records: list[RequestRecord] = field(default_factory=list, repr=False)
     engine_s: float = 0.0
     interrupted: bool = False
+    #: The capacity (what reports and plans show), and its uncertainty: the highest rate that passed with its interval clear of the target, and the
+    #: lowest that failed clearly (None: no such point was measured).
+    capacity_rps: float | None = None
+    capacity_low_rps: float | None = None
+    capacity_high_rps: float | None = None
+    #: When no rate met the SLO: why, in one line.
+    why_none: str | None = None
 
     @property
     def runs(self) -> int:
         return sum(p.repeats for p in self.points)
+
+    def finish(self, saturation_rate: float) -> "KneeResult":
+        """Realised rates and the uncertainty from the measured points."""
+        pts = [p for p in self.points if p.rate < saturation_rate]
+        best = next((p for p in pts if p.rate == self.capacity and p.passed), None)
+        if best is None:
+            return self
+
+        # Each schedule is rescaled to offer exactly its nominal rate (`tuner.workload.arrivals`), so the
+        # nominal rate is the rate sent; a run the sequential test stopped early offered its prefix's
+        # rate, within ~1/sqrt(n) of it (each point's `offered_rps` records it).
+        self.capacity_rps = best.rate
+        sure = [p.rate for p in pts if p.passed and p.decided and p.rate <= best.rate]
+        self.capacity_low_rps = max(sure, default=None)
+        clear = [p.rate for p in pts if not p.passed and p.decided and p.rate > best.rate]
+        self.capacity_high_rps = min(clear, default=None)
+        return self
 
 
 class KneeSearch:
@@ -78,26 +110,49 @@ class KneeSearch:
         self._probe: LoadRunSummary | None = None  # the rate-inf run: an upper-bound hint, not a point
 
     # -- measuring ----------------------------------------------------------------------------
-    def evaluate(self, rate: float) -> Measurement:
-        """Measure `rate`; while the verdict is inside the noise, measure again and pool."""
-        m, run = measure(self.server, self.workload, self.slo, rate, self.load, seed=self.load.seed,
-                         max_num_seqs=self.max_num_seqs, salt=self._next_salt())
-        self.result.engine_s += run.duration_s
-        records = list(m.records)
-        repeats = 1
-        s = m.summary
-        while repeats <= self.knee.remeasure and s.ci_low <= self.slo.target <= s.ci_high and \
-                abs(s.badness - 1.0) <= self.knee.remeasure_band:
-            m2, run2 = measure(self.server, self.workload, self.slo, rate, self.load,
-                               seed=self._next_seed(), max_num_seqs=self.max_num_seqs,
-                               salt=self._next_salt())
-            self.result.engine_s += run2.duration_s
-            records += m2.records
-            repeats += 1
-            s = summarize(records, self.slo, rate, run2, repeats, s.wall_s + m2.summary.wall_s)
-            m = Measurement(s, m2.digest, records)
-        self._record(m)
-        return m
+    def evaluate(self, rate: float, *, sequential: bool | None = None) -> Measurement:
+        """Measure `rate`. A run too short to tell is run again longer (the short one is dropped); one
+        whose verdict is a coin flip is measured again with fresh requests and pooled."""
+        load = self.load
+        runs: list[Measured] = []
+        seed = self.load.seed
+        while True:
+            m = measure_run(self.server, self.workload, self.slo, rate, load, seed=seed,
+                            salt=self._next_salt(), sequential=sequential)
+            self.result.engine_s += m.run.duration_s
+            runs.append(m)
+            records = [r for x in runs for r in x.run.records]
+            s = summarize(records, self.slo, rate, [x.run for x in runs], [x.verdict for x in runs],
+                          sum(x.wall_s for x in runs))
+            # too short to tell, or (virtual time, where a longer run is cheap) a verdict inside the
+            # noise: the same rate again with more requests, the shorter run dropped
+            if s.verdict == "too_short" or (not s.decided and self.load.max_duration_s is None
+                                             and s.verdict in ("meets", "misses") and s.badness
+                                             and abs(s.badness - 1.0) <= self.knee.lengthen_band):
+                longer = self._longer(load, rate)
+                if longer is not None:
+                    load, runs = longer, []
+                    continue
+                if s.verdict == "too_short":
+                    break
+            if len(runs) > self.knee.remeasure or s.decided or s.verdict not in ("meets", "misses") or \
+                    s.badness is None or abs(s.badness - 1.0) > self.knee.remeasure_band:
+                break
+            seed = self._next_seed()
+        last = runs[-1].run if runs else m.run
+        meas = Measurement(s, digest(last.metrics, rate, self.max_num_seqs,
+                                     (last.window_start_s, last.window_end_s)), records)
+        self._record(meas)
+        return meas
+
+    def _longer(self, load: LoadSettings, rate: float) -> LoadSettings | None:
+        """The same run with twice the requests, if the run's bounds allow any more at this rate."""
+        from dataclasses import replace
+
+        now = run_size(rate, load)
+        cap = self.load.requests * self.knee.max_lengthen
+        nxt = replace(load, requests=min(cap, 2 * load.requests))
+        return nxt if run_size(rate, nxt) > now else None
 
     def _next_salt(self) -> int:
         self._salt += 1
@@ -139,7 +194,7 @@ class KneeSearch:
         """From a failing point: an overloaded engine still serves its maximum throughput, which bounds
         the knee from above; a near miss steps down by its distance from the threshold."""
         g = p.badness if p.badness is not None and math.isfinite(p.badness) else BADNESS_CAP * 10
-        served = p.throughput_rps
+        served = p.served_rps if p.served_rps is not None else p.throughput_rps
         if g >= BADNESS_CAP:
             if served and served < 0.9 * p.rate:  # overloaded: it served its maximum throughput
                 return self.knee.knee_guess * served
@@ -169,14 +224,23 @@ class KneeSearch:
                 nxt = min(nxt, max(lo * (1 + 2 * p), 1.1 * mu))
             return min(nxt, self.knee.max_rate) if lo < self.knee.max_rate else None
         if lo is None:
-            fails = [q for q in r.points if not q.passed]
-            if len(fails) >= 2:
-                a, b = fails[-2], fails[-1]
-                keeping_up = b.throughput_rps is not None and b.throughput_rps >= 0.8 * b.rate
-                if keeping_up and a.badness and b.badness and b.badness > 0.9 * a.badness:
-                    return None  # unloaded and still failing: no rate meets this SLO
-            nxt = self._down_rate(self._point(hi))
-            return nxt if nxt >= self.knee.min_rate else None
+            last = self._point(hi)
+            in_flight = self._in_flight(last)
+            if in_flight is not None and in_flight <= self.knee.unloaded_in_flight:
+                r.why_none = self._why_none(last, in_flight)
+                return None  # unloaded and still failing: no rate meets this SLO
+            if hi <= self.knee.min_rate * (1 + 1e-9):
+                r.why_none = (f"fails even at the minimum rate {self.knee.min_rate:g} req/s "
+                              f"({self._fail_words(last)})")
+                return None
+            nxt = self._down_rate(last)
+            fails = [q for q in r.points if not q.passed and q.rate < self.knee.saturation_rate]
+            if len(fails) >= 2 and fails[-2].badness and last.badness and \
+                    last.badness > 0.9 * fails[-2].badness and in_flight:
+                # the SLO stress barely falls with the rate (decode-bound TPOT falls slowly as the
+                # batch shrinks): head for the single-stream end instead of creeping down
+                nxt = min(nxt, hi / 2, hi * self.knee.unloaded_in_flight / in_flight)
+            return max(nxt, self.knee.min_rate)
         step = 1 + p
         if hi / lo <= step:
             return None
@@ -185,7 +249,8 @@ class KneeSearch:
         fail = self._point(hi)
         if fail.badness is None or not math.isfinite(fail.badness) or fail.badness >= BADNESS_CAP:
             # far over: bisect geometrically below the throughput it still served
-            top = min(hi, fail.throughput_rps) if fail.throughput_rps and fail.throughput_rps > lo else hi
+            served = fail.served_rps if fail.served_rps is not None else fail.throughput_rps
+            top = min(hi, served) if served and served > lo else hi
             x = math.sqrt(lo * top)
         elif self._last_interp:
             # the interpolated shot landed: confirm it from its side with one precision step
@@ -197,6 +262,35 @@ class KneeSearch:
             x = self._interpolate(lo, hi)
             self._last_interp = True
         return min(max(x, lo * step), hi / step)
+
+    @staticmethod
+    def _in_flight(p: LoadRunSummary) -> float | None:
+        """Mean requests in flight at a point, by Little's law (offered rate x median E2E latency)."""
+        e2e = p.p50_ms.get("e2el")
+        if e2e is None:
+            return None
+        return (p.offered_rps or p.rate) * e2e / 1000.0
+
+    def _fail_words(self, p: LoadRunSummary) -> str:
+        if p.verdict == "errors" or (p.n and p.errors > (1 - float(self.slo.target)) * p.n):  # type: ignore
+            causes = ", ".join(f"{k} {v}" for k, v in sorted(p.errors_by_cause.items(), key=lambda kv: -kv[1]))
+            return f"{p.errors} of {p.n} requests fail ({causes})"
+        m = p.binding
+        if m is None:
+            return p.verdict or "misses the SLO"
+        t = self.slo.thresholds[m]
+        return f"p{t.percentile:g} {m.upper()} is {p.p99_ms.get(m) or 0:.4g} ms against {t.max_ms:g} ms"
+
+    def _why_none(self, p: LoadRunSummary, in_flight: float) -> str:
+        """One line: the SLO is below what this engine does for a single request."""
+        at = f"at {p.offered_rps or p.rate:.3g} req/s, {in_flight:.2g} requests in flight"
+        m = p.binding
+        if p.verdict == "errors" or m is None:
+            return f"no rate meets the SLO: {self._fail_words(p)} ({at})"
+        t = self.slo.thresholds[m]
+        single = p.p50_ms.get(m)
+        return (f"p{t.percentile:g} {m.upper()} {t.max_ms:g} ms is below this engine's single-stream "
+                f"{m.upper()} of {single or 0:.3g} ms (median {at})")
 
     # -- the search ---------------------------------------------------------------------------
     def _burst_saturates(self) -> bool:
@@ -216,20 +310,21 @@ class KneeSearch:
 
         warm = replace(self.load, requests=n, max_duration_s=None)
         rate = max(rate, n / WARMUP_SPAN_S)  # not n / rate seconds: at the default 1 req/s, 50 s a launch
-        _, run = measure(self.server, self.workload, self.slo, rate, warm, seed=self.load.seed + 7919,
-                         salt=-7919)
-        self.result.engine_s += run.duration_s
+        m = measure_run(self.server, self.workload, self.slo, rate, warm, seed=self.load.seed + 7919,
+                        salt=-7919, sequential=False)
+        self.result.engine_s += m.run.duration_s
 
     def run(self, start_rate: float, race_rate: float | None = None) -> KneeResult:
         self.warm_up(min(race_rate or start_rate, start_rate) or 1.0)
         if race_rate is not None:
             m = self.evaluate(race_rate)
             s = m.summary
-            if not s.passed and (s.badness is None or s.badness > 1 + self.knee.race_band):
+            if not s.passed and (s.badness is None or s.badness > 1 + self.knee.race_band
+                                 or s.verdict == "overloaded"):
                 self.result.raced_out = True
-                return self.result
+                return self.result.finish(self.knee.saturation_rate)
         elif self.knee.probe_saturation and self._burst_saturates():
-            m = self.evaluate(self.knee.saturation_rate)
+            m = self.evaluate(self.knee.saturation_rate, sequential=False)
             if m.summary.passed:
                 # everything at once still met the SLO: the burst says nothing about the knee
                 self._probe = None
@@ -242,7 +337,7 @@ class KneeSearch:
         except KeyboardInterrupt:
             self.result.interrupted = True
             raise
-        return self.result
+        return self.result.finish(self.knee.saturation_rate)
 
 
 def find_capacity(server: Server, workload: Workload, slo: SLO, *, start_rate: float,

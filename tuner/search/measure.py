@@ -7,6 +7,7 @@ usable confidence interval, and condenses what came back into a `LoadRunSummary`
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -15,10 +16,11 @@ import numpy as np
 
 from tuner.engine.base import Server
 from tuner.metrics.window import MetricsWindow, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES
-from tuner.replay.record import LoadRun, RequestRecord
+from tuner.replay.record import TOOL_CAUSES, LoadRun, RequestRecord
 from tuner.search.records import LatencyQuantiles, LoadRunSummary, MetricsDigest
-from tuner.slo import SLO, score
-from tuner.workload.arrivals import gamma_times, poisson_times, trace_rate
+from tuner.search.verdict import SteadySettings, StopRule, Verdict, judge
+from tuner.slo import SLO, Score, badness, is_good, score
+from tuner.workload.arrivals import gamma_times, poisson_times
 from tuner.workload.model import Workload, WorkloadRequest
 
 CDF_LEVELS = [round(x, 3) for x in np.linspace(0.0, 1.0, 41)]
@@ -29,8 +31,13 @@ class LoadSettings:
     """How big each load run is. Defaults suit the in-process simulator (virtual time is free);
     the CLI shrinks them for engines that run in real time."""
 
-    requests: int = 1000               # per load run; the same at every rate (common random numbers)
+    requests: int = 1000               # per load run at most; the same at every rate (common random numbers)
     max_duration_s: float | None = None  # real-time engines: cap the schedule's span (fewer requests)
+    #: Stop a load run as soon as its verdict is certain (`tuner.search.verdict`): the run is sized
+    #: to the SLO's percentile by the data, up to `requests` and `max_duration_s`.
+    sequential: bool = True
+    steady_tolerance: float = 0.05     # served may fall short of offered by this fraction
+    latency_spans: float = 5.0         # the scored window must last this many p99 E2E latencies
     warmup_frac: float = 0.1           # requests sent in the first 10% of the span are not scored
     cooldown_frac: float = 0.05        # nor those in the last 5% (the system drains then)
     request_timeout_s: float = 120.0
@@ -51,24 +58,48 @@ class Measurement:
     records: list[RequestRecord] = field(repr=False)
 
 
+#: A load run's requests come from this many stretches of the workload, each contiguous (multi-turn
+#: conversations keep their order and their prefix reuse), spread over the whole file, so that one
+#: run's requests represent the workload rather than one stretch of a heavy-tailed trace.
+WINDOW_BLOCKS = 8
+
+
 def _sample_requests(workload: Workload, n: int, rng: np.random.Generator) -> list[WorkloadRequest]:
-    """`n` requests drawn from the workload in order, wrapping around (keeps a trace's sequence)."""
+    """`n` requests from `WINDOW_BLOCKS` contiguous stretches at random places (wrapping around)."""
     reqs = workload.requests
-    start = int(rng.integers(0, len(reqs)))
-    return [reqs[(start + i) % len(reqs)] for i in range(n)]
+    blocks = max(1, min(WINDOW_BLOCKS, n // 50, len(reqs) // max(1, n // WINDOW_BLOCKS)))
+    sizes = [n // blocks + (1 if i < n % blocks else 0) for i in range(blocks)]
+    out: list[WorkloadRequest] = []
+    for size in sizes:
+        start = int(rng.integers(0, len(reqs)))
+        out += [reqs[(start + i) % len(reqs)] for i in range(size)]
+    return out
+
+
+def run_size(rate: float, settings: LoadSettings) -> int:
+    """Requests in a load run at `rate`: `requests`, cut to what `max_duration_s` allows at that rate.
+    No minimum overrides the cap: a run that cannot tell in that time is judged too short, not passed."""
+    n = settings.requests
+    if settings.max_duration_s and math.isfinite(rate):
+        n = min(n, max(2, int(rate * settings.max_duration_s) + 1))
+    return n
 
 
 def make_schedule(workload: Workload, rate: float, settings: LoadSettings, seed: int
                   ) -> tuple[list[WorkloadRequest], list[float]]:
-    n = settings.requests
-    if settings.max_duration_s:
-        n = max(50, min(n, int(rate * settings.max_duration_s)))
+    n = run_size(rate, settings)
     rng = np.random.default_rng(seed)
     if settings.arrival == "trace" and workload.has_arrivals:
-        scale = rate / trace_rate(workload)
-        reqs = workload.requests[:n]
+        # a contiguous stretch of the trace at a random place, time-scaled so that *it* offers `rate`
+        reqs_all = workload.requests
+        n = min(n, len(reqs_all))
+        start = int(rng.integers(0, len(reqs_all) - n + 1))
+        reqs = reqs_all[start:start + n]
         t0 = reqs[0].arrival_s or 0.0
-        return reqs, [((r.arrival_s or 0.0) - t0) / scale for r in reqs]
+        times = [(r.arrival_s or 0.0) - t0 for r in reqs]
+        span = times[-1] if times else 0.0
+        k = (n - 1) / rate / span if n > 1 and span > 0 else 0.0
+        return reqs, [t * k for t in times]
     reqs = _sample_requests(workload, n, rng)
     if settings.arrival == "gamma":
         return reqs, gamma_times(n, rate, settings.burstiness, seed)
@@ -110,35 +141,6 @@ def salt_private_ids(requests: list[WorkloadRequest], shared: frozenset[int], sa
     return out
 
 
-def badness(records: list[RequestRecord], slo: SLO) -> float:
-    """The target-quantile of each request's worst metric/threshold ratio (errors count as infinite).
-
-    Attainment >= target exactly when this is <= 1, and unlike attainment it moves continuously with the
-    rate, so the knee search can interpolate on it instead of only bisecting."""
-    th = slo.thresholds
-    vals = []
-    for r in records:
-        if not r.in_window:
-            continue
-        if not r.ok:
-            vals.append(math.inf)
-            continue
-        worst = 0.0
-        for m, t in th.items():
-            if m == "itl":
-                gaps = r.itls
-                v = (max(gaps) if gaps else (r.tpot or 0.0)) * 1000.0
-            else:
-                v = (getattr(r, m) or 0.0) * 1000.0
-            worst = max(worst, v / t.max_ms)
-        vals.append(worst)
-    if not vals:
-        return math.inf
-    vals.sort()
-    k = max(0, math.ceil(float(slo.target) * len(vals)) - 1)
-    return vals[k]
-
-
 def digest(metrics: MetricsWindow | None, rate: float, max_num_seqs: int | None,
            window: tuple[float, float] | None = None) -> MetricsDigest:
     """Condense a run's metrics; gauge statistics over the scored window only (the drain after the last
@@ -171,52 +173,123 @@ def digest(metrics: MetricsWindow | None, rate: float, max_num_seqs: int | None,
         prefill_time_mean_s=mean("request_prefill_time_seconds"), max_num_seqs=max_num_seqs, rate=rate)
 
 
-def summarize(records: list[RequestRecord], slo: SLO, rate: float, run: LoadRun | None,
-              repeats: int, wall_s: float) -> LoadRunSummary:
-    """Score one load run, or `repeats` runs of the same rate pooled: rates (goodput, throughput) are
-    per run, so pooled counts are divided by the number of runs (each run starts at t=0)."""
-    sc = score(records, slo, window=None)
+def steady_settings(settings: LoadSettings) -> SteadySettings:
+    return SteadySettings(tolerance=settings.steady_tolerance, latency_spans=settings.latency_spans)
+
+
+def _throughput(records: list[RequestRecord]) -> float | None:
+    """Finished requests per second from the first send to the last finish (a burst's throughput)."""
     finished = [r for r in records if r.in_window and r.ok]
     span = max((r.finish_s for r in finished), default=0.0) - min((r.sent_s or 0.0 for r in finished),
                                                                   default=0.0)
+    return len(finished) / span if span > 0 else None
+
+
+def _goodput_bench(runs: list[LoadRun], slo: SLO) -> float | None:
+    """vLLM `bench serve`'s goodput: good requests / the run's duration (first send to last end), over
+    every request the run sent, warm-up and cool-down included."""
+    good = dur = 0.0
+    for run in runs:
+        sent = [r for r in run.records if r.sent_s is not None and r.cause not in TOOL_CAUSES]
+        if not sent:
+            continue
+        good += sum(1 for r in sent if is_good(r, slo))
+        dur += max((r.end_s or r.finish_s or r.sent_s or 0.0) for r in sent) - min(r.sent_s for r in sent)
+    return good / dur if dur > 0 else None
+
+
+def pool_verdicts(verdicts: list[Verdict], sc: Score) -> Verdict:
+    """Several runs at one rate: each must have kept up and lasted long enough; the attainment is the
+    pooled one (more requests, a narrower interval)."""
+    worst = next((v for v in verdicts if not v.steady), None)
+    if len(verdicts) == 1 or worst is not None:
+        return worst or verdicts[0]
+    v = dataclasses.replace(verdicts[-1], n=sc.n, good=sc.n_good, ci_low=sc.ci_low, ci_high=sc.ci_high,
+                            errors=sc.errors)
+    v.passed = sc.meets_target
+    v.decided = sc.ci_low >= sc.target if v.passed else sc.ci_high < sc.target
+    v.reason = "meets" if v.passed else ("errors" if sc.errors > (1 - sc.target) * sc.n else "misses")
+    return v
+
+
+def summarize(records: list[RequestRecord], slo: SLO, rate: float, runs: list[LoadRun],
+              verdicts: list[Verdict], wall_s: float) -> LoadRunSummary:
+    """Score one load run, or several runs of the same rate pooled: rates (goodput, throughput) are
+    per run, so pooled counts are divided by the number of runs (each run starts at t=0)."""
+    repeats = max(1, len(runs))
+    sc = score(records, slo, window=None)
+    v = pool_verdicts(verdicts, sc) if verdicts else None
     if repeats > 1 and sc.goodput is not None:
         sc.goodput /= repeats
+    thr = _throughput(records)
+    warnings = list(dict.fromkeys(w for run in runs for w in run.warnings))
     return LoadRunSummary(
-        rate=rate, n=sc.n, attainment=sc.attainment, ci_low=sc.ci_low, ci_high=sc.ci_high,
-        passed=sc.meets_target, goodput=sc.goodput,
-        throughput_rps=(len(finished) / span / repeats) if span > 0 else None,
+        rate=rate, offered_rps=v.offered_rps if v else None, served_rps=v.served_rps if v else None,
+        verdict=v.reason if v else "", decided=bool(v and v.decided),
+        stopped_early=any(run.stopped_s is not None for run in runs),
+        n=sc.n, attainment=sc.attainment, ci_low=sc.ci_low, ci_high=sc.ci_high,
+        passed=bool(v.passed) if v else sc.meets_target, goodput=sc.goodput,
+        goodput_bench=_goodput_bench(runs, slo),
+        throughput_rps=(thr / repeats) if thr else None,
         badness=badness(records, slo),
         p99_ms={m: st.p99_ms for m, st in sc.metrics.items()},
-        p50_ms={m: st.p50_ms for m, st in sc.metrics.items()}, errors=sc.errors, binding=sc.binding,
-        violations=sc.violations, repeats=repeats, duration_s=run.duration_s if run else 0.0,
+        p50_ms={m: st.p50_ms for m, st in sc.metrics.items()}, errors=sc.errors,
+        errors_by_cause=sc.errors_by_cause, warnings=warnings + sc.warnings, binding=sc.binding,
+        violations=sc.violations, repeats=repeats, duration_s=sum(run.duration_s for run in runs),
         wall_s=wall_s)
 
 
-def measure(server: Server, workload: Workload, slo: SLO, rate: float, settings: LoadSettings, *,
-            seed: int, max_num_seqs: int | None = None, salt: int | None = None
-            ) -> tuple[Measurement, LoadRun]:
-    """One open-loop load run at `rate`, scored. The same `seed` gives the same requests and the same
-    arrival pattern stretched to the rate, so points of one knee curve, and configurations, are compared
-    on common random numbers: their differences are the engine's, not the sampling's. `salt` makes the
-    request-unique prompt text fresh (each load run of one server needs its own)."""
+@dataclass
+class Measured:
+    """One load run: its summary inputs, kept so a point measured again can be pooled."""
+
+    run: LoadRun
+    verdict: Verdict
+    wall_s: float
+
+
+def measure_run(server: Server, workload: Workload, slo: SLO, rate: float, settings: LoadSettings, *,
+                seed: int, salt: int | None = None, sequential: bool | None = None) -> Measured:
+    """One open-loop load run at `rate`, judged (`tuner.search.verdict`). The same `seed` gives the same
+    requests and the same arrival pattern stretched to the rate, so points of one knee curve, and
+    configurations, are compared on common random numbers: their differences are the engine's, not
+    the sampling's. `salt` makes the request-unique prompt text fresh (each load run of one server
+    needs its own)."""
     reqs, times = make_schedule(workload, rate, settings, seed)
     if salt is not None:
         reqs = salt_private_ids(reqs, shared_ids(workload), salt)
     span = times[-1] if times else 0.0
+    warmup_s = settings.warmup_frac * span
+    steady = steady_settings(settings)
+    rule = StopRule(slo, steady, warmup_s) if (settings.sequential if sequential is None else sequential) \
+        else None
     t = time.perf_counter()
     run = server.run_load(reqs, times, offered_rate=rate, request_timeout_s=settings.request_timeout_s,
-                          warmup_s=settings.warmup_frac * span, cooldown_s=settings.cooldown_frac * span,
-                          prompt_salt=salt)
+                          warmup_s=warmup_s, cooldown_s=settings.cooldown_frac * span,
+                          prompt_salt=salt, **({"stop_when": rule} if rule else {}))
     if run.interrupted:  # the HTTP replay returns a Ctrl-C'd run instead of raising: not a measurement
         raise KeyboardInterrupt
     wall = time.perf_counter() - t
-    summary = summarize(run.records, slo, rate, run, 1, wall)
+    if rule is not None and rule.verdict is not None and run.stopped_s is not None:
+        verdict = rule.verdict
+    else:
+        verdict = judge(run.records, slo, steady)
+    return Measured(run, verdict, wall)
+
+
+def measure(server: Server, workload: Workload, slo: SLO, rate: float, settings: LoadSettings, *,
+            seed: int, max_num_seqs: int | None = None, salt: int | None = None,
+            sequential: bool | None = None) -> tuple[Measurement, LoadRun]:
+    """`measure_run`, summarised and digested: one point of a knee curve."""
+    m = measure_run(server, workload, slo, rate, settings, seed=seed, salt=salt, sequential=sequential)
+    run = m.run
+    summary = summarize(run.records, slo, rate, [run], [m.verdict], m.wall_s)
     win = (run.window_start_s, run.window_end_s)
     return Measurement(summary, digest(run.metrics, rate, max_num_seqs, win), run.records), run
 
 
 def latency_quantiles(records: list[RequestRecord]) -> LatencyQuantiles:
-    ok = [r for r in records if r.in_window and r.ok]
+    ok = [r for r in records if r.in_window and r.ok and not r.truncated]
     out: dict[str, list[float]] = {}
     for m in ("ttft", "tpot", "e2el"):
         v = [getattr(r, m) * 1000.0 for r in ok if getattr(r, m) is not None]

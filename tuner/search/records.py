@@ -19,18 +19,26 @@ SCHEMA_VERSION = 1
 class LoadRunSummary(BaseModel):
     """One load run at one offered rate: a point of the knee curve."""
 
-    rate: float                       # offered req/s
+    rate: float                       # the rate asked for (the schedule's nominal rate)
+    offered_rps: float | None = None  # the rate actually sent in the scored window (realised)
+    served_rps: float | None = None   # offered minus the growth of the in-flight count
+    verdict: str = ""                 # meets | misses | errors | overloaded | too_short | inconclusive
+    decided: bool = False             # the verdict's interval cleared the target (not a coin flip)
+    stopped_early: bool = False       # the sequential test ended the run before its schedule did
     n: int                            # requests scored (in window)
     attainment: float
     ci_low: float
     ci_high: float
     passed: bool                      # attainment >= target (after re-measurement when inconclusive)
-    goodput: float | None             # good req/s in the window
+    goodput: float | None             # ours: good requests per second of the scored window
+    goodput_bench: float | None = None  # vLLM bench serve's: good requests / the whole run's duration
     throughput_rps: float | None = None   # finished req/s (what the engine actually served)
     badness: float | None = None      # target-quantile of max(metric / threshold): 1.0 = on the SLO
     p99_ms: dict[str, float | None] = Field(default_factory=dict)   # ttft, tpot, itl, e2el
     p50_ms: dict[str, float | None] = Field(default_factory=dict)
     errors: int = 0
+    errors_by_cause: dict[str, int] = Field(default_factory=dict)  # over_context, timeout, truncated, ...
+    warnings: list[str] = Field(default_factory=list)              # the client's, e.g. in-flight cap hits
     binding: str | None = None        # the SLO metric violated most
     violations: dict[str, int] = Field(default_factory=dict)
     repeats: int = 1                  # load runs pooled into this point (noise-aware re-measurement)
@@ -93,6 +101,11 @@ class TrialRecord(BaseModel):
     load_runs: list[LoadRunSummary] = Field(default_factory=list)
     capacity_rps: float | None = None                   # highest passing rate found (None: none passed)
     capacity_upper_rps: float | None = None             # lowest failing rate found
+    #: the capacity's uncertainty: the highest rate that passed with its interval clear of the target,
+    #: the lowest that failed clearly (None: no such point measured)
+    capacity_low_rps: float | None = None
+    capacity_high_rps: float | None = None
+    no_capacity_reason: str | None = None               # why no rate met the SLO, one line
     raced_out: bool = False                             # failed at the incumbent's capacity: stopped early
     diagnosis: Diagnosis | None = None
     knee_metrics: MetricsDigest | None = None           # engine metrics just above the knee

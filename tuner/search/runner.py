@@ -176,10 +176,13 @@ class TrialRunner:
         try:
             with server:
                 result = search.run(start_rate or self.start_rate, race_rate)
-                rec.accepted = bool(result.capacity) and not result.raced_out and (
-                    accept_above is None or result.capacity > accept_above
+                result.finish(search.knee.saturation_rate)
+                cap = result.capacity_rps
+                rec.accepted = bool(cap) and not result.raced_out and (
+                    accept_above is None or cap > accept_above
                     or bool(accept and accept(rec.model_copy(update={
-                        "capacity_rps": result.capacity, "load_runs": list(result.points)}))))
+                        "capacity_rps": cap, "capacity_low_rps": result.capacity_low_rps,
+                        "load_runs": list(result.points)}))))
                 if rec.accepted and self.compare_rate and not any(
                         abs(p.rate / self.compare_rate - 1) < 0.03 for p in result.points):
                     # the headline compares both configurations at the same offered load
@@ -194,7 +197,9 @@ class TrialRunner:
         self.engine_s += result.engine_s
         rec.engine_s = result.engine_s
         rec.load_runs = sorted(result.points, key=lambda p: p.rate)
-        rec.capacity_rps, rec.capacity_upper_rps = result.capacity, result.upper
+        rec.capacity_rps, rec.capacity_upper_rps = result.capacity_rps, result.upper
+        rec.capacity_low_rps, rec.capacity_high_rps = result.capacity_low_rps, result.capacity_high_rps
+        rec.no_capacity_reason = result.why_none
         rec.raced_out = result.raced_out
         rec.knee_metrics = result.fail_digest or result.pass_digest
         if not result.raced_out:

@@ -119,13 +119,14 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
         rec = RequestRecord.model_construct(
             index=idx, scheduled_s=r.arrival, sent_s=r.arrival, first_token_s=None, finish_s=None,
             token_times=None, prompt_tokens=r.prompt_len, output_tokens=0,
-            expected_output_tokens=r.output_len, error=errors.get(idx), in_window=True)
+            expected_output_tokens=r.output_len, error=errors.get(idx), in_window=True,
+            end_s=r.arrival if idx in errors else None)
         if seq is not None:
             if seq.first_token is not None:
                 rec.first_token_s = seq.first_token - t0
             if seq.finish is not None and (request_timeout_s is None
                                            or seq.finish - seq.arrival <= request_timeout_s):
-                rec.finish_s = seq.finish - t0
+                rec.finish_s = rec.end_s = seq.finish - t0
                 rec.output_tokens = seq.output_len
                 ttfts.append(seq.first_token - seq.arrival)
                 e2es.append(seq.finish - seq.arrival)
@@ -133,6 +134,7 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
                 prefills.append(seq.prefill_done - (seq.first_scheduled or seq.arrival))
             else:
                 rec.error = "timeout"
+                rec.end_s = r.arrival + request_timeout_s if request_timeout_s else end_rel
                 rec.output_tokens = seq.produced
             if token_times and seq.steps:
                 rec.token_times = [x - t0 for x in core.token_times(seq)]

@@ -1,0 +1,263 @@
+"""Whether a load run passes: the SLO's percentile met *and* the engine keeping up, decided as early as
+the data allows.
+
+A capped, real-time run at a high rate is a short burst the engine drains after the schedule ends; judged
+on its requests alone it passes any loose SLO (a 47-request burst "at 512 req/s" did). So a run passes
+only when, over its scored window,
+
+- the engine served what was offered: the in-flight count (sent and not ended, from the client's
+  records: Little's law) does not grow; its least-squares slope is the rate at which work piles up, and
+  served = offered - slope must be within `tolerance` of offered;
+- the window lasted `latency_spans` p99 end-to-end latencies (a requests still in flight counts with its
+  age so far): a shorter run cannot tell a queue that drains from one that grows;
+- the attainment of the per-request check (`tuner.slo.request_ratio`) meets the target.
+
+The same rule runs while the run is in progress (`judge(..., now=t)`): requests still in flight are
+*unknown* unless they already break a threshold (no first token after the TTFT bound, older than the E2E
+bound). The attainment's interval is computed twice, unknowns as bad (`lo`) and as good (`hi`); once
+`lo` clears the target with the engine steady, or `hi` falls below it, or the queue clearly grows, the
+verdict cannot change, and the load run stops sending (a sequential test sized to the SLO's percentile:
+a p99 target needs hundreds of good requests in a row, a p50 target a few dozen). Looks are repeated, so
+the stopping interval is a 99% one; the final verdict of a run that used its whole schedule uses 95%.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from tuner.replay.record import RequestRecord
+from tuner.slo import SLO, Z95, request_ratio, wilson_interval
+
+Z_STOP = 2.5758293035489  # 99% two-sided: the stopping rule looks many times
+
+
+@dataclass(frozen=True)
+class SteadySettings:
+    tolerance: float = 0.05      # served may fall short of offered by this fraction
+    latency_spans: float = 5.0   # the scored window must last this many p99 E2E latencies
+    min_requests: int = 20       # scored requests before any verdict
+    check_interval_s: float = 0.25  # how often a running load run is judged (run seconds)
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    decided: bool            # cannot change with more data of this run (the stopping rule's condition)
+    reason: str              # meets | misses | errors | overloaded | too_short | inconclusive | empty
+    n: int = 0               # scored requests (sent in the window)
+    good: int = 0
+    unknown: int = 0         # in flight, not yet known good or bad
+    errors: int = 0          # failed, truncated, timed out: never good
+    ci_low: float = 0.0
+    ci_high: float = 1.0
+    offered_rps: float | None = None   # realised: in-window sends per second of their span
+    served_rps: float | None = None    # offered - growth of the in-flight count
+    growth_rps: float = 0.0
+    growth_se: float = 0.0
+    span_s: float = 0.0                # scored window's send span
+    p99_e2e_s: float | None = None
+
+    @property
+    def steady(self) -> bool:
+        return self.reason not in ("overloaded", "too_short")
+
+    def describe(self) -> str:
+        served = f"served {self.served_rps:.3g} of {self.offered_rps:.3g} req/s" if self.offered_rps else ""
+        why = {"meets": "meets the SLO", "misses": "misses the SLO", "errors": "fails on errors",
+               "overloaded": f"overloaded ({served})", "too_short": (
+                   f"too short to tell: {self.span_s:.3g} s window, p99 E2E {self.p99_e2e_s or 0:.3g} s, "
+                   f"{served}"),
+               "inconclusive": "inconclusive", "empty": "no requests scored"}[self.reason]
+        return why
+
+
+@dataclass
+class RunTable:
+    """A run's requests as arrays, as far as they are known: an ended request has its `end` and its
+    per-request `ratio` (`tuner.slo.request_ratio`), one in flight has end = inf and ratio = nan.
+    Judging at an earlier `now` censors it further (the in-process simulator replays the rule over a
+    finished run that way)."""
+
+    sent: np.ndarray       # nan: not sent
+    first: np.ndarray      # first token; nan: none yet
+    end: np.ndarray        # inf: in flight
+    ratio: np.ndarray      # of ended requests; nan otherwise
+    err: np.ndarray        # ended without a complete, full-length response
+    e2e: np.ndarray        # of ended requests (0 for errors)
+    in_window: np.ndarray
+
+    @classmethod
+    def from_records(cls, records: Sequence[RequestRecord], slo: SLO,
+                     cache: dict[int, tuple[float, float, bool, float]] | None = None) -> "RunTable":
+        n = len(records)
+        sent, first = np.full(n, np.nan), np.full(n, np.nan)
+        end, ratio = np.full(n, np.inf), np.full(n, np.nan)
+        err, e2e = np.zeros(n, dtype=bool), np.zeros(n)
+        win = np.zeros(n, dtype=bool)
+        for i, r in enumerate(records):
+            if r.sent_s is None:
+                continue
+            sent[i], win[i] = r.sent_s, r.in_window
+            if r.first_token_s is not None:
+                first[i] = r.first_token_s
+            hit = cache.get(i) if cache is not None else None
+            if hit is None:
+                e = r.end_s
+                if e is None:
+                    e = r.finish_s if r.ok else (None if r.error is None else r.sent_s)
+                if e is None:
+                    continue
+                hit = (e, request_ratio(r, slo), r.cause is not None,
+                       r.e2el if r.ok and r.e2el is not None else 0.0)
+                if cache is not None and r.end_s is not None:  # final only once end_s is set
+                    cache[i] = hit
+            end[i], ratio[i], err[i], e2e[i] = hit
+        return cls(sent, first, end, ratio, err, e2e, win)
+
+
+def _censor(t: RunTable, slo: SLO, now: float | None):
+    """(sent, end, ratio, err, age) as known at `now`: later sends unsent, later ends in flight, and an
+    in-flight request already past the TTFT or E2E bound known bad."""
+    if now is None:
+        return t.sent, t.end, t.ratio, t.err, np.where(np.isfinite(t.end), t.e2e, 0.0)
+    sent = np.where(t.sent <= now, t.sent, np.nan)
+    ended = t.end <= now
+    end = np.where(ended, t.end, np.inf)
+    ratio = np.where(ended, t.ratio, np.nan)
+    err = t.err & ended
+    age = np.where(ended, t.e2e, now - np.nan_to_num(sent, nan=now))
+    th = slo.thresholds
+    bad = np.zeros(len(sent), dtype=bool)
+    if "ttft" in th:
+        no_first = ~(t.first <= now)
+        bad |= no_first & (age > th["ttft"].max_ms / 1000.0)
+    if "e2el" in th:
+        bad |= age > th["e2el"].max_ms / 1000.0
+    ratio = np.where(~ended & bad & ~np.isnan(sent), np.inf, ratio)
+    return sent, end, ratio, err, age
+
+
+def _growth(sent: np.ndarray, end: np.ndarray, t0: float, t1: float, batches: int = 6,
+            points: int = 16) -> tuple[float, float]:
+    """Slope (req/s) of the in-flight count over [t0, t1] and its standard error, by batch means: the
+    count is averaged over `batches` equal stretches and a line fitted to those means, so the error
+    reflects the count's own autocorrelation (near saturation it wanders for many request lifetimes,
+    and a slope from a few dozen seconds is mostly that wander)."""
+    if t1 <= t0:
+        return 0.0, math.inf
+    ok = ~np.isnan(sent)
+    s, e = np.sort(sent[ok]), np.sort(end[ok])
+    t = np.linspace(t0, t1, batches * points)
+    inflight = (np.searchsorted(s, t, side="right") - np.searchsorted(e, t, side="right")).astype(float)
+    means = inflight.reshape(batches, points).mean(axis=1)
+    x = t.reshape(batches, points).mean(axis=1)
+    xc = x - x.mean()
+    slope = float((xc * (means - means.mean())).sum() / (xc * xc).sum())
+    resid = means - means.mean() - slope * xc
+    se = math.sqrt(float((resid ** 2).sum()) / (batches - 2) / float((xc * xc).sum()))
+    return slope, se
+
+
+def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: SteadySettings | None = None,
+          *, now: float | None = None, window: tuple[float, float] | None = None) -> Verdict:
+    """The verdict on a run's records, at run time `now` (None: the run is over).
+
+    `window` bounds the scored requests by their send time (default: the records' `in_window`)."""
+    st = settings or SteadySettings()
+    table = records if isinstance(records, RunTable) else RunTable.from_records(records, slo)
+    sent, end, ratio, err, age = _censor(table, slo, now)
+    if window is not None:
+        win = ~np.isnan(sent) & (sent >= window[0]) & (sent <= window[1])
+    else:
+        win = table.in_window & ~np.isnan(sent)
+    idx = np.flatnonzero(win)
+    target = float(slo.target)  # type: ignore[arg-type]
+    n = len(idx)
+    if n == 0:
+        return Verdict(False, False, "empty")
+    r = ratio[idx]
+    known = ~np.isnan(r)
+    good = int((r[known] <= 1.0).sum())
+    unknown = int((~known).sum())
+    errors = int(err[idx].sum())
+    w_sent = sent[idx]
+    span = float(w_sent.max() - w_sent.min())
+    offered = (n - 1) / span if n > 1 and span > 0 else None
+    p99 = float(np.quantile(age[idx], 0.99)) if n else None
+    # the in-flight count fills up over the lifetime of nearly every request from the first send (an
+    # M/G/inf system is in steady state after its longest service), and over the window's last two
+    # thirds (near saturation, latencies creep up as the batch fills: a slower transient)
+    g0 = max(float(w_sent.min()) + span / 3, float(np.nanmin(sent)) + (p99 or 0.0))
+    growth, growth_se = _growth(sent, end, g0, float(w_sent.max()))
+    served = offered - growth if offered is not None else None
+    final = now is None
+    z = Z95 if final else Z_STOP
+    lo = wilson_interval(good, n, z)[0]
+    hi = wilson_interval(good + unknown, n, z)[1]
+    long_enough = n >= st.min_requests and p99 is not None and span >= st.latency_spans * p99
+    growing = offered is not None and growth > st.tolerance * offered
+    clearly_growing = offered is not None and growth > st.tolerance * offered + 2 * growth_se
+    v = Verdict(False, False, "inconclusive", n=n, good=good, unknown=unknown, errors=errors,
+                ci_low=lo, ci_high=hi, offered_rps=offered, served_rps=served, growth_rps=growth, growth_se=growth_se,
+                span_s=span, p99_e2e_s=p99)
+    miss_reason = "errors" if errors > (1 - target) * n else "misses"
+    # An early fail also waits for a run of several lifetimes, so the engine metrics of a failing point
+    # (what the diagnosis reads) show the engine in steady state; a run failing on errors need not.
+    if n >= st.min_requests and hi < target and (long_enough or final or miss_reason == "errors"):
+        v.reason, v.decided = miss_reason, True
+        return v
+    if long_enough and clearly_growing:
+        v.reason, v.decided = "overloaded", True
+        return v
+    if not final:
+        if long_enough and not growing and lo >= target:
+            v.passed, v.decided, v.reason = True, True, "meets"
+        return v
+    # the whole schedule was sent and every request ended: the final verdict
+    if not long_enough or growing:  # growing, but within the noise: a longer run can tell
+        v.reason = "too_short"
+        return v
+    attained = good / n
+    v.passed = attained >= target
+    v.reason = "meets" if v.passed else miss_reason
+    v.decided = lo >= target if v.passed else hi < target
+    return v
+
+
+class StopRule:
+    """`stop_when` for a load run: judge the records every `check_interval_s` and stop once the verdict
+    is decided. `action` is "drain" after a pass (let the in-flight requests finish: they are the
+    tail the percentile is about, and the engine keeps up, so it is short) and "cut" after a fail (an
+    overloaded engine would take minutes to drain a queue whose outcome no longer matters)."""
+
+    def __init__(self, slo: SLO, settings: SteadySettings | None, warmup_s: float):
+        self.slo, self.settings, self.warmup_s = slo, settings or SteadySettings(), warmup_s
+        self.verdict: Verdict | None = None
+        self.stopped_at: float | None = None
+        self._cache: dict[int, tuple[float, float, bool, float]] = {}
+
+    @property
+    def check_interval_s(self) -> float:
+        return self.settings.check_interval_s
+
+    def table(self, records: Sequence[RequestRecord]) -> RunTable:
+        """The records of a finished run as one table, judged at many `now`s by the simulator."""
+        return RunTable.from_records(records, self.slo)
+
+    def __call__(self, records: Sequence[RequestRecord] | RunTable, now: float) -> str | None:
+        table = records if isinstance(records, RunTable) else \
+            RunTable.from_records(records, self.slo, self._cache)
+        return self.judge_table(table, now)
+
+    def judge_table(self, table: RunTable, now: float) -> str | None:
+        if now <= self.warmup_s:
+            return None
+        v = judge(table, self.slo, self.settings, now=now, window=(self.warmup_s, now))
+        if not v.decided:
+            return None
+        self.verdict, self.stopped_at = v, now
+        return "drain" if v.passed else "cut"
