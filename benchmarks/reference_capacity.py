@@ -97,6 +97,7 @@ KEEP_UP = 0.97
 SKIP_FRAC = 0.10
 MAX_FINE_POINTS = 12
 REPEAT_KNEES = True
+TIME_BUDGET_S = 22 * 60     # no new fine point or repeat after this (the last run then takes ~1.5 min)
 
 
 # --- SLOs and scoring (independent of tuner.slo) ----------------------------------------------------------
@@ -353,8 +354,8 @@ def measure(python: str, model: Path, quick: bool = False) -> dict:
             return p
 
         run("warmup", math.inf, WARMUP_N)
-        burst = run("burst", math.inf, int(BURST_N * scale) if quick else BURST_N)
-        mu = burst["completed_rps"]
+        bursts = [run("burst", math.inf, int(BURST_N * scale) if quick else BURST_N) for _ in range(2)]
+        mu = round(float(np.mean([b["completed_rps"] for b in bursts])), 3)
         # Coarse pass: each SLO's highest passing fraction of mu.
         coarse = {f: run("coarse", round(f * mu, 3), max(int(COARSE_MIN_N * scale), int(f * mu * COARSE_S * scale)))
                   for f in COARSE}
@@ -367,7 +368,7 @@ def measure(python: str, model: Path, quick: bool = False) -> dict:
             return pool(fine[k], slos)
 
         def budget_left() -> bool:
-            return len(fine) < (4 if quick else MAX_FINE_POINTS)
+            return len(fine) < (4 if quick else MAX_FINE_POINTS) and time.time() - t_start < TIME_BUDGET_S
 
         for name in slos:
             passing = [f for f in COARSE if coarse[f]["passes"][name]]
@@ -383,7 +384,7 @@ def measure(python: str, model: Path, quick: bool = False) -> dict:
         if REPEAT_KNEES:
             for k in sorted({k for name in slos for k in fine if lattice(mu, k) == first[name]}):
                 for kk in (k, k + 1):
-                    if kk in fine and len(fine[kk]) == 1:
+                    if kk in fine and len(fine[kk]) == 1 and time.time() - t_start < TIME_BUDGET_S:
                         r = lattice(mu, kk)
                         fine[kk].append(run("repeat", r, max(int(long_n(r) * scale), 50)))
     finally:
@@ -402,7 +403,8 @@ def measure(python: str, model: Path, quick: bool = False) -> dict:
         capacity[name] = {"capacity_rps": pooled, "first_pass_rps": alone[0],
                           "repeat_pass_rps": alone[1] if any(len(v) > 1 for v in fine.values()) else None,
                           "range_rps": [round(lo, 3), round(hi, 3)]}
-    return {"max_throughput_rps": mu, "burst": burst, "coarse": list(coarse.values()), "grid": grid,
+    lengths = sorted({(round(p["mean_in"], 2), round(p["mean_out"], 2)) for p in runs})
+    return {"max_throughput_rps": mu, "bursts": bursts, "lengths_in_out": lengths, "coarse": list(coarse.values()), "grid": grid,
             "runs": runs, "capacity": capacity, "slos": slos, "server_argv": argv,
             "launch": {"startup_s": server.info.startup_s}, "quick": quick,
             "wall_s": time.time() - t_start, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S %z"),
@@ -429,7 +431,11 @@ def print_report(data: dict) -> None:
               f"{'/'.join(f'{x:.0f}' for x in g['p99_ttft_ms']):>9} {'/'.join(f'{x:.1f}' for x in g['p99_tpot_ms']):>9} "
               f"{'yes' if g['kept_up'] else 'NO':>5} {cells}")
     print("(* passes: attainment >= target and kept up; '/' separates the repeats of a rate)")
-    print(f"\nmax throughput (burst of {data['burst']['n']}, rate inf): {data['max_throughput_rps']:.2f} req/s")
+    print(f"mean prompt/output tokens per completed request, over all runs: {data['lengths_in_out']}")
+    bursts = data["bursts"]
+    each = " and ".join(f"{b['completed_rps']:.2f}" for b in bursts)
+    print(f"\nmax throughput (bursts of {bursts[0]['n']}, rate inf): {data['max_throughput_rps']:.2f} req/s "
+          f"(mean of {each})")
     for name, c in data["capacity"].items():
         rep = f", repeat alone {c['repeat_pass_rps']:.2f}" if c.get("repeat_pass_rps") is not None else ""
         print(f"reference capacity {name}: {c['capacity_rps']:.2f} req/s (first pass {c['first_pass_rps']:.2f}{rep}; "
