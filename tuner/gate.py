@@ -47,7 +47,10 @@ def default_load(engine: str, arrival: str = "poisson") -> dict:
 
     if engine == "sim":
         return asdict(LoadSettings(requests=1000, arrival=arrival))
-    return asdict(LoadSettings(requests=200, max_duration_s=60.0, arrival=arrival, request_timeout_s=60.0))
+    from tuner.search.study import REALTIME_MAX_REQUESTS
+
+    return asdict(LoadSettings(requests=REALTIME_MAX_REQUESTS, max_duration_s=60.0, arrival=arrival,
+                               request_timeout_s=60.0))
 
 
 def load_settings(load: dict, where: str | Path | None = None):

@@ -35,6 +35,7 @@ from tuner.workload.loader import load_workload
 from tuner.workload.model import Workload
 
 STUDY_NAME = "slo-tuner"
+REALTIME_MAX_REQUESTS = 4000
 ENGINES = ("sim", "sim-http", "vllm")
 
 
@@ -184,7 +185,9 @@ def make_engine(opts: TuneOptions, slo: SLO | None = None) -> Engine:
 def load_settings(opts: TuneOptions, engine: Engine) -> LoadSettings:
     if engine.virtual_time:
         return LoadSettings(requests=opts.requests_per_run or 1000, arrival=opts.arrival, seed=opts.seed)
-    return LoadSettings(requests=opts.requests_per_run or 200, max_duration_s=opts.max_run_s or 60.0,
+    # Real time: each run is bounded by --max-run-s and ends as soon as the sequential test decides
+    # (tuner.search.verdict); the request cap only bounds a very high rate.
+    return LoadSettings(requests=opts.requests_per_run or REALTIME_MAX_REQUESTS, max_duration_s=opts.max_run_s or 60.0,
                         arrival=opts.arrival, seed=opts.seed, request_timeout_s=60.0)
 
 
