@@ -40,6 +40,7 @@ class SteadySettings:
     tolerance: float = 0.05      # served may fall short of offered by this fraction
     latency_spans: float = 5.0   # the scored window must last this many p99 E2E latencies
     min_requests: int = 20       # scored requests before any verdict
+    min_fit_sends: int = 60      # sends in the in-flight fit before its slope may decide
     check_interval_s: float = 0.25  # how often a running load run is judged (run seconds)
 
 
@@ -142,13 +143,13 @@ def _censor(t: RunTable, slo: SLO, now: float | None):
 
 
 def _growth(sent: np.ndarray, end: np.ndarray, t0: float, t1: float, batches: int = 6,
-            points: int = 16) -> tuple[float, float]:
+            points: int = 16) -> tuple[float, float, float]:
     """Slope (req/s) of the in-flight count over [t0, t1] and its standard error, by batch means: the
     count is averaged over `batches` equal stretches and a line fitted to those means, so the error
     reflects the count's own autocorrelation (near saturation it wanders for many request lifetimes,
     and a slope from a few dozen seconds is mostly that wander)."""
     if t1 <= t0:
-        return 0.0, math.inf
+        return 0.0, math.inf, math.inf
     ok = ~np.isnan(sent)
     s, e = np.sort(sent[ok]), np.sort(end[ok])
     t = np.linspace(t0, t1, batches * points)
@@ -159,7 +160,7 @@ def _growth(sent: np.ndarray, end: np.ndarray, t0: float, t1: float, batches: in
     slope = float((xc * (means - means.mean())).sum() / (xc * xc).sum())
     resid = means - means.mean() - slope * xc
     se = math.sqrt(float((resid ** 2).sum()) / (batches - 2) / float((xc * xc).sum()))
-    return slope, se
+    return slope, se, float(inflight.max())
 
 
 def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: SteadySettings | None = None,
@@ -192,15 +193,23 @@ def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: Stead
     # M/G/inf system is in steady state after its longest service), and over the window's last two
     # thirds (near saturation, latencies creep up as the batch fills: a slower transient)
     g0 = max(float(w_sent.min()) + span / 3, float(np.nanmin(sent)) + (p99 or 0.0))
-    growth, growth_se = _growth(sent, end, g0, float(w_sent.max()))
+    g1 = float(w_sent.max())
+    growth, growth_se, peak = _growth(sent, end, g0, g1)
+    fit_sends = int(((w_sent >= g0) & (w_sent <= g1)).sum())
     served = offered - growth if offered is not None else None
     final = now is None
     z = Z95 if final else Z_STOP
     lo = wilson_interval(good, n, z)[0]
     hi = wilson_interval(good + unknown, n, z)[1]
     long_enough = n >= st.min_requests and p99 is not None and span >= st.latency_spans * p99
-    growing = offered is not None and growth > st.tolerance * offered
-    clearly_growing = offered is not None and growth > st.tolerance * offered + 2 * growth_se
+    allowed = st.tolerance * offered * (g1 - g0) if offered is not None and g1 > g0 else 0.0
+    # Proven steady without statistics: the backlog cannot have grown by more than the in-flight count
+    # ever was, and that stayed under what the tolerance allows over the fit. Otherwise the slope
+    # decides, once the fit holds enough sends for its batch means to mean something.
+    proven = long_enough and g1 > g0 and peak <= allowed
+    testable = long_enough and (proven or fit_sends >= st.min_fit_sends)
+    growing = testable and not proven and offered is not None and growth > st.tolerance * offered
+    clearly_growing = growing and growth > st.tolerance * offered + 2 * growth_se
     v = Verdict(False, False, "inconclusive", n=n, good=good, unknown=unknown, errors=errors,
                 ci_low=lo, ci_high=hi, offered_rps=offered, served_rps=served, growth_rps=growth, growth_se=growth_se,
                 span_s=span, p99_e2e_s=p99)
@@ -210,15 +219,15 @@ def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: Stead
     if n >= st.min_requests and hi < target and (long_enough or final or miss_reason == "errors"):
         v.reason, v.decided = miss_reason, True
         return v
-    if long_enough and clearly_growing:
+    if clearly_growing:
         v.reason, v.decided = "overloaded", True
         return v
     if not final:
-        if long_enough and not growing and lo >= target:
+        if testable and not growing and lo >= target:
             v.passed, v.decided, v.reason = True, True, "meets"
         return v
     # the whole schedule was sent and every request ended: the final verdict
-    if not long_enough or growing:  # growing, but within the noise: a longer run can tell
+    if not testable or growing:  # growing, but within the noise: a longer run can tell
         v.reason = "too_short"
         return v
     attained = good / n
