@@ -39,7 +39,7 @@ def tune_env(**extra: str) -> dict[str, str]:
             **extra}
 
 
-def tune(*args: str | Path, timeout: float = 120, cwd: Path | None = None,
+def tune(*args: str | Path, timeout: float = 400, cwd: Path | None = None,
          env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run `tune ARGS` to the end (its own session, so nothing it leaves can reach pytest's group)."""
     return subprocess.run([*TUNE, *map(str, args)], capture_output=True, text=True, timeout=timeout,

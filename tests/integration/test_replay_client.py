@@ -48,7 +48,8 @@ def test_ttft_and_tpot_match_the_server_and_request_forces_length(server):
     assert len(ok) == n
     ttfts = [r.ttft for r in ok]
     tpots = [r.tpot for r in ok]
-    assert TTFT <= median(ttfts) <= TTFT + 0.006
+    # the client's own overhead is a few ms on a quiet machine; a busy 2-core CI machine adds tens
+    assert TTFT <= median(ttfts) <= TTFT + 0.03
     assert abs(median(tpots) - TPOT) <= 0.002
     assert abs(median(x for r in ok for x in r.itls) - TPOT) <= 0.002
     for r in ok:

@@ -49,7 +49,7 @@ class KneeSettings:
     unloaded_in_flight: float = 1.5
     #: A run too short to tell is run again with this many times the requests, up to `max_lengthen`
     #: times the load settings' `requests` (virtual time; a real-time run is bounded by its duration).
-    max_lengthen: int = 4
+    max_lengthen: int = 2
     lengthen_band: float = 0.15  # ... when its badness is this close to 1 and its verdict undecided
 
 
