@@ -23,6 +23,7 @@ attention bytes every step reads.
 
 from __future__ import annotations
 
+from tuner.replay.record import TOOL_CAUSES
 from tuner.search.records import Diagnosis, LoadRunSummary, MetricsDigest
 
 KNOBS = {
@@ -67,6 +68,11 @@ def diagnose(fail: LoadRunSummary | None, fail_metrics: MetricsDigest | None,
         "prefix_hit_rate": None if m.prefix_hit_rate is None else round(m.prefix_hit_rate, 3),
     }
 
+    errs = {k: v for k, v in point.errors_by_cause.items() if k not in TOOL_CAUSES}
+    n_err = sum(errs.values())
+    if point.n and (point.verdict == "errors" or n_err > max(sum(point.violations.values()), 0)
+                    and n_err >= 0.01 * point.n):
+        return _errors(point, errs, ev)
     if kv_full and (preempting or not batch_full):
         kind = "kv_capacity"
         why = (f"KV cache {m.kv_usage_p90:.0%} full (p90) with {m.preemptions:.0f} preemptions while "
@@ -87,11 +93,42 @@ def diagnose(fail: LoadRunSummary | None, fail_metrics: MetricsDigest | None,
         kind = "prefill"
         share = "" if queue_share is None else f" (queueing {queue_share:.0%} of TTFT)"
         why = f"TTFT breaks the SLO first and is mostly prefill time, not queueing{share}"
+    elif binding is None and point.verdict == "overloaded":
+        kind = "queue"
+        why = (f"the engine did not keep up: it served {point.served_rps or 0:.3g} of "
+               f"{point.offered_rps or point.rate:.3g} req/s offered, with the batch "
+               f"({m.running_p90:.0f} of {mns if mns else 'max_num_seqs'}) and KV ({m.kv_usage_p90:.0%}) "
+               "not the limit")
     else:
         kind = "decode"
         why = f"{(binding or 'latency').upper()} breaks the SLO first, mostly in generation, not queueing"
     knobs, directions = KNOBS[kind]
     return Diagnosis(kind=kind, summary=why, evidence=ev, knobs=list(knobs), directions=dict(directions))
+
+
+#: What each error cause says to do, for the one-line diagnosis of a run that fails on errors.
+ERROR_ADVICE = {
+    "over_context": "prompts exceed the model's context (max_model_len): raise it or filter the workload",
+    "timeout": "requests timed out: the engine is far past saturation or stalled",
+    "stalled": "streams stalled (no data for the stall timeout)",
+    "truncated": "responses were shorter than asked for although EOS was ignored: the server caps lengths",
+    "in_flight_cap": "requests hit the client's in-flight cap: far past saturation",
+    "http_4xx": "the server refused requests (HTTP 4xx): check the model name, API key and request shape",
+    "http_5xx": "the server failed requests (HTTP 5xx)",
+    "connection": "connections dropped",
+    "failed": "requests failed",
+}
+
+
+def _errors(point: LoadRunSummary, errs: dict[str, int], ev: dict) -> Diagnosis:
+    """A run that fails on errors, not latency: the cause, counted, and what answers it."""
+    cause, count = max(errs.items(), key=lambda kv: kv[1])
+    ev = {**ev, "errors": point.errors, **{f"errors_{k}": v for k, v in errs.items()}}
+    why = f"{count} of {point.n} {ERROR_ADVICE.get(cause, cause)}"
+    if cause == "over_context":
+        return Diagnosis(kind="errors", summary=why, evidence=ev, knobs=["max_model_len"],
+                         directions={"max_model_len": "up"})
+    return Diagnosis(kind="errors", summary=why, evidence=ev)
 
 
 def _r(x: float | None) -> float | None:

@@ -75,7 +75,8 @@ def _summary(label: str, t: TrialView | None) -> ConfigSummary:
     r = t.record
     return ConfigSummary(label=label, trial=t.number, knobs=r.knobs, serve_args=serve_args(r.knobs),
                          capacity_rps=r.capacity_rps, capacity_upper_rps=r.capacity_upper_rps,
-                         kv_cache_tokens=r.kv_cache_tokens, knee=knee_curve(r.load_runs),
+                         capacity_low_rps=r.capacity_low_rps, capacity_high_rps=r.capacity_high_rps,
+                         no_capacity_reason=r.no_capacity_reason, kv_cache_tokens=r.kv_cache_tokens, knee=knee_curve(r.load_runs),
                          saturation_rps=saturation_throughput(r.load_runs),
                          diagnosis=r.diagnosis, knee_metrics=r.knee_metrics,
                          latency_at_capacity=r.latency_at_capacity)
@@ -115,6 +116,8 @@ def headline(base: ConfigSummary, tuned: ConfigSummary) -> Headline:
                                 better=better, at=at))
 
     row("goodput", "req/s", lambda r: r.goodput, "higher", "capacity")
+    row("goodput (vLLM bench: good / run duration)", "req/s", lambda r: r.goodput_bench, "higher",
+        "capacity")
     row("goodput", "req/s", lambda r: r.goodput, "higher", "same_rate")
     row("attainment", "%", lambda r: 100.0 * r.attainment, "higher", "same_rate")
     for at in ("same_rate", "capacity"):
@@ -162,6 +165,27 @@ def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: 
     out.append(f"Noise floor: capacities are bracketed to within {info.precision:.0%} and differences below "
                f"{info.noise_floor:.0%} are not meaningful; each capacity is the highest offered rate that "
                f"kept attainment at the SLO target under open-loop {info.arrival} arrivals of this workload.")
+    for c in (base, tuned) if tuned.trial != base.trial else (base,):
+        if c.capacity_rps:
+            lo, hi = c.capacity_low_rps, c.capacity_high_rps
+            out.append(f"{c.label.capitalize()}'s capacity {c.capacity_rps:.3g} req/s: "
+                       + (f"it passed with its interval clear of the target at {lo:.3g} req/s"
+                          if lo else "no load run passed with its interval clear of the target")
+                       + (f" and failed clearly at {hi:.3g} req/s" if hi else ", and none failed clearly above it")
+                       + " (the capacity's uncertainty from request sampling).")
+        elif c.no_capacity_reason:
+            out.append(f"{c.label.capitalize()}: {c.no_capacity_reason}.")
+        causes: dict[str, int] = {}
+        for p in c.knee:
+            for k, v in p.errors_by_cause.items():
+                causes[k] = causes.get(k, 0) + v
+        if causes:
+            out.append(f"{c.label.capitalize()}: failed requests by cause over its load runs: "
+                       + ", ".join(f"{k} {v}" for k, v in sorted(causes.items(), key=lambda kv: -kv[1]))
+                       + "; failed, truncated and timed-out requests are never good.")
+        warns = list(dict.fromkeys(w for p in c.knee for w in p.warnings))
+        for w in warns[:5]:
+            out.append(f"{c.label.capitalize()}, client warning: {w}")
     if gain_pct is not None and abs(gain_pct) < 100 * info.noise_floor:
         out.append(f"The gain over vLLM's defaults ({gain_pct:+.1f}%) is within the noise floor: the "
                    "defaults are as good as anything found.")

@@ -25,6 +25,9 @@ class ConfigSummary(BaseModel):
     serve_args: list[str] = Field(default_factory=list)
     capacity_rps: float | None = None
     capacity_upper_rps: float | None = None
+    capacity_low_rps: float | None = None    # highest rate that passed with its interval clear of target
+    capacity_high_rps: float | None = None   # lowest rate that failed clearly
+    no_capacity_reason: str | None = None
     kv_cache_tokens: int | None = None
     knee: list[LoadRunSummary] = Field(default_factory=list)
     saturation_rps: float | None = None      # finished req/s with the whole run sent at once (if probed)

@@ -28,8 +28,16 @@ class RichReporter:
     def point(self, number: int, p: LoadRunSummary) -> None:
         mark = "[green]pass[/]" if p.passed else "[red]fail[/]"
         p99 = ", ".join(f"{m} {v:.0f}" for m, v in p.p99_ms.items() if v is not None and m != "itl")
-        self.console.print(f"   {p.rate:8.2f} req/s  {mark}  attainment {p.attainment:.3f} "
-                           f"[{p.ci_low:.3f}, {p.ci_high:.3f}]  p99 ms: {p99}")
+        rate = "burst (all at once)" if p.rate >= 1e5 else f"{p.rate:8.2f} req/s"
+        why = {"overloaded": "overloaded", "too_short": "too short to tell", "errors": "errors"}.get(p.verdict)
+        served = f" served {p.served_rps:.3g}/s" if p.served_rps is not None and p.rate < 1e5 else ""
+        self.console.print(f"   {rate}  {mark}{f' ({why})' if why else ''}  n={p.n}{served}  attainment "
+                           f"{p.attainment:.3f} [{p.ci_low:.3f}, {p.ci_high:.3f}]  p99 ms: {p99}")
+        causes = ", ".join(f"{k} {v}" for k, v in p.errors_by_cause.items())
+        if causes:
+            self.console.print(f"      [yellow]errors:[/] {causes}")
+        for w in p.warnings:
+            self.console.print(f"      [yellow]warning:[/] {w[:200]}")
         if self._status:
             inc = self.incumbent.capacity_rps if self.incumbent and self.incumbent.capacity_rps else None
             self._status.update(f"trial {number}: last load run {p.rate:.2f} req/s, "
@@ -49,6 +57,12 @@ class RichReporter:
             self.console.print("   [dim]raced out: fails at the incumbent's capacity[/]")
         else:
             cap = f"{rec.capacity_rps:.2f} req/s" if rec.capacity_rps else "none"
+            if rec.capacity_rps:
+                lo, hi = rec.capacity_low_rps, rec.capacity_high_rps
+                cap += (f" (passed clearly at {lo:.3g}" if lo else " (no clear pass") + (
+                    f", failed clearly at {hi:.3g})" if hi else ")")
+            elif rec.no_capacity_reason:
+                cap += f": {rec.no_capacity_reason}"
             diag = f"; binds: {rec.diagnosis.kind} ({rec.diagnosis.summary})" if rec.diagnosis else ""
             beat = " [green]beats the incumbent[/]" if rec.accepted and rec.role == "candidate" else ""
             self.console.print(f"   capacity {cap}{beat}{diag}")

@@ -65,7 +65,7 @@ class MetricsDigest(BaseModel):
 
 
 DiagnosisKind = Literal["queue", "batch_cap", "kv_capacity", "prefill", "decode", "launch_failure",
-                        "none"]
+                        "errors", "none"]
 
 
 class Diagnosis(BaseModel):

@@ -55,6 +55,7 @@ class Verdict:
     errors: int = 0          # failed, truncated, timed out: never good
     ci_low: float = 0.0
     ci_high: float = 1.0
+    design_effect: float = 1.0   # the outcomes' clustering in send order (1: independent)
     offered_rps: float | None = None   # realised: in-window sends per second of their span
     served_rps: float | None = None    # offered - growth of the in-flight count
     growth_rps: float = 0.0
@@ -163,6 +164,23 @@ def _growth(sent: np.ndarray, end: np.ndarray, t0: float, t1: float, batches: in
     return slope, se, float(inflight.max())
 
 
+def design_effect(bad: np.ndarray, batches: int = 10) -> float:
+    """How much the requests' outcomes cluster in send order (a burst makes its neighbours slow too):
+    the variance of the bad fraction over `batches` stretches against the binomial one, in [1, 10].
+    The attainment's interval uses n / deff effective requests, so one burst's worth of correlated
+    misses is not taken for independent evidence."""
+    n = len(bad)
+    if n < 4 * batches:
+        return 1.0
+    p = float(bad.mean())
+    if p <= 0.0 or p >= 1.0:
+        return 1.0
+    size = n // batches
+    means = bad[: size * batches].reshape(batches, size).mean(axis=1)
+    ratio = float(means.var(ddof=1)) / (p * (1 - p) / size)
+    return float(min(10.0, max(1.0, ratio)))
+
+
 def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: SteadySettings | None = None,
           *, now: float | None = None, window: tuple[float, float] | None = None) -> Verdict:
     """The verdict on a run's records, at run time `now` (None: the run is over).
@@ -199,8 +217,11 @@ def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: Stead
     served = offered - growth if offered is not None else None
     final = now is None
     z = Z95 if final else Z_STOP
-    lo = wilson_interval(good, n, z)[0]
-    hi = wilson_interval(good + unknown, n, z)[1]
+    order = np.argsort(w_sent, kind="stable")
+    rk = r[order]
+    deff = design_effect(~(np.nan_to_num(rk[~np.isnan(rk)], nan=np.inf) <= 1.0))
+    lo = wilson_interval(round(good / deff), max(1, round(n / deff)), z)[0]
+    hi = wilson_interval(round((good + unknown) / deff), max(1, round(n / deff)), z)[1]
     long_enough = n >= st.min_requests and p99 is not None and span >= st.latency_spans * p99
     allowed = st.tolerance * offered * (g1 - g0) if offered is not None and g1 > g0 else 0.0
     # Proven steady without statistics: the backlog cannot have grown by more than the in-flight count
@@ -211,7 +232,7 @@ def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: Stead
     growing = testable and not proven and offered is not None and growth > st.tolerance * offered
     clearly_growing = growing and growth > st.tolerance * offered + 2 * growth_se
     v = Verdict(False, False, "inconclusive", n=n, good=good, unknown=unknown, errors=errors,
-                ci_low=lo, ci_high=hi, offered_rps=offered, served_rps=served, growth_rps=growth, growth_se=growth_se,
+                ci_low=lo, ci_high=hi, design_effect=deff, offered_rps=offered, served_rps=served, growth_rps=growth, growth_se=growth_se,
                 span_s=span, p99_e2e_s=p99)
     miss_reason = "errors" if errors > (1 - target) * n else "misses"
     # An early fail also waits for a run of several lifetimes, so the engine metrics of a failing point
