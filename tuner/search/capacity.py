@@ -49,7 +49,7 @@ class KneeSettings:
     unloaded_in_flight: float = 1.5
     #: A run too short to tell is run again with this many times the requests, up to `max_lengthen`
     #: times the load settings' `requests` (virtual time; a real-time run is bounded by its duration).
-    max_lengthen: int = 2
+    max_lengthen: int = 4  # (a verdict inside the noise: 2)
     lengthen_band: float = 0.15  # ... when its badness is this close to 1 and its verdict undecided
 
 
@@ -129,7 +129,8 @@ class KneeSearch:
             if s.verdict == "too_short" or (not s.decided and self.load.max_duration_s is None
                                              and s.verdict in ("meets", "misses") and s.badness
                                              and abs(s.badness - 1.0) <= self.knee.lengthen_band):
-                longer = self._longer(load, rate)
+                longer = self._longer(load, rate, self.knee.max_lengthen if s.verdict == "too_short"
+                                      else min(2, self.knee.max_lengthen))
                 if longer is not None:
                     load, runs = longer, []
                     continue
@@ -145,12 +146,12 @@ class KneeSearch:
         self._record(meas)
         return meas
 
-    def _longer(self, load: LoadSettings, rate: float) -> LoadSettings | None:
+    def _longer(self, load: LoadSettings, rate: float, most: int) -> LoadSettings | None:
         """The same run with twice the requests, if the run's bounds allow any more at this rate."""
         from dataclasses import replace
 
         now = run_size(rate, load)
-        cap = self.load.requests * self.knee.max_lengthen
+        cap = self.load.requests * most
         nxt = replace(load, requests=min(cap, 2 * load.requests))
         return nxt if run_size(rate, nxt) > now else None
 
