@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -14,10 +13,11 @@ from tuner.errors import UserError
 
 
 def _sigterm_to_interrupt() -> None:
-    """SIGTERM unwinds like Ctrl-C, so the server is stopped and the trial recorded as interrupted."""
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, handler)
+    """SIGINT and SIGTERM stop the study at the next safe point, whatever they land in (`tuner.signals`):
+    the server is stopped and the trial recorded as interrupted."""
+    from tuner import signals
+
+    signals.install()
 
 
 VLLM_ARG_HELP = ("vllm: one more `vllm serve` argument, after the knobs (repeatable); write it with '=': "

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Protocol
 import optuna
 from optuna.trial import TrialState
 
+from tuner import signals
 from tuner.diagnose import diagnose
 from tuner.engine.base import Engine
 from tuner.failures import LaunchFailure
@@ -86,6 +87,7 @@ class TrialRunner:
     launches: int = 0
     engine_s: float = 0.0
     compare_rate: float | None = None  # the baseline's capacity: accepted trials also run there once
+    current: optuna.Trial | None = None  # the trial asked and not yet told (see `abandon`)
 
     # -- storage ----------------------------------------------------------------------------------
     def finished(self) -> dict[str, TrialRecord]:
@@ -127,14 +129,41 @@ class TrialRunner:
         # knobs outside the space (or values it does not list) travel as a user attribute
         params = {k: getattr(knobs, k) for k in self.space.knobs if getattr(knobs, k) in self.choices(k)}
         extra = {k: v for k, v in knobs.set_only().items() if k not in params}
-        self.study.enqueue_trial(params, user_attrs={"extra_knobs": extra}, skip_if_exists=False)
-        trial = self.study.ask(self.distributions())
+        signals.check()
+        with signals.deferred():  # the trial exists from here: a Ctrl-C must find it in `current`
+            self.study.enqueue_trial(params, user_attrs={"extra_knobs": extra}, skip_if_exists=False)
+            trial = self.ask()
         return self.run_trial(trial, role=role, changed_knob=changed_knob, race_rate=race_rate,
                               start_rate=start_rate, incumbent=incumbent, accept_above=accept_above,
                               accept=accept)
 
+    def ask(self, distributions: dict | None = None) -> optuna.Trial:
+        """`study.ask`, remembered as the trial under way until it is told (see `abandon`)."""
+        with signals.deferred():
+            self.current = self.study.ask(self.distributions() if distributions is None else distributions)
+        return self.current
+
+    def abandon(self) -> bool:
+        """After a Ctrl-C: the trial under way, if its record was not written, is marked interrupted (a
+        signal can land between `ask` and the trial's own clean-up). True when one was marked."""
+        trial, self.current = self.current, None
+        if trial is None:
+            return False
+        frozen = self.study._storage.get_trial(trial._trial_id)
+        if frozen.state != TrialState.RUNNING:
+            return False
+        knobs = {**{k: v for k, v in frozen.params.items() if v is not None},
+                 **frozen.user_attrs.get("extra_knobs", {})}
+        rec = TrialRecord(number=frozen.number, role="baseline" if not knobs else "candidate", knobs=knobs,
+                          interrupted=True)
+        trial.set_user_attr("record", rec.model_dump(mode="json"))
+        self.study.tell(trial, state=TrialState.FAIL)
+        return True
+
     def run_trial(self, trial: optuna.Trial, *, role: str, **kw: Any) -> TrialRecord:
         """Run `trial` (see `_run_trial`), sending heartbeats meanwhile where the storage wants them."""
+        self.current = trial
+        signals.check()
         with _heartbeats(self.study, trial):
             return self._run_trial(trial, role=role, **kw)
 
@@ -153,27 +182,26 @@ class TrialRunner:
         if broken:
             rec.launch_failure_kind, rec.launch_failure_message = "bad_flag", f"breaks constraint {broken}"
             return self._tell(trial, rec, TrialState.FAIL, t0)
+        server: Any = None
+        search: KneeSearch | None = None
         try:
-            self.launches += 1
-            server = self.engine.launch(knobs)
-        except LaunchFailure as e:
-            rec.launch_failure_kind, rec.launch_failure_message = e.kind, e.message
-            lesson = LAUNCH_LESSONS.get(e.kind)
-            if lesson:
-                rec.diagnosis = Diagnosis(kind="launch_failure", summary=e.message[:300],
-                                          evidence={"failure": e.kind}, knobs=lesson[0],
-                                          directions=lesson[1])
-            return self._tell(trial, rec, TrialState.FAIL, t0)
-        except KeyboardInterrupt:  # Ctrl-C while the server comes up (vLLM: minutes); the launcher stopped it
-            rec.interrupted = True
-            self._tell(trial, rec, TrialState.FAIL, t0)
-            raise
-        rec.launched = True
-        rec.kv_cache_tokens, rec.max_concurrency = server.info.kv_cache_tokens, server.info.max_concurrency
-        search = KneeSearch(server, self.workload, self.slo, self.load, self.knee,
-                            max_num_seqs=knobs.max_num_seqs or self.defaults.get("max_num_seqs"),
-                            on_point=lambda p: self.reporter.point(trial.number, p))
-        try:
+            try:
+                self.launches += 1
+                server = self.engine.launch(knobs)
+            except LaunchFailure as e:
+                rec.launch_failure_kind, rec.launch_failure_message = e.kind, e.message
+                lesson = LAUNCH_LESSONS.get(e.kind)
+                if lesson:
+                    rec.diagnosis = Diagnosis(kind="launch_failure", summary=e.message[:300],
+                                              evidence={"failure": e.kind}, knobs=lesson[0],
+                                              directions=lesson[1])
+                return self._tell(trial, rec, TrialState.FAIL, t0)
+            rec.launched = True
+            rec.kv_cache_tokens = server.info.kv_cache_tokens
+            rec.max_concurrency = server.info.max_concurrency
+            search = KneeSearch(server, self.workload, self.slo, self.load, self.knee,
+                                max_num_seqs=knobs.max_num_seqs or self.defaults.get("max_num_seqs"),
+                                on_point=lambda p: self.reporter.point(trial.number, p))
             with server:
                 result = search.run(start_rate or self.start_rate, race_rate)
                 rec.accepted = bool(result.capacity) and not result.raced_out and (
@@ -186,10 +214,20 @@ class TrialRunner:
                     m, _ = measure(server, self.workload, self.slo, self.compare_rate, self.load,
                                    seed=self.load.seed, max_num_seqs=search.max_num_seqs, salt=-1)
                     result.points.append(m.summary)  # a point of its knee curve like any other
+            signals.check()
         except KeyboardInterrupt:
-            rec.interrupted = True
-            rec.load_runs = search.result.points
-            self._tell(trial, rec, TrialState.FAIL, t0)
+            # Ctrl-C or SIGTERM, wherever it landed in the trial (the server coming up, a load run, the
+            # scoring): the server is stopped (the launcher or `with server` did, unless the signal came
+            # between the two) and the trial recorded as interrupted, its points so far kept
+            with signals.shielded():
+                if server is not None and hasattr(server, "process"):
+                    server.process.stop_interrupted()
+                elif server is not None:
+                    server.stop()
+                if self.current is trial:  # not told yet (the signal may come as a failure is told)
+                    rec.interrupted = True
+                    rec.load_runs = search.result.points if search is not None else []
+                    self._tell(trial, rec, TrialState.FAIL, t0)
             raise
         self.engine_s += result.engine_s
         rec.engine_s = result.engine_s
@@ -207,10 +245,13 @@ class TrialRunner:
 
     def _tell(self, trial: optuna.Trial, rec: TrialRecord, state: TrialState, t0: float) -> TrialRecord:
         rec.wall_s = time.perf_counter() - t0
-        trial.set_user_attr("record", rec.model_dump(mode="json"))
-        if state == TrialState.COMPLETE:
-            self.study.tell(trial, rec.capacity_rps or 0.0)
-        else:
-            self.study.tell(trial, state=state)
+        with signals.deferred():  # the record and the trial's state are written together, or not at all
+            trial.set_user_attr("record", rec.model_dump(mode="json"))
+            if state == TrialState.COMPLETE:
+                self.study.tell(trial, rec.capacity_rps or 0.0)
+            else:
+                self.study.tell(trial, state=state)
+            if self.current is trial:
+                self.current = None
         self.reporter.trial_done(rec)
         return rec

@@ -267,11 +267,12 @@ def whole_space(runner: TrialRunner, budget: Budget, *, sampler: str, noise_floo
     seen = set(runner.finished())
     stale = 0
     while budget.left(runner) and stale < 50:
-        trial = runner.study.ask()
+        trial = runner.ask({})
         picked = {k: trial.suggest_categorical(k, runner.choices(k)) for k in runner.space.knobs}
         knobs = Knobs(**{k: v for k, v in picked.items() if v is not None})
         if knobs_key(knobs) in seen or runner.space.allows(knobs, runner.defaults):
             runner.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            runner.current = None
             stale += 1
             continue
         stale = 0

@@ -14,9 +14,10 @@ import inspect
 import os
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import optuna
 
@@ -219,6 +220,25 @@ def prepare(opts: TuneOptions) -> tuple[Workload, SLO, SearchSpace]:
     return workload, load_slo(opts.slo), load_space(opts.search_space)
 
 
+@contextmanager
+def interrupt_cleanup(runner: TrialRunner) -> Iterator[None]:
+    """On Ctrl-C or SIGTERM, wherever it landed: the trial under way is marked interrupted if its own
+    clean-up did not get to it, and every server still up is stopped (short SIGTERM grace, then SIGKILL),
+    before the interrupt goes on to the command line (exit 130)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        from tuner import signals
+        from tuner.engine import launcher
+
+        with signals.shielded():
+            try:
+                runner.abandon()
+            finally:
+                launcher.stop_all()
+        raise
+
+
 def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outcome, Path]:
     """Run (or resume) a study; returns the outcome and the run directory."""
     workload, slo, space = prepare(opts)
@@ -248,12 +268,15 @@ def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outco
         runner.launches = sum(1 for r in runner.finished().values()
                               if r.launched or r.launch_failure_kind not in (None, "bad_flag"))
     budget = Budget(max_trials=opts.max_trials, time_budget_s=opts.time_budget_s, started=time.monotonic())
-    if opts.strategy == "guided":
-        outcome = guided(runner, budget, noise_floor=noise_floor, plateau=opts.plateau, confirm=opts.confirm)
-    elif opts.strategy == "grid":
-        outcome = grid(runner, opts.max_trials)
-    else:
-        outcome = whole_space(runner, budget, sampler=opts.strategy, noise_floor=noise_floor, seed=opts.seed)
+    with interrupt_cleanup(runner):
+        if opts.strategy == "guided":
+            outcome = guided(runner, budget, noise_floor=noise_floor, plateau=opts.plateau,
+                             confirm=opts.confirm)
+        elif opts.strategy == "grid":
+            outcome = grid(runner, opts.max_trials)
+        else:
+            outcome = whole_space(runner, budget, sampler=opts.strategy, noise_floor=noise_floor,
+                                  seed=opts.seed)
     study.set_user_attr("outcome", {"stop_reason": outcome.stop_reason,
                                     "baseline_trial": outcome.baseline.number if outcome.baseline else None,
                                     "tuned_trial": outcome.incumbent.number if outcome.incumbent else None,
@@ -317,4 +340,5 @@ def run_worker(run_dir: Path, *, storage: str | None = None, max_trials: int | N
     runner = TrialRunner(study=study, engine=engine, workload=workload, slo=slo, space=space,
                          load=load, knee=KneeSettings(precision=info.precision),
                          defaults=engine_defaults(opts), start_rate=opts.start_rate or 1.0)
-    return work(runner, max_trials=max_trials, idle_exit_s=idle_exit_s)
+    with interrupt_cleanup(runner):
+        return work(runner, max_trials=max_trials, idle_exit_s=idle_exit_s)
