@@ -208,7 +208,7 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
             if not budget.left(runner):
                 break
             knobs = normalize(inc_knobs.with_(**{knob: v}), runner.defaults)
-            if runner.space.allows(knobs, runner.defaults) or knobs_key(knobs) in runner.finished():
+            if runner.space.allows(knobs, runner.defaults) or runner.seen(knobs):
                 continue  # impossible, or measured already (the same configuration as another trial)
             floor = (best.capacity_rps or 0.0) * (1 + noise.floor(noise_floor))
             # race at the confirmed incumbent's capacity, not at a sibling's unconfirmed (possibly lucky)

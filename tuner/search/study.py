@@ -27,7 +27,7 @@ from tuner.errors import UserError
 from tuner.search.capacity import KneeSettings
 from tuner.search.measure import LoadSettings
 from tuner.search.records import StudyInfo
-from tuner.search.runner import NullReporter, Reporter, TrialRunner
+from tuner.search.runner import NullReporter, Reporter, TrialRunner, stored_role
 from tuner.search.space import SearchSpace, load_space
 from tuner.search.strategy import STRATEGIES, Budget, Outcome, guided, whole_space
 from tuner.search.worker import enqueue_grid, work
@@ -136,9 +136,7 @@ def close_orphans(study: optuna.Study) -> int:
     n = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         knobs = {**{k: v for k, v in t.params.items() if v is not None}, **t.user_attrs.get("extra_knobs", {})}
-        role = t.user_attrs.get("role") or ("baseline" if not knobs else "candidate")
-        rec = TrialRecord(number=t.number, role=role if role in ("baseline", "candidate", "grid") else "candidate",
-                          knobs=knobs, interrupted=True)
+        rec = TrialRecord(number=t.number, role=stored_role(t.user_attrs, knobs), knobs=knobs, interrupted=True)
         trial = optuna.Trial(study, t._trial_id)
         trial.set_user_attr("record", rec.model_dump(mode="json"))
         study.tell(trial, state=TrialState.FAIL)
@@ -264,9 +262,11 @@ def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outco
                          load=load, knee=KneeSettings(precision=opts.precision),
                          defaults=engine_defaults(opts), reporter=reporter or NullReporter(),
                          start_rate=opts.start_rate or 1.0)
-    if opts.resume:  # --max-trials is the study's budget: launches made before the interruption count
-        runner.launches = sum(1 for r in runner.finished().values()
-                              if r.launched or r.launch_failure_kind not in (None, "bad_flag"))
+    if opts.resume and opts.strategy != "guided":
+        # --max-trials is the study's budget: launches stored before the interruption count. The guided
+        # strategy replays its decisions instead, reading each stored launch back where it made it (and
+        # counting it then), so it decides exactly as the first time and never launches one twice.
+        runner.account_stored()
     budget = Budget(max_trials=opts.max_trials, time_budget_s=opts.time_budget_s, started=time.monotonic())
     with interrupt_cleanup(runner):
         if opts.strategy == "guided":
