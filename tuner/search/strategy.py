@@ -45,6 +45,8 @@ class Outcome:
     incumbent: TrialRecord | None
     stop_reason: str
     chain: list[int] | None = None  # trials that became the incumbent, in order (the baseline first)
+    status: str = "tuned"           # or "no_launch" / "no_pass" (tuner.search.status), set by run_tune
+    status_text: str | None = None  # why there is no result, in one line
 
 
 def _order(value: Any, values: list[Any], direction: str) -> list[Any]:

@@ -29,6 +29,7 @@ from tuner.search.measure import LoadSettings
 from tuner.search.records import StudyInfo
 from tuner.search.runner import NullReporter, Reporter, TrialRunner, stored_role
 from tuner.search.space import SearchSpace, load_space
+from tuner.search.status import study_status
 from tuner.search.strategy import STRATEGIES, Budget, Outcome, guided, whole_space
 from tuner.search.worker import enqueue_grid, work
 from tuner.slo import SLO, load_slo
@@ -277,7 +278,9 @@ def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outco
         else:
             outcome = whole_space(runner, budget, sampler=opts.strategy, noise_floor=noise_floor,
                                   seed=opts.seed)
-    study.set_user_attr("outcome", {"stop_reason": outcome.stop_reason,
+    outcome.status, outcome.status_text = study_status(
+        r for recs in runner.finished_all().values() for r in recs)
+    study.set_user_attr("outcome", {"stop_reason": outcome.stop_reason, "status": outcome.status,
                                     "baseline_trial": outcome.baseline.number if outcome.baseline else None,
                                     "tuned_trial": outcome.incumbent.number if outcome.incumbent else None,
                                     "incumbent_chain": outcome.chain,
@@ -301,8 +304,19 @@ def grid(runner: TrialRunner, max_trials: int) -> Outcome:
 
 
 def write_outputs(run_dir: Path) -> list[Path]:
-    """The report and the gate, when those modules are installed (they read the storage alone)."""
+    """The gate and the report, when those modules are installed (they read the storage alone). No gate
+    is written for a study without a measured capacity (a stale one from an earlier run is removed)."""
     written: list[Path] = []
+    try:
+        from tuner.gate import write_gate  # type: ignore[attr-defined]
+    except ImportError:
+        write_gate = None
+    if write_gate is not None:
+        gate = write_gate(run_dir)
+        if gate is not None:
+            written.append(gate)
+        else:
+            (run_dir / "gate.yaml").unlink(missing_ok=True)
     try:
         from tuner.report import write_report  # type: ignore[attr-defined]
     except ImportError:
@@ -310,13 +324,6 @@ def write_outputs(run_dir: Path) -> list[Path]:
     if write_report is not None:
         out = write_report(run_dir)
         written += out if isinstance(out, list) else [run_dir / "report.md"]
-    try:
-        from tuner.gate import write_gate  # type: ignore[attr-defined]
-    except ImportError:
-        write_gate = None
-    if write_gate is not None:
-        write_gate(run_dir)
-        written.append(run_dir / "gate.yaml")
     return written
 
 
