@@ -20,8 +20,8 @@ def _sigterm_to_interrupt() -> None:
     signals.install()
 
 
-VLLM_ARG_HELP = ("vllm: one more `vllm serve` argument, after the knobs (repeatable); write it with '=': "
-                 "--vllm-arg=--enforce-eager --vllm-arg=--kv-cache-memory-bytes=4194304")
+VLLM_ARG_HELP = ("vllm, sim-http: one more `vllm serve` argument, after the knobs (repeatable); write it "
+                 "with '=': --vllm-arg=--enforce-eager --vllm-arg=--kv-cache-memory-bytes=4194304")
 
 
 def register(app: typer.Typer) -> None:

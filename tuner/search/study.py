@@ -170,7 +170,8 @@ def make_engine(opts: TuneOptions, slo: SLO | None = None) -> Engine:
         from tuner.engine.sim_http import SimHTTPEngine
 
         return SimHTTPEngine(opts.gpu, opts.model, time_scale=opts.time_scale, run_dir=opts.out / "servers",
-                             api_key=opts.api_key, noise=opts.noise, seed=opts.seed)
+                             api_key=opts.api_key, noise=opts.noise, seed=opts.seed,
+                             extra_args=opts.vllm_args)
     if opts.engine == "vllm":
         from tuner.engine.vllm import VllmEngine
 
@@ -204,7 +205,7 @@ def study_info(opts: TuneOptions, workload: Workload, slo: SLO, space: SearchSpa
         noise_floor=opts.noise_floor if opts.noise_floor is not None else opts.precision,
         arrival=opts.arrival, load=dataclasses.asdict(load) if load else {}, start_rate=opts.start_rate,
         time_scale=opts.time_scale, noise=opts.noise, seed=opts.seed, created_unix=time.time(),
-        tool_version=__version__)
+        tool_version=__version__, extra_args=list(opts.vllm_args))
 
 
 def prepare(opts: TuneOptions) -> tuple[Workload, SLO, SearchSpace]:
@@ -337,7 +338,9 @@ def run_worker(run_dir: Path, *, storage: str | None = None, max_trials: int | N
     opts = TuneOptions(workload=Path(info.workload_path), slo=Path(info.slo_path), out=run_dir,
                        engine=info.engine, gpu=info.gpu, model=info.model, strategy=info.strategy,
                        precision=info.precision, vllm_python=vllm_python, vllm_command=vllm_command,
-                       vllm_args=list(vllm_args or []), api_key=api_key, start_rate=info.start_rate,
+                       # the study's own server arguments unless this host gives its own
+                       vllm_args=list(vllm_args or info.extra_args), api_key=api_key,
+                       start_rate=info.start_rate,
                        time_scale=info.time_scale, noise=info.noise, seed=info.seed)
     workload, slo, _ = prepare(opts)
     space = SearchSpace(**info.search_space)
