@@ -9,6 +9,10 @@ only an attainment whose whole 95% interval lies below the target fails. With `-
 re-measures the capacity. The rate is below the knee by the tolerance on purpose: a check exactly at the
 knee would fail half the time on noise alone.
 
+The gate launches with every server argument the study used: the knobs' flags and the study's
+`--vllm-arg`s (`extra_args`; a `--vllm-arg` given to `tune gate` replaces them), so a configuration tuned
+with extra flags is not reported as a regression for failing to launch without them.
+
 Inputs that changed since the gate was written are reported as such and stop the gate (exit 2) unless
 `--allow-changed`: a new workload has a new knee, and comparing against the old one would be silent
 nonsense. Exit codes: 0 pass, 1 regression (no launch, SLO broken at the gated rate, capacity dropped
@@ -77,7 +81,11 @@ class GateFile(BaseModel):
     gpu: str | None = None
     model: str | None = None
     knobs: dict = Field(default_factory=dict)
+    #: every server argument the study launched with: the knobs' flags, then `extra_args`
     serve_args: list[str] = Field(default_factory=list)
+    #: the study's own `--vllm-arg`s: the gate launches with them too (a `--vllm-arg` given to `tune gate`
+    #: replaces them)
+    extra_args: list[str] = Field(default_factory=list)
     workload: FileRef
     slo: FileRef
     capacity_rps: float = Field(gt=0)
@@ -122,7 +130,8 @@ def write_gate(run_dir: str | Path, *, path: str | Path | None = None,
     knee = [r for r in rec.load_runs if r.rate == rec.capacity_rps]
     gate = GateFile(created_unix=time.time(), tool_version=info.tool_version or __version__,
                     engine=info.engine, gpu=info.gpu, model=info.model, knobs=rec.knobs,
-                    serve_args=Knobs(**rec.knobs).flags(),
+                    serve_args=[*Knobs(**rec.knobs).flags(), *info.extra_args],
+                    extra_args=list(info.extra_args),
                     workload=FileRef(path=info.workload_path, sha256=info.workload_sha256),
                     slo=FileRef(path=info.slo_path, sha256=info.slo_sha256),
                     capacity_rps=rec.capacity_rps, capacity_upper_rps=rec.capacity_upper_rps,
@@ -269,16 +278,23 @@ def _measure(gate: GateFile, engine_name: str, knobs: dict, workload_path: Path,
         # for the engine it runs on now, keeping the arrival process and seed
         load = load_settings({**default_load(engine_name, load.arrival), "seed": load.seed,
                               "burstiness": load.burstiness})
-    engine = make_engine(engine_name, gate, work_dir, workload_path, slo_path, engine_options)
+    options = dict(engine_options or {})
+    if not options.get("vllm_args"):  # the study's own server arguments, unless others were given
+        options["vllm_args"] = list(gate.extra_args)
+    engine = make_engine(engine_name, gate, work_dir, workload_path, slo_path, options)
+    # the in-process simulator takes no server arguments
+    args = [*Knobs(**knobs).flags(), *(options["vllm_args"] if engine_name != "sim" else [])]
+    with_args = f" with {' '.join(args)}" if args else " with vLLM's defaults"
     checks: list[Check] = []
     t0 = time.perf_counter()
     try:
         server = engine.launch(Knobs(**knobs))
     except LaunchFailure as e:
-        checks.append(Check(name="launch", passed=False, message=f"does not launch: {e.kind}: {e.message}",
-                            seconds=time.perf_counter() - t0))
+        checks.append(Check(name="launch", passed=False, seconds=time.perf_counter() - t0,
+                            message=f"does not launch{with_args}: {e.kind}: {e.message}"))
         return checks, None
-    checks.append(Check(name="launch", passed=True, message="launched", seconds=time.perf_counter() - t0))
+    checks.append(Check(name="launch", passed=True, message=f"launched{with_args}",
+                        seconds=time.perf_counter() - t0))
     cap = None
     with server:
         rate = gate.check_rate

@@ -232,7 +232,10 @@ def test_a_study_where_nothing_met_the_slo(tmp_path_factory, tmp_path):
     assert rep.headline.compare_rate_rps == min(r.rate for r in failing)
     assert any("No configuration met the SLO at any offered rate" in c for c in rep.caveats)
     assert not (run / "gate.yaml").exists()        # nothing to gate
-    assert "met the SLO nowhere" in (run / "report.md").read_text()
+    # no result, said plainly: nothing presented as the best or tuned configuration, no gate pointed to
+    assert rep.status == "no_pass" and rep.tuned.trial is None and rep.gate_written is False
+    md = (run / "report.md").read_text()
+    assert "NO RESULT" in md.splitlines()[0] and "## Headline" not in md and "tune gate" not in md
 
 
 def test_the_saturation_probe_is_not_a_point_of_the_knee(run, rep):

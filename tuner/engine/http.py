@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from tuner import signals
 from tuner.engine.base import LaunchFailure, LaunchInfo, Server
 from tuner.engine.classify import classify_failure
 from tuner.engine.launcher import ManagedProcess
@@ -65,6 +66,7 @@ class HTTPServer(Server):
         run = run_load_http(self.base_url, requests, send_times, offered_rate=offered_rate,
                             request_timeout_s=request_timeout_s, warmup_s=warmup_s, cooldown_s=cooldown_s,
                             **options)
+        signals.check()  # a Ctrl-C whose cancellation landed as the run returned: still a stop
         dead = self.check_alive()
         if dead is not None:
             run.warnings.append(f"{dead.kind}: {dead.message}")
@@ -72,3 +74,10 @@ class HTTPServer(Server):
 
     def stop(self) -> None:
         self.process.stop(term_timeout_s=self.stop_timeout_s)
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            with signals.shielded():
+                self.process.stop_interrupted()
+        else:
+            self.stop()

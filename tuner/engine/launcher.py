@@ -49,6 +49,12 @@ log = logging.getLogger(__name__)
 
 PIDFILE = "server.pid"
 TOKEN_ENV = "TUNER_LAUNCH_TOKEN"
+#: After a Ctrl-C or SIGTERM the server group gets this long to exit on SIGTERM before SIGKILL (a normal
+#: stop between trials waits longer: vLLM frees its GPU memory on a graceful exit). vLLM ignores SIGTERM
+#: while it loads weights and compiles, so a long wait here only delays the tool's exit.
+INTERRUPT_TERM_S = 3.0
+#: ... and this long for SIGKILL, the port and the GPU memory.
+INTERRUPT_RELEASE_S = 5.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -140,14 +146,25 @@ class _Spawner:
 _live: "set[ManagedProcess]" = set()
 
 
+def stop_all(*, interrupted: bool = True) -> int:
+    """Stop every server this process started and has not stopped yet (an interrupt's clean-up: with
+    `interrupted`, on the short SIGTERM grace `INTERRUPT_TERM_S`). Returns how many were running."""
+    live = list(_live)
+    for proc in live:
+        try:
+            if interrupted:
+                proc.stop_interrupted()
+            else:
+                proc.stop(term_timeout_s=5, kill_timeout_s=5, release_timeout_s=5)
+        except Exception:  # best effort: the next one must still be stopped
+            log.exception("stopping server group %d failed", proc.pgid)
+    return len(live)
+
+
 @atexit.register
 def _stop_leftovers() -> None:
     """A normal interpreter exit (even after an unhandled error) never leaves a server behind."""
-    for proc in list(_live):
-        try:
-            proc.stop(term_timeout_s=5, kill_timeout_s=5, release_timeout_s=5)
-        except Exception:  # best effort at exit
-            pass
+    stop_all(interrupted=False)
 
 
 class ManagedProcess:
@@ -291,6 +308,11 @@ class ManagedProcess:
         self._release_watchdog()
         self.pidfile.unlink(missing_ok=True)
 
+    def stop_interrupted(self) -> None:
+        """`stop` after a Ctrl-C or SIGTERM: a short SIGTERM grace, then SIGKILL; bounded in time."""
+        self.stop(term_timeout_s=INTERRUPT_TERM_S, kill_timeout_s=INTERRUPT_RELEASE_S,
+                  release_timeout_s=INTERRUPT_RELEASE_S)
+
     def _wait_gone(self, timeout_s: float, seen: set[int]) -> bool:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -326,7 +348,10 @@ def start_process(argv: Sequence[str], *, run_dir: str | Path, port: int, host: 
     log_path = run_dir / log_name
     token = uuid.uuid4().hex
     full_env = {**os.environ, **(env or {}), TOKEN_ENV: token, "PYTHONUNBUFFERED": "1"}
-    with open(log_path, "ab") as logf:
+    from tuner import signals
+
+    # a Ctrl-C between the fork and the pidfile would leave a server nobody tracks: it waits until then
+    with signals.deferred(), open(log_path, "ab") as logf:
         try:
             popen = _Spawner.popen(list(argv), stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                                    env=full_env, cwd=cwd, start_new_session=True,
@@ -335,8 +360,9 @@ def start_process(argv: Sequence[str], *, run_dir: str | Path, port: int, host: 
             raise UserError(f"cannot run {argv[0]!r}: not found ({e.strerror})", field="command") from e
         except PermissionError as e:
             raise UserError(f"cannot run {argv[0]!r}: {e.strerror}", field="command") from e
-    return ManagedProcess(popen, argv=argv, host=host, port=port, run_dir=run_dir, log_path=log_path,
-                          token=token)
+        proc = ManagedProcess(popen, argv=argv, host=host, port=port, run_dir=run_dir, log_path=log_path,
+                              token=token)
+    return proc
 
 
 def launch(argv: Sequence[str], *, run_dir: str | Path, port: int, host: str = "127.0.0.1",
@@ -348,9 +374,15 @@ def launch(argv: Sequence[str], *, run_dir: str | Path, port: int, host: str = "
     On any failure (exit, timeout, Ctrl-C) the whole group is stopped before the error propagates, so a
     failed trial leaves nothing behind; failures to come up raise a classified `LaunchFailure`.
     """
+    from tuner import signals
+
     proc = start_process(argv, run_dir=run_dir, port=port, host=host, env=env, log_name=log_name)
     try:
         startup_s = proc.wait_healthy(startup_timeout_s, health_path=health_path, headers=headers)
+    except KeyboardInterrupt:  # vLLM ignores SIGTERM while it loads: a short grace, then SIGKILL
+        with signals.shielded():
+            proc.stop_interrupted()
+        raise
     except BaseException:
         proc.stop(term_timeout_s=min(stop_timeout_s, 10.0))
         raise

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, Sequence
 
 from tuner.engine import launcher
 from tuner.engine.base import Engine
@@ -40,7 +40,7 @@ class SimHTTPEngine(Engine):
     def __init__(self, gpu: str | GPUProfile, model: str | ModelProfile, *, time_scale: float = 1.0,
                  run_dir: str | Path | None = None, api_key: str | None = None,
                  startup_timeout_s: float = 60, noise: float = 0.0, seed: int = 0,
-                 api: str = "completions", stop_timeout_s: float = 10.0):
+                 api: str = "completions", stop_timeout_s: float = 10.0, extra_args: Sequence[str] = ()):
         if not time_scale > 0:
             raise UserError(f"must be > 0, got {time_scale}", field="time_scale")
         # Fail on an unknown GPU or model here, once, rather than as a "crash" of every launch.
@@ -56,6 +56,7 @@ class SimHTTPEngine(Engine):
         self.seed = seed
         self.api = api
         self.stop_timeout_s = stop_timeout_s
+        self.extra_args = list(extra_args)  # more `vllm serve` flags, after the knobs (as VllmEngine)
         self.launches = 0
         self._counter = itertools.count(1)
 
@@ -63,7 +64,8 @@ class SimHTTPEngine(Engine):
         """The exact command a launch runs (the API key travels in the environment, never here)."""
         return [sys.executable, "-m", "tuner.sim", "--gpu", self.gpu, "--model", self.model,
                 "--host", HOST, "--port", str(port), "--time-scale", repr(self.time_scale),
-                "--noise", repr(self.noise), "--seed", str(self.seed + self.launches), *knobs.flags()]
+                "--noise", repr(self.noise), "--seed", str(self.seed + self.launches), *knobs.flags(),
+                *self.extra_args]
 
     def launch(self, knobs: Knobs, *, run_dir: str | Path | None = None) -> HTTPServer:
         """Start the simulator with `knobs`, wait for `/health`; raise a classified `LaunchFailure`."""

@@ -346,4 +346,7 @@ def run_load_http(base_url: str, requests: Sequence[WorkloadRequest], send_times
     except (KeyboardInterrupt, asyncio.CancelledError):
         if runner.result is None:
             raise
+        # the interrupt may land after the run was built as finished: it is still an interrupted run,
+        # or the caller would carry on as if no Ctrl-C had come
+        runner.result.interrupted = True
         return runner.result

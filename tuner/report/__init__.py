@@ -20,9 +20,14 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Repo
     from tuner.report.plots import all_plots
     from tuner.report.render import to_html, to_markdown
 
-    rep = build_report(run_dir)
     out = Path(out_dir) if out_dir is not None else Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if not (out / "gate.yaml").exists():  # before the report, which says whether there is one
+        from tuner.gate import write_gate
+
+        write_gate(run_dir, path=out / "gate.yaml")
+    rep = build_report(run_dir)
+    rep.gate_written = (out / "gate.yaml").exists()
     svgs = all_plots(rep)
     plots = out / "plots"
     plots.mkdir(exist_ok=True)
@@ -31,9 +36,8 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Repo
     (out / "report.md").write_text(to_markdown(rep, set(svgs)), encoding="utf-8")
     (out / "report.html").write_text(to_html(rep, svgs), encoding="utf-8")
     (out / "report.json").write_text(rep.model_dump_json(indent=2) + "\n", encoding="utf-8")
-    (out / "tuned-config.yaml").write_text(rep.config_yaml, encoding="utf-8")
-    if not (out / "gate.yaml").exists():
-        from tuner.gate import write_gate
-
-        write_gate(run_dir, path=out / "gate.yaml")
+    if rep.status == "tuned":
+        (out / "tuned-config.yaml").write_text(rep.config_yaml, encoding="utf-8")
+    else:  # a config file of vLLM's defaults would read as "the defaults were best"
+        (out / "tuned-config.yaml").unlink(missing_ok=True)
     return rep

@@ -21,6 +21,7 @@ from tuner.report.select import (attribution, closest_run, knee_curve, pick_conf
                                   saturation_throughput)
 from tuner.report.storage import StudyData, TrialView, load_study_data
 from tuner.search.records import StudyInfo
+from tuner.search.status import study_status
 from tuner.slo import SLO
 
 QUALITY_KNOBS = ("quantization", "kv_cache_dtype")
@@ -144,18 +145,28 @@ def _trial_row(t: TrialView, chain: list[int] | None = None) -> TrialRow:
 
 
 def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: dict[str, int],
-            gain_pct: float | None) -> list[str]:
+            gain_pct: float | None, status: str = "tuned") -> list[str]:
     """What the numbers do not say, in plain words, always in the report."""
     out = []
+    if status == "no_launch":
+        # nothing was measured: no hardware, quality or noise statement applies
+        out.append("No configuration launched, so nothing was measured: the launch failures in the trial "
+                   "table say why (a flag vLLM refused, memory, a crash). Fix that and run `tune` again.")
+        if counts.get("RUNNING", 0) or counts.get("WAITING", 0):
+            out.append("The study was interrupted: some trials never finished. `tune` resumes it.")
+        return out
     if info.simulated:
         out.append(f"SIMULATED: every number here comes from slo-tuner's simulator of vLLM (engine "
                    f"`{info.engine}`, a roofline cost model calibrated to published vLLM measurements) "
                    f"for {info.model} on {info.gpu}, not from a real GPU. Treat them as predictions and "
-                   f"confirm with `tune gate gate.yaml --engine vllm` on the real hardware.")
+                   + ("confirm with `tune gate gate.yaml --engine vllm` on the real hardware." if status == "tuned"
+                      else "check them with `tune --engine vllm` on the real hardware."))
     else:
         out.append(f"Measured on real vLLM (engine `{info.engine}`) on {info.gpu or 'the local GPU'}.")
     quality = {k: tuned.knobs[k] for k in QUALITY_KNOBS if tuned.knobs.get(k) not in (None, "auto")}
-    if quality:
+    if status != "tuned":
+        pass  # no tuned configuration to say anything about
+    elif quality:
         what = ", ".join(f"{k}={v}" for k, v in quality.items())
         out.append(f"The tuned configuration uses {what}. Quantization changes the model's outputs; output "
                    f"quality was NOT measured. Check accuracy on your own task before deploying it.")
@@ -227,6 +238,10 @@ def build_report(run_dir: str | Path) -> Report:
     if not data.trials:
         raise UserError("the study has no trials yet", file=run_dir)
     base_t, tuned_t = pick_configs(data.trials, data.outcome)
+    status, status_text = study_status(t.record for t in data.trials
+                                       if t.state not in ("RUNNING", "WAITING"))
+    if status != "tuned":
+        tuned_t = None  # nothing is "best": no configuration met the SLO (or none launched)
     base = _summary("baseline (vLLM defaults)", base_t)
     tuned = _summary("tuned", tuned_t)
     head = headline(base, tuned)
@@ -242,7 +257,15 @@ def build_report(run_dir: str | Path) -> Report:
         except UserError as e:
             plan_text = f"no capacity plan: {e.format()}"
     title = (f"{'SIMULATED: ' if info.simulated else ''}vLLM tuning report: {info.model or 'model'} on "
-             f"{info.gpu or 'GPU'}, workload {Path(info.workload_path).name}")
+             f"{info.gpu or 'the local GPU'}, workload {Path(info.workload_path).name}"
+             + {"no_launch": ": NO RESULT (no configuration launched)",
+                "no_pass": ": NO RESULT (no configuration met the SLO)"}.get(status, ""))
+    if status != "tuned":
+        serve, cfg = "", f"# No tuned configuration: {status_text}\n"
+    else:
+        serve, cfg = serve_command(info.model, tuned.knobs), config_yaml(info.model, tuned.knobs)
+    gate = Path(run_dir) / "gate.yaml"
+
     return Report(
         generated_unix=time.time(), tool_version=info.tool_version or __version__, title=title,
         simulated=info.simulated, engine=info.engine, gpu=info.gpu, model=info.model,
@@ -258,5 +281,6 @@ def build_report(run_dir: str | Path) -> Report:
         trials=[_trial_row(t, (data.outcome or {}).get("incumbent_chain")) for t in data.trials],
         counts=counts,
         engine_s=sum(t.record.engine_s for t in data.trials),
-        serve_command=serve_command(info.model, tuned.knobs), config_yaml=config_yaml(info.model, tuned.knobs),
-        plan=plan, plan_text=plan_text, caveats=caveats(info, tuned, base, counts, head.capacity_gain_pct))
+        serve_command=serve, config_yaml=cfg, plan=plan, plan_text=plan_text,
+        caveats=caveats(info, tuned, base, counts, head.capacity_gain_pct, status),
+        status=status, status_text=status_text, gate_written=gate.exists())

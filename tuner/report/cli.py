@@ -100,6 +100,10 @@ def gate(gate_file: Path = typer.Argument(..., help="gate.yaml written by a tuni
          vllm_python: Optional[str] = typer.Option(None, help="vllm: interpreter of a venv with vLLM."),
          vllm_command: Optional[str] = typer.Option(None, help="vllm: launch template with {model} {port} "
                                                                 "{host} {args}."),
+         vllm_arg: Optional[list[str]] = typer.Option(
+             None, "--vllm-arg", help="vllm, sim-http: one more server argument after the knobs (repeatable; "
+             "write it with '='). Default: the ones the study used (recorded in gate.yaml); given, they "
+             "replace those."),
          api_key: Optional[str] = typer.Option(None, envvar="VLLM_API_KEY", help="API key (env VLLM_API_KEY)."),
          time_scale: float = typer.Option(1.0, help="sim-http: simulated GPU runs this many times slower."),
          ) -> None:
@@ -110,7 +114,7 @@ def gate(gate_file: Path = typer.Argument(..., help="gate.yaml written by a tuni
     res = run_gate(gate_file, engine=engine, overrides=override, full=full, allow_changed=allow_changed,
                    workload=workload, slo=slo, junit=junit,
                    engine_options=dict(vllm_python=vllm_python, vllm_command=vllm_command, api_key=api_key,
-                                       time_scale=time_scale))
+                                       time_scale=time_scale, vllm_args=list(vllm_arg or [])))
     print(format_result(res, g, engine or g.engine, apply_overrides(g.knobs, override)))
     if junit:
         print(f"junit: {junit}")

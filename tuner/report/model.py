@@ -117,3 +117,8 @@ class Report(BaseModel):
     plan: Plan | None = None
     plan_text: str | None = None
     caveats: list[str] = Field(default_factory=list)
+    #: "tuned", or why the study has no result: "no_launch" (no configuration launched), "no_pass" (none
+    #: met the SLO at any rate); then nothing in the report is presented as best and no gate is written
+    status: str = "tuned"
+    status_text: str | None = None         # the one-line reason when status is not "tuned"
+    gate_written: bool | None = None       # whether the run wrote gate.yaml (None: not known)

@@ -137,12 +137,15 @@ def blocks(rep: Report, figures: set[str]) -> list[Block]:
     if rep.simulated:
         out.append(Block("note", "SIMULATED: these numbers were measured on slo-tuner's vLLM simulator, not on "
                                  "a GPU. See the caveats."))
-    out.append(Block("p", f"Model `{rep.model}` on {rep.gpu}, engine `{rep.engine}`. Workload `{w.path}` "
+    out.append(Block("p", f"Model `{rep.model}` on {rep.gpu or 'the local GPU'}, engine `{rep.engine}`. Workload `{w.path}` "
                           f"({w.requests} requests, mean {w.mean_prompt_tokens:.0f} prompt / "
                           f"{w.mean_output_tokens:.0f} output tokens, {rep.arrival} arrivals). SLO: "
                           f"{rep.slo_text} (`{rep.slo_path}`). {len(rep.trials)} trials: "
                           + ", ".join(f"{v} {k.lower()}" for k, v in sorted(c.items())) + "."))
-    out += _headline(rep) + _attribution(rep) + _config(rep)
+    if rep.status != "tuned":
+        out += _no_result(rep)
+    else:
+        out += _headline(rep) + _attribution(rep) + _config(rep)
     if rep.plan_text:
         out += [Block("h2", "Capacity plan"), Block("code", rep.plan_text, lang="text")]
     out += [Block("h2", "Caveats"), Block("ul", rows=[[x] for x in rep.caveats])]
@@ -151,11 +154,26 @@ def blocks(rep: Report, figures: set[str]) -> list[Block]:
         if name in figures:
             out.append(Block("fig", caption, lang=name))
     out += _trials(rep)
+    if rep.status != "tuned" or rep.gate_written is False:
+        out += [Block("h2", "Reproduce"),
+                Block("p", "Everything above is rebuilt from the study storage alone. No regression gate "
+                           "was written: there is no measured capacity to hold a configuration to."),
+                Block("code", "tune report RUN_DIR", lang="sh")]
+        return out
     out += [Block("h2", "Reproduce"),
             Block("p", "Everything above is rebuilt from the study storage alone, and the regression gate "
                        "re-measures the tuned configuration:"),
             Block("code", "tune report RUN_DIR\ntune gate RUN_DIR/gate.yaml", lang="sh")]
     return out
+
+
+def _no_result(rep: Report) -> list[Block]:
+    """A study without a result says so first, and presents nothing as the best configuration."""
+    what = {"no_launch": "no configuration launched", "no_pass": "no configuration met the SLO"}[rep.status]
+    return [Block("h2", f"No result: {what}"),
+            Block("note", f"NO RESULT: {(rep.status_text or '').rstrip('.')}."),
+            Block("p", "There is no tuned configuration, no gain over vLLM's defaults and no regression gate. "
+                       "The trial table below shows what each trial did.")]
 
 
 # --- Markdown -------------------------------------------------------------------------------------------

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -14,14 +13,15 @@ from tuner.errors import UserError
 
 
 def _sigterm_to_interrupt() -> None:
-    """SIGTERM unwinds like Ctrl-C, so the server is stopped and the trial recorded as interrupted."""
-    def handler(signum, frame):
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, handler)
+    """SIGINT and SIGTERM stop the study at the next safe point, whatever they land in (`tuner.signals`):
+    the server is stopped and the trial recorded as interrupted."""
+    from tuner import signals
+
+    signals.install()
 
 
-VLLM_ARG_HELP = ("vllm: one more `vllm serve` argument, after the knobs (repeatable); write it with '=': "
-                 "--vllm-arg=--enforce-eager --vllm-arg=--kv-cache-memory-bytes=4194304")
+VLLM_ARG_HELP = ("vllm, sim-http: one more `vllm serve` argument, after the knobs (repeatable); write it "
+                 "with '=': --vllm-arg=--enforce-eager --vllm-arg=--kv-cache-memory-bytes=4194304")
 
 
 def register(app: typer.Typer) -> None:
@@ -82,6 +82,11 @@ def register(app: typer.Typer) -> None:
             print(f"interrupted: the study is saved; continue with: {_resume_command(run_dir)}", file=sys.stderr)
             sys.exit(130)  # not typer.Exit: with standalone_mode=False its code is returned, not used
         _summary(outcome, run_dir, json_out)
+        if outcome.status != "tuned":  # no result is not a result: a script or CI job must see it
+            from tuner.search.status import EXIT_CODES
+
+            print(f"error: {outcome.status_text}", file=sys.stderr)
+            sys.exit(EXIT_CODES[outcome.status])
 
     @app.command()
     def worker(
@@ -144,8 +149,11 @@ def _summary(outcome, run_dir: Path, json_out: bool) -> None:
         return
     gain = f" ({t / b - 1:+.0%})" if b and t else ""
     print(f"stopped: {outcome.stop_reason}")
-    print(f"baseline (vLLM defaults): {f'{b:.2f} req/s' if b else 'no rate met the SLO'}")
-    print(f"tuned: {f'{t:.2f} req/s' if t else '-'}{gain} with {inc.knobs if inc else {}}")
+    if outcome.status != "tuned":
+        print(f"NO RESULT: {outcome.status_text}")
+    else:
+        print(f"baseline (vLLM defaults): {f'{b:.2f} req/s' if b else 'no rate met the SLO'}")
+        print(f"tuned: {f'{t:.2f} req/s' if t else '-'}{gain} with {inc.knobs if inc else {}}")
     for name in ("report.html", "report.md", "gate.yaml"):
         if (run_dir / name).exists():
             print(f"{name}: {run_dir / name}")

@@ -145,3 +145,5 @@ class StudyInfo(BaseModel):
     seed: int = 0
     created_unix: float = 0.0
     tool_version: str = ""
+    #: Server arguments the study passed after the knobs (`--vllm-arg`), for the gate and workers.
+    extra_args: list[str] = Field(default_factory=list)

@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import time
 from contextlib import contextmanager
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Protocol
 
 import optuna
 from optuna.trial import TrialState
 
+from tuner import signals
 from tuner.diagnose import diagnose
 from tuner.engine.base import Engine
 from tuner.failures import LaunchFailure
@@ -71,6 +73,19 @@ def knobs_key(knobs: Knobs) -> str:
     return json.dumps(knobs.set_only(), sort_keys=True)
 
 
+def stored_role(user_attrs: dict, knobs: dict) -> str:
+    """The role a trial was asked in (a user attribute), for a trial whose record was never written."""
+    roles = TrialRecord.model_fields["role"].annotation.__args__
+    role = user_attrs.get("role")
+    return role if role in roles else ("baseline" if not knobs else "candidate")
+
+
+def counts_as_launch(rec: TrialRecord) -> bool:
+    """A stored trial that spent a launch: it came up, or a launch was tried and failed (a configuration
+    refused by the space's constraints never launched)."""
+    return not rec.interrupted and (rec.launched or rec.launch_failure_kind not in (None, "bad_flag"))
+
+
 @dataclass
 class TrialRunner:
     study: optuna.Study
@@ -83,23 +98,53 @@ class TrialRunner:
     defaults: dict[str, Any] = field(default_factory=dict)   # vLLM's resolved defaults, when known
     reporter: Reporter = field(default_factory=NullReporter)
     start_rate: float = 1.0
-    launches: int = 0
     engine_s: float = 0.0
     compare_rate: float | None = None  # the baseline's capacity: accepted trials also run there once
+    current: optuna.Trial | None = None  # the trial asked and not yet told (see `abandon`)
+    #: Trials that count against the budget: launched (or tried to) in this process, or stored launches
+    #: already accounted for (read back by the strategy, or all of them: `account_stored`).
+    counted: set[int] = field(default_factory=set)
+    #: Evaluations of each configuration in this process (read back or launched): the n-th evaluation of
+    #: a configuration is its n-th launch, so a resumed study reuses every stored launch in order.
+    served: Counter = field(default_factory=Counter)
+
+    @property
+    def launches(self) -> int:
+        """Launches the budget counts (see `counted`)."""
+        return len(self.counted)
 
     # -- storage ----------------------------------------------------------------------------------
-    def finished(self) -> dict[str, TrialRecord]:
-        """Records of trials that ended (complete, raced out, failed to launch), by knobs."""
-        out: dict[str, TrialRecord] = {}
-        for t in self.study.get_trials(deepcopy=False):
+    def finished_all(self) -> dict[str, list[TrialRecord]]:
+        """Records of trials that ended (complete, raced out, failed to launch), by knobs, each
+        configuration's launches in trial order (the baseline and its confirmation are two)."""
+        out: dict[str, list[TrialRecord]] = {}
+        for t in sorted(self.study.get_trials(deepcopy=False), key=lambda t: t.number):
             rec = t.user_attrs.get("record")
             if rec is None or t.state in (TrialState.RUNNING, TrialState.WAITING):
                 continue
             r = TrialRecord(**rec)
             if r.interrupted:
                 continue
-            out[knobs_key(Knobs(**r.knobs))] = r
+            out.setdefault(knobs_key(Knobs(**r.knobs)), []).append(r)
         return out
+
+    def finished(self) -> dict[str, TrialRecord]:
+        """The first finished record of each configuration, by knobs."""
+        return {k: v[0] for k, v in self.finished_all().items()}
+
+    def seen(self, knobs: Knobs) -> bool:
+        """Whether this process evaluated `knobs` already (a stored launch not yet read back is not seen:
+        a resumed strategy reads it back where the first run measured it)."""
+        return self.served[knobs_key(knobs)] > 0
+
+    def account_stored(self) -> int:
+        """Count every stored launch against the budget now (strategies that do not replay their
+        decisions from storage: grid, tpe, random). Returns the launches counted."""
+        for recs in self.finished_all().values():
+            for r in recs:
+                if counts_as_launch(r):
+                    self.counted.add(r.number)
+        return self.launches
 
     def choices(self, knob: str) -> list[Any]:
         """A knob's Optuna choices: None (vLLM's default) and the space's values, each once."""
@@ -121,20 +166,56 @@ class TrialRunner:
         a second launch of the same configuration). The trial
         becomes the incumbent (`accepted`) when its capacity beats `accept_above` (None: any capacity),
         or when `accept(record)` says so."""
-        done = None if fresh else self.finished().get(knobs_key(knobs))
-        if done is not None:
+        key = knobs_key(knobs)
+        nth = self.served[key] if fresh else 0
+        stored = self.finished_all().get(key, [])
+        if nth < len(stored):  # measured before (by this process, or before an interruption): reused
+            done = stored[nth]
+            self.served[key] = max(self.served[key], nth + 1)
+            if counts_as_launch(done):
+                self.counted.add(done.number)
             return done
+        self.served[key] = nth + 1
         # knobs outside the space (or values it does not list) travel as a user attribute
         params = {k: getattr(knobs, k) for k in self.space.knobs if getattr(knobs, k) in self.choices(k)}
         extra = {k: v for k, v in knobs.set_only().items() if k not in params}
-        self.study.enqueue_trial(params, user_attrs={"extra_knobs": extra}, skip_if_exists=False)
-        trial = self.study.ask(self.distributions())
+        signals.check()
+        with signals.deferred():  # the trial exists from here: a Ctrl-C must find it in `current`
+            # the role travels with the trial, so a trial a killed tool left RUNNING is recorded in it
+            self.study.enqueue_trial(params, user_attrs={"extra_knobs": extra, "role": role},
+                                     skip_if_exists=False)
+            trial = self.ask()
         return self.run_trial(trial, role=role, changed_knob=changed_knob, race_rate=race_rate,
                               start_rate=start_rate, incumbent=incumbent, accept_above=accept_above,
                               accept=accept)
 
+    def ask(self, distributions: dict | None = None) -> optuna.Trial:
+        """`study.ask`, remembered as the trial under way until it is told (see `abandon`)."""
+        with signals.deferred():
+            self.current = self.study.ask(self.distributions() if distributions is None else distributions)
+        return self.current
+
+    def abandon(self) -> bool:
+        """After a Ctrl-C: the trial under way, if its record was not written, is marked interrupted (a
+        signal can land between `ask` and the trial's own clean-up). True when one was marked."""
+        trial, self.current = self.current, None
+        if trial is None:
+            return False
+        frozen = self.study._storage.get_trial(trial._trial_id)
+        if frozen.state != TrialState.RUNNING:
+            return False
+        knobs = {**{k: v for k, v in frozen.params.items() if v is not None},
+                 **frozen.user_attrs.get("extra_knobs", {})}
+        rec = TrialRecord(number=frozen.number, role=stored_role(frozen.user_attrs, knobs), knobs=knobs,
+                          interrupted=True)
+        trial.set_user_attr("record", rec.model_dump(mode="json"))
+        self.study.tell(trial, state=TrialState.FAIL)
+        return True
+
     def run_trial(self, trial: optuna.Trial, *, role: str, **kw: Any) -> TrialRecord:
         """Run `trial` (see `_run_trial`), sending heartbeats meanwhile where the storage wants them."""
+        self.current = trial
+        signals.check()
         with _heartbeats(self.study, trial):
             return self._run_trial(trial, role=role, **kw)
 
@@ -153,27 +234,26 @@ class TrialRunner:
         if broken:
             rec.launch_failure_kind, rec.launch_failure_message = "bad_flag", f"breaks constraint {broken}"
             return self._tell(trial, rec, TrialState.FAIL, t0)
+        server: Any = None
+        search: KneeSearch | None = None
         try:
-            self.launches += 1
-            server = self.engine.launch(knobs)
-        except LaunchFailure as e:
-            rec.launch_failure_kind, rec.launch_failure_message = e.kind, e.message
-            lesson = LAUNCH_LESSONS.get(e.kind)
-            if lesson:
-                rec.diagnosis = Diagnosis(kind="launch_failure", summary=e.message[:300],
-                                          evidence={"failure": e.kind}, knobs=lesson[0],
-                                          directions=lesson[1])
-            return self._tell(trial, rec, TrialState.FAIL, t0)
-        except KeyboardInterrupt:  # Ctrl-C while the server comes up (vLLM: minutes); the launcher stopped it
-            rec.interrupted = True
-            self._tell(trial, rec, TrialState.FAIL, t0)
-            raise
-        rec.launched = True
-        rec.kv_cache_tokens, rec.max_concurrency = server.info.kv_cache_tokens, server.info.max_concurrency
-        search = KneeSearch(server, self.workload, self.slo, self.load, self.knee,
-                            max_num_seqs=knobs.max_num_seqs or self.defaults.get("max_num_seqs"),
-                            on_point=lambda p: self.reporter.point(trial.number, p))
-        try:
+            try:
+                self.counted.add(trial.number)
+                server = self.engine.launch(knobs)
+            except LaunchFailure as e:
+                rec.launch_failure_kind, rec.launch_failure_message = e.kind, e.message
+                lesson = LAUNCH_LESSONS.get(e.kind)
+                if lesson:
+                    rec.diagnosis = Diagnosis(kind="launch_failure", summary=e.message[:300],
+                                              evidence={"failure": e.kind}, knobs=lesson[0],
+                                              directions=lesson[1])
+                return self._tell(trial, rec, TrialState.FAIL, t0)
+            rec.launched = True
+            rec.kv_cache_tokens = server.info.kv_cache_tokens
+            rec.max_concurrency = server.info.max_concurrency
+            search = KneeSearch(server, self.workload, self.slo, self.load, self.knee,
+                                max_num_seqs=knobs.max_num_seqs or self.defaults.get("max_num_seqs"),
+                                on_point=lambda p: self.reporter.point(trial.number, p))
             with server:
                 result = search.run(start_rate or self.start_rate, race_rate)
                 result.finish(search.knee.saturation_rate)
@@ -189,10 +269,20 @@ class TrialRunner:
                     m, _ = measure(server, self.workload, self.slo, self.compare_rate, self.load,
                                    seed=self.load.seed, max_num_seqs=search.max_num_seqs, salt=-1)
                     result.points.append(m.summary)  # a point of its knee curve like any other
+            signals.check()
         except KeyboardInterrupt:
-            rec.interrupted = True
-            rec.load_runs = search.result.points
-            self._tell(trial, rec, TrialState.FAIL, t0)
+            # Ctrl-C or SIGTERM, wherever it landed in the trial (the server coming up, a load run, the
+            # scoring): the server is stopped (the launcher or `with server` did, unless the signal came
+            # between the two) and the trial recorded as interrupted, its points so far kept
+            with signals.shielded():
+                if server is not None and hasattr(server, "process"):
+                    server.process.stop_interrupted()
+                elif server is not None:
+                    server.stop()
+                if self.current is trial:  # not told yet (the signal may come as a failure is told)
+                    rec.interrupted = True
+                    rec.load_runs = search.result.points if search is not None else []
+                    self._tell(trial, rec, TrialState.FAIL, t0)
             raise
         self.engine_s += result.engine_s
         rec.engine_s = result.engine_s
@@ -212,10 +302,13 @@ class TrialRunner:
 
     def _tell(self, trial: optuna.Trial, rec: TrialRecord, state: TrialState, t0: float) -> TrialRecord:
         rec.wall_s = time.perf_counter() - t0
-        trial.set_user_attr("record", rec.model_dump(mode="json"))
-        if state == TrialState.COMPLETE:
-            self.study.tell(trial, rec.capacity_rps or 0.0)
-        else:
-            self.study.tell(trial, state=state)
+        with signals.deferred():  # the record and the trial's state are written together, or not at all
+            trial.set_user_attr("record", rec.model_dump(mode="json"))
+            if state == TrialState.COMPLETE:
+                self.study.tell(trial, rec.capacity_rps or 0.0)
+            else:
+                self.study.tell(trial, state=state)
+            if self.current is trial:
+                self.current = None
         self.reporter.trial_done(rec)
         return rec

@@ -45,6 +45,8 @@ class Outcome:
     incumbent: TrialRecord | None
     stop_reason: str
     chain: list[int] | None = None  # trials that became the incumbent, in order (the baseline first)
+    status: str = "tuned"           # or "no_launch" / "no_pass" (tuner.search.status), set by run_tune
+    status_text: str | None = None  # why there is no result, in one line
 
 
 def _order(value: Any, values: list[Any], direction: str) -> list[Any]:
@@ -208,7 +210,7 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
             if not budget.left(runner):
                 break
             knobs = normalize(inc_knobs.with_(**{knob: v}), runner.defaults)
-            if runner.space.allows(knobs, runner.defaults) or knobs_key(knobs) in runner.finished():
+            if runner.space.allows(knobs, runner.defaults) or runner.seen(knobs):
                 continue  # impossible, or measured already (the same configuration as another trial)
             floor = (best.capacity_rps or 0.0) * (1 + noise.floor(noise_floor))
             # race at the confirmed incumbent's capacity, not at a sibling's unconfirmed (possibly lucky)
@@ -267,11 +269,12 @@ def whole_space(runner: TrialRunner, budget: Budget, *, sampler: str, noise_floo
     seen = set(runner.finished())
     stale = 0
     while budget.left(runner) and stale < 50:
-        trial = runner.study.ask()
+        trial = runner.ask({})
         picked = {k: trial.suggest_categorical(k, runner.choices(k)) for k in runner.space.knobs}
         knobs = Knobs(**{k: v for k, v in picked.items() if v is not None})
         if knobs_key(knobs) in seen or runner.space.allows(knobs, runner.defaults):
             runner.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            runner.current = None
             stale += 1
             continue
         stale = 0

@@ -14,9 +14,10 @@ import inspect
 import os
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import optuna
 
@@ -26,8 +27,9 @@ from tuner.errors import UserError
 from tuner.search.capacity import KneeSettings
 from tuner.search.measure import LoadSettings
 from tuner.search.records import StudyInfo
-from tuner.search.runner import NullReporter, Reporter, TrialRunner
+from tuner.search.runner import NullReporter, Reporter, TrialRunner, stored_role
 from tuner.search.space import SearchSpace, load_space
+from tuner.search.status import study_status
 from tuner.search.strategy import STRATEGIES, Budget, Outcome, guided, whole_space
 from tuner.search.worker import enqueue_grid, work
 from tuner.slo import SLO, load_slo
@@ -136,9 +138,7 @@ def close_orphans(study: optuna.Study) -> int:
     n = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         knobs = {**{k: v for k, v in t.params.items() if v is not None}, **t.user_attrs.get("extra_knobs", {})}
-        role = t.user_attrs.get("role") or ("baseline" if not knobs else "candidate")
-        rec = TrialRecord(number=t.number, role=role if role in ("baseline", "candidate", "grid") else "candidate",
-                          knobs=knobs, interrupted=True)
+        rec = TrialRecord(number=t.number, role=stored_role(t.user_attrs, knobs), knobs=knobs, interrupted=True)
         trial = optuna.Trial(study, t._trial_id)
         trial.set_user_attr("record", rec.model_dump(mode="json"))
         study.tell(trial, state=TrialState.FAIL)
@@ -171,7 +171,8 @@ def make_engine(opts: TuneOptions, slo: SLO | None = None) -> Engine:
         from tuner.engine.sim_http import SimHTTPEngine
 
         return SimHTTPEngine(opts.gpu, opts.model, time_scale=opts.time_scale, run_dir=opts.out / "servers",
-                             api_key=opts.api_key, noise=opts.noise, seed=opts.seed)
+                             api_key=opts.api_key, noise=opts.noise, seed=opts.seed,
+                             extra_args=opts.vllm_args)
     if opts.engine == "vllm":
         from tuner.engine.vllm import VllmEngine
 
@@ -207,7 +208,7 @@ def study_info(opts: TuneOptions, workload: Workload, slo: SLO, space: SearchSpa
         noise_floor=opts.noise_floor if opts.noise_floor is not None else opts.precision,
         arrival=opts.arrival, load=dataclasses.asdict(load) if load else {}, start_rate=opts.start_rate,
         time_scale=opts.time_scale, noise=opts.noise, seed=opts.seed, created_unix=time.time(),
-        tool_version=__version__)
+        tool_version=__version__, extra_args=list(opts.vllm_args))
 
 
 def prepare(opts: TuneOptions) -> tuple[Workload, SLO, SearchSpace]:
@@ -220,6 +221,25 @@ def prepare(opts: TuneOptions) -> tuple[Workload, SLO, SearchSpace]:
     if not workload.requests:
         raise UserError("the workload has no requests", file=str(opts.workload))
     return workload, load_slo(opts.slo), load_space(opts.search_space)
+
+
+@contextmanager
+def interrupt_cleanup(runner: TrialRunner) -> Iterator[None]:
+    """On Ctrl-C or SIGTERM, wherever it landed: the trial under way is marked interrupted if its own
+    clean-up did not get to it, and every server still up is stopped (short SIGTERM grace, then SIGKILL),
+    before the interrupt goes on to the command line (exit 130)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        from tuner import signals
+        from tuner.engine import launcher
+
+        with signals.shielded():
+            try:
+                runner.abandon()
+            finally:
+                launcher.stop_all()
+        raise
 
 
 def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outcome, Path]:
@@ -247,17 +267,24 @@ def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outco
                          load=load, knee=KneeSettings(precision=opts.precision),
                          defaults=engine_defaults(opts), reporter=reporter or NullReporter(),
                          start_rate=opts.start_rate or 1.0)
-    if opts.resume:  # --max-trials is the study's budget: launches made before the interruption count
-        runner.launches = sum(1 for r in runner.finished().values()
-                              if r.launched or r.launch_failure_kind not in (None, "bad_flag"))
+    if opts.resume and opts.strategy != "guided":
+        # --max-trials is the study's budget: launches stored before the interruption count. The guided
+        # strategy replays its decisions instead, reading each stored launch back where it made it (and
+        # counting it then), so it decides exactly as the first time and never launches one twice.
+        runner.account_stored()
     budget = Budget(max_trials=opts.max_trials, time_budget_s=opts.time_budget_s, started=time.monotonic())
-    if opts.strategy == "guided":
-        outcome = guided(runner, budget, noise_floor=noise_floor, plateau=opts.plateau, confirm=opts.confirm)
-    elif opts.strategy == "grid":
-        outcome = grid(runner, opts.max_trials)
-    else:
-        outcome = whole_space(runner, budget, sampler=opts.strategy, noise_floor=noise_floor, seed=opts.seed)
-    study.set_user_attr("outcome", {"stop_reason": outcome.stop_reason,
+    with interrupt_cleanup(runner):
+        if opts.strategy == "guided":
+            outcome = guided(runner, budget, noise_floor=noise_floor, plateau=opts.plateau,
+                             confirm=opts.confirm)
+        elif opts.strategy == "grid":
+            outcome = grid(runner, opts.max_trials)
+        else:
+            outcome = whole_space(runner, budget, sampler=opts.strategy, noise_floor=noise_floor,
+                                  seed=opts.seed)
+    outcome.status, outcome.status_text = study_status(
+        r for recs in runner.finished_all().values() for r in recs)
+    study.set_user_attr("outcome", {"stop_reason": outcome.stop_reason, "status": outcome.status,
                                     "baseline_trial": outcome.baseline.number if outcome.baseline else None,
                                     "tuned_trial": outcome.incumbent.number if outcome.incumbent else None,
                                     "incumbent_chain": outcome.chain,
@@ -281,8 +308,19 @@ def grid(runner: TrialRunner, max_trials: int) -> Outcome:
 
 
 def write_outputs(run_dir: Path) -> list[Path]:
-    """The report and the gate, when those modules are installed (they read the storage alone)."""
+    """The gate and the report, when those modules are installed (they read the storage alone). No gate
+    is written for a study without a measured capacity (a stale one from an earlier run is removed)."""
     written: list[Path] = []
+    try:
+        from tuner.gate import write_gate  # type: ignore[attr-defined]
+    except ImportError:
+        write_gate = None
+    if write_gate is not None:
+        gate = write_gate(run_dir)
+        if gate is not None:
+            written.append(gate)
+        else:
+            (run_dir / "gate.yaml").unlink(missing_ok=True)
     try:
         from tuner.report import write_report  # type: ignore[attr-defined]
     except ImportError:
@@ -290,13 +328,6 @@ def write_outputs(run_dir: Path) -> list[Path]:
     if write_report is not None:
         out = write_report(run_dir)
         written += out if isinstance(out, list) else [run_dir / "report.md"]
-    try:
-        from tuner.gate import write_gate  # type: ignore[attr-defined]
-    except ImportError:
-        write_gate = None
-    if write_gate is not None:
-        write_gate(run_dir)
-        written.append(run_dir / "gate.yaml")
     return written
 
 
@@ -310,7 +341,9 @@ def run_worker(run_dir: Path, *, storage: str | None = None, max_trials: int | N
     opts = TuneOptions(workload=Path(info.workload_path), slo=Path(info.slo_path), out=run_dir,
                        engine=info.engine, gpu=info.gpu, model=info.model, strategy=info.strategy,
                        precision=info.precision, vllm_python=vllm_python, vllm_command=vllm_command,
-                       vllm_args=list(vllm_args or []), api_key=api_key, start_rate=info.start_rate,
+                       # the study's own server arguments unless this host gives its own
+                       vllm_args=list(vllm_args or info.extra_args), api_key=api_key,
+                       start_rate=info.start_rate,
                        time_scale=info.time_scale, noise=info.noise, seed=info.seed)
     workload, slo, _ = prepare(opts)
     space = SearchSpace(**info.search_space)
@@ -320,4 +353,5 @@ def run_worker(run_dir: Path, *, storage: str | None = None, max_trials: int | N
     runner = TrialRunner(study=study, engine=engine, workload=workload, slo=slo, space=space,
                          load=load, knee=KneeSettings(precision=info.precision),
                          defaults=engine_defaults(opts), start_rate=opts.start_rate or 1.0)
-    return work(runner, max_trials=max_trials, idle_exit_s=idle_exit_s)
+    with interrupt_cleanup(runner):
+        return work(runner, max_trials=max_trials, idle_exit_s=idle_exit_s)

@@ -60,10 +60,11 @@ def work(runner: TrialRunner, *, max_trials: int | None = None, idle_exit_s: flo
             time.sleep(poll_s)
             continue
         idle_since = None
-        trial = study.ask(runner.distributions())
+        trial = runner.ask()
         if not _from_queue(study, trial):
             # another worker took the last waiting trial between our look and our ask
             study.tell(trial, state=TrialState.FAIL)
+            runner.current = None
             continue
         role = trial.user_attrs.get("role", "grid")
         try:

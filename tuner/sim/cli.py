@@ -50,6 +50,19 @@ def human_readable_int(value: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid int value: '{value}'") from None
 
 
+UNMODELLED_SWITCHES = ("--enforce-eager", "--disable-log-requests", "--disable-log-stats",
+                       "--trust-remote-code", "--disable-frontend-multiprocessing")
+UNMODELLED_VALUES = ("--dtype", "--uvicorn-log-level", "--generation-config", "--tokenizer-mode")
+
+
+def unmodelled(args: argparse.Namespace) -> list[str]:
+    """The accepted-but-not-modelled flags given, as written on the command line."""
+    out = [f for f in UNMODELLED_SWITCHES if getattr(args, f[2:].replace("-", "_"))]
+    out += [f"{f}={getattr(args, f[2:].replace('-', '_'))}" for f in UNMODELLED_VALUES
+            if getattr(args, f[2:].replace("-", "_")) is not None]
+    return out
+
+
 def build_parser(prog: str = "tune sim serve") -> argparse.ArgumentParser:
     from tuner.sim.config import QUANT_CHOICES
 
@@ -76,6 +89,14 @@ def build_parser(prog: str = "tune sim serve") -> argparse.ArgumentParser:
     v.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=None)
     v.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
     v.add_argument("--max-model-len", type=human_readable_int, default=None)
+    # vLLM flags a study may pass with --vllm-arg that change nothing the simulator models: accepted (a
+    # study and its gate run the same command line on every engine), named in the launch log as such;
+    # any other flag is refused, as vLLM refuses an unknown one
+    u = p.add_argument_group("vllm serve flags accepted and not modelled")
+    for flag in UNMODELLED_SWITCHES:
+        u.add_argument(flag, action="store_true", default=False)
+    for flag in UNMODELLED_VALUES:
+        u.add_argument(flag, default=None)
     return p
 
 
@@ -127,6 +148,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "tune sim serve") -> int
     except LaunchFailure as e:
         return _fail(e.message)  # vLLM logs the exception line and exits before binding
     print(cfg.launch_log(), flush=True)
+    ignored = unmodelled(args)
+    if ignored:
+        print(f"INFO simulator: accepted, not modelled: {' '.join(ignored)}", flush=True)
 
     api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
     names = args.served_model_name or [args.model]
