@@ -248,9 +248,21 @@ def check_rate(server, workload, slo, rate: float, load, *, max_runs: int = MAX_
     from tuner.search.measure import measure_run, summarize
 
     target = float(slo.target)
+    from dataclasses import replace
+
+    from tuner.search.measure import run_size
+
     runs = []
+    longer = 0
     for i in range(max_runs):
-        runs.append(measure_run(server, workload, slo, rate, load, seed=load.seed + GATE_SEED + i))
+        m = measure_run(server, workload, slo, rate, load, seed=load.seed + GATE_SEED + i)
+        while m.verdict.reason == "too_short" and longer < 2:  # as the knee search: longer, never passed
+            bigger = replace(load, requests=2 * load.requests)
+            if run_size(rate, bigger) <= run_size(rate, load):
+                break
+            load, longer = bigger, longer + 1
+            m = measure_run(server, workload, slo, rate, load, seed=load.seed + GATE_SEED + i)
+        runs.append(m)
         s = summarize([r for m in runs for r in m.run.records], slo, rate, [m.run for m in runs],
                       [m.verdict for m in runs], sum(m.wall_s for m in runs))
         if not s.passed and s.verdict in ("overloaded", "too_short"):

@@ -208,7 +208,9 @@ def pool_verdicts(verdicts: list[Verdict], sc: Score) -> Verdict:
                             errors=sc.errors)
     v.passed = sc.meets_target
     v.decided = sc.ci_low >= sc.target if v.passed else sc.ci_high < sc.target
-    v.reason = "meets" if v.passed else ("errors" if sc.errors > (1 - sc.target) * sc.n else "misses")
+    slow = sc.n - sc.n_good - sc.errors
+    v.reason = "meets" if v.passed else (
+        "errors" if sc.errors > (1 - sc.target) * sc.n and sc.errors >= slow else "misses")
     return v
 
 

@@ -234,7 +234,9 @@ def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: Stead
     v = Verdict(False, False, "inconclusive", n=n, good=good, unknown=unknown, errors=errors,
                 ci_low=lo, ci_high=hi, design_effect=deff, offered_rps=offered, served_rps=served, growth_rps=growth, growth_se=growth_se,
                 span_s=span, p99_e2e_s=p99)
-    miss_reason = "errors" if errors > (1 - target) * n else "misses"
+    # "errors" when the failures alone break the target and outnumber the slow requests
+    slow = n - good - unknown - errors
+    miss_reason = "errors" if errors > (1 - target) * n and errors >= slow else "misses"
     # An early fail also waits for a run of several lifetimes, so the engine metrics of a failing point
     # (what the diagnosis reads) show the engine in steady state; a run failing on errors need not.
     if n >= st.min_requests and hi < target and (long_enough or final or miss_reason == "errors"):

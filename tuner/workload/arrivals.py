@@ -87,8 +87,10 @@ def gamma_times(n: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> 
     if not math.isfinite(burstiness) or burstiness <= 0:
         raise UserError(f"must be a finite number > 0, got {burstiness}", field="burstiness")
     rng = np.random.default_rng(seed)
+    # a burst spans about 1/shape gaps: blocks that long keep it whole
+    block = max(NOMINAL_BLOCK, math.ceil(NOMINAL_BLOCK / burstiness))
     return _to_nominal_span(_from_gaps(rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)),
-                            rate)
+                            rate, block)
 
 
 def trace_rate(workload: Workload) -> float:

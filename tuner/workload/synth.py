@@ -21,7 +21,7 @@ from tuner.errors import UserError
 from tuner.workload.model import Workload, WorkloadRequest
 
 Kind = Literal["chat", "rag", "multitenant"]
-KINDS: tuple[str, ...] = ("chat", "rag", "multitenant")
+KINDS: tuple[str, ...] = ("chat", "rag", "multitenant", "longtail")
 
 SYNTH_BLOCK = 16  # vLLM's KV block size: shared prefixes of whole blocks map to exact cache blocks
 PREFIX_QUANTUM = 256  # every shared prefix is a multiple of this, so any block size dividing it stays exact
@@ -115,11 +115,25 @@ def _multitenant(rng: np.random.Generator, n: int, block: int) -> list[WorkloadR
     return reqs
 
 
-_BUILDERS = {"chat": _chat, "rag": _rag, "multitenant": _multitenant}
+def _longtail(rng: np.random.Generator, n: int, block: int) -> list[WorkloadRequest]:
+    """Long conversations as public traces show them: a heavy-tailed prompt (median ~900 tokens,
+    lognormal sigma 1.6, up to 128k) under the same system prompt as chat, so about 1.5% of the
+    prompts exceed a 32k context, as in the Azure conversation trace against a 32k model. What a
+    tuner must do with those (count them as their own failure, name the cause) is the point."""
+    ids = _Ids(rng)
+    system = _shared(CHAT_SYSTEM_BASE, CHAT_SYSTEM_TOKENS, block)
+    user = _lognormal(rng, 640, 1.6, 16, 131_072 - CHAT_SYSTEM_TOKENS, n)
+    out = _lognormal(rng, 200, 0.6, 1, 1_024, n)
+    return [WorkloadRequest(prompt_tokens=CHAT_SYSTEM_TOKENS + u, output_tokens=o,
+                            prefix_hash_ids=system + ids.take(u, block), hash_block_size=block)
+            for u, o in zip(user.tolist(), out.tolist())]
+
+
+_BUILDERS = {"chat": _chat, "rag": _rag, "multitenant": _multitenant, "longtail": _longtail}
 
 
 def synthesize(kind: str, n: int, seed: int = 0, hash_block_size: int = SYNTH_BLOCK) -> Workload:
-    """`n` requests of `kind` (chat | rag | multitenant), identical for identical arguments.
+    """`n` requests of `kind` (chat | rag | multitenant | longtail), identical for identical arguments.
 
     `hash_block_size` must divide 256 (and be a multiple of 16) so every shared prefix is whole blocks;
     a larger one (e.g. 256) only makes files with long shared documents smaller, the sharing is the same.
