@@ -22,7 +22,7 @@ EXTRA = "--enforce-eager"
 
 # Measured in real time on a busy two-core machine: the simulated GPU runs 3x slower than real so the CPU
 # keeps up, load runs are longer than the other e2e tests' (a p90 of 50 requests is too noisy to gate).
-LOAD = ["--time-scale", "3", "--requests-per-run", "120", "--max-run-s", "5", "--precision", "0.2",
+LOAD = ["--time-scale", "3", "--requests-per-run", "400", "--max-run-s", "10", "--precision", "0.2",
         "--start-rate", "32"]
 
 

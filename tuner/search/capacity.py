@@ -283,8 +283,14 @@ class KneeSearch:
         return f"p{t.percentile:g} {m.upper()} is {p.p99_ms.get(m) or 0:.4g} ms against {t.max_ms:g} ms"
 
     def _why_none(self, p: LoadRunSummary, in_flight: float) -> str:
-        """One line: the SLO is below what this engine does for a single request."""
+        """One line: the SLO is below what this engine does for a single request, or the load runs were
+        too short to tell."""
         at = f"at {p.offered_rps or p.rate:.3g} req/s, {in_flight:.2g} requests in flight"
+        if p.verdict == "too_short":
+            longest = max((q.duration_s for q in self.result.points), default=0.0)
+            return (f"every load run that met the SLO was too short to tell whether the engine keeps up "
+                    f"(the longest took {longest:.3g} s, p99 E2E {p.p99_ms.get('e2el') or 0:.4g} ms): "
+                    "raise --max-run-s or --requests-per-run")
         m = p.binding
         if p.verdict == "errors" or m is None:
             return f"no rate meets the SLO: {self._fail_words(p)} ({at})"

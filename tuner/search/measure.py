@@ -37,7 +37,7 @@ class LoadSettings:
     #: to the SLO's percentile by the data, up to `requests` and `max_duration_s`.
     sequential: bool = True
     steady_tolerance: float = 0.05     # served may fall short of offered by this fraction
-    latency_spans: float = 5.0         # the scored window must last this many p99 E2E latencies
+    latency_spans: float = 3.0         # the scored window must last this many p99 E2E latencies
     warmup_frac: float = 0.1           # requests sent in the first 10% of the span are not scored
     cooldown_frac: float = 0.05        # nor those in the last 5% (the system drains then)
     request_timeout_s: float = 120.0

@@ -38,9 +38,9 @@ Z_STOP = 2.5758293035489  # 99% two-sided: the stopping rule looks many times
 @dataclass(frozen=True)
 class SteadySettings:
     tolerance: float = 0.05      # served may fall short of offered by this fraction
-    latency_spans: float = 5.0   # the scored window must last this many p99 E2E latencies
+    latency_spans: float = 3.0   # the scored window must last this many p99 E2E latencies
     min_requests: int = 20       # scored requests before any verdict
-    min_fit_sends: int = 60      # sends in the in-flight fit before its slope may decide
+    min_fit_sends: int = 40      # sends in the in-flight fit before its slope may decide
     check_interval_s: float = 0.25  # how often a running load run is judged (run seconds)
 
 

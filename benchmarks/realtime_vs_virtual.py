@@ -1,0 +1,75 @@
+"""The HTTP simulator in real time, measured with the load settings `tune` uses for real vLLM, against
+the in-process simulator with long runs: capped real-time runs must not inflate (or deflate) a capacity.
+
+Same engine core, same configuration (vLLM's defaults), same workload and SLO: the only differences are
+the clock (wall time over HTTP vs virtual time in-process) and the load runs (real time: at most
+`--max-run-s` seconds each and ended early by the sequential test; in-process: up to 8,000 requests).
+Target (issue 11): the two capacities within 5%.
+
+Run: python benchmarks/realtime_vs_virtual.py [--max-run-s 60]  (real time: about 5-10 minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+from tuner.engine.sim import SimEngine  # noqa: E402
+from tuner.engine.sim_http import SimHTTPEngine  # noqa: E402
+from tuner.knobs import Knobs  # noqa: E402
+from tuner.search.capacity import KneeSettings, find_capacity  # noqa: E402
+from tuner.search.measure import LoadSettings  # noqa: E402
+from tuner.search.study import REALTIME_MAX_REQUESTS  # noqa: E402
+from tuner.slo import SLO  # noqa: E402
+from tuner.workload.synth import synthesize  # noqa: E402
+
+GPU, MODEL = "h100", "qwen2.5-7b"
+# Short outputs, so a real-time run of a minute holds many request lifetimes; a TTFT-and-TPOT SLO.
+SLO_ = SLO(ttft={"max_ms": 500, "percentile": 99}, tpot={"max_ms": 20, "percentile": 99}, target=0.99)
+
+
+def workload():
+    w = synthesize("chat", 2000, seed=3)
+    reqs = [r.model_copy(update={"output_tokens": max(1, r.output_tokens // 8)}) for r in w.requests]
+    return w.model_copy(update={"requests": reqs})
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--max-run-s", type=float, default=60.0)
+    ap.add_argument("--start-rate", type=float, default=4.0)
+    args = ap.parse_args()
+    wl = workload()
+    t = time.perf_counter()
+    virt = find_capacity(SimEngine(GPU, MODEL, token_times=False).launch(Knobs()), wl, SLO_,
+                         start_rate=args.start_rate, load=LoadSettings(requests=8000))
+    print(f"in-process, up to 8000 requests a run: capacity {virt.capacity_rps:.3f} req/s "
+          f"[{virt.capacity_low_rps}, {virt.capacity_high_rps}], {virt.runs} runs, "
+          f"{virt.engine_s:.0f} engine-s, {time.perf_counter() - t:.1f} s wall", flush=True)
+    load = LoadSettings(requests=REALTIME_MAX_REQUESTS, max_duration_s=args.max_run_s, request_timeout_s=60.0)
+    with tempfile.TemporaryDirectory() as d:
+        t = time.perf_counter()
+        with SimHTTPEngine(GPU, MODEL, run_dir=Path(d)).launch(Knobs()) as server:
+            real = find_capacity(server, wl, SLO_, start_rate=args.start_rate, load=load,
+                                 knee=KneeSettings())
+        wall = time.perf_counter() - t
+    for p in real.points:
+        print(f"   {p.rate:8.3f} req/s  {p.verdict:12s} n={p.n:5d} offered {p.offered_rps or 0:.3f} "
+              f"served {p.served_rps or 0:.3f} attainment {p.attainment:.4f} {p.duration_s:.0f} s"
+              f"{' (stopped early)' if p.stopped_early else ''}")
+    print(f"sim-http in real time, --max-run-s {args.max_run_s:g}: capacity {real.capacity_rps:.3f} req/s "
+          f"[{real.capacity_low_rps}, {real.capacity_high_rps}], {real.runs} runs, {real.engine_s:.0f} s of "
+          f"load runs, {wall:.0f} s wall")
+    ratio = real.capacity_rps / virt.capacity_rps if real.capacity_rps and virt.capacity_rps else float("nan")
+    print(f"real time / in-process: {ratio:.3f} (target within 0.95-1.05)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
