@@ -112,6 +112,18 @@ def clearly_better_at_same_load(rec: TrialRecord, inc: TrialRecord, margin: floa
     return True
 
 
+def accept_floor(inc: TrialRecord, floor: float) -> float:
+    """The capacity a candidate must beat: the incumbent's by the noise floor, and, where the incumbent's
+    own measurement is uncertain, up to the rate at which it failed clearly (`capacity_high_rps`): a
+    gain inside the incumbent's uncertainty is not a gain. Capped at twice the floor, so that one
+    incumbent measured coarsely does not block every candidate (the same-load tie-break still applies)."""
+    cap = inc.capacity_rps or 0.0
+    need = cap * (1 + floor)
+    if inc.capacity_high_rps:
+        need = max(need, min(inc.capacity_high_rps, cap * (1 + 2 * floor)))
+    return need
+
+
 NEGLIGIBLE_SPREAD = 0.01  # two launches of one configuration within 1%: the engine is deterministic
 
 
@@ -212,7 +224,7 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
             knobs = normalize(inc_knobs.with_(**{knob: v}), runner.defaults)
             if runner.space.allows(knobs, runner.defaults) or runner.seen(knobs):
                 continue  # impossible, or measured already (the same configuration as another trial)
-            floor = (best.capacity_rps or 0.0) * (1 + noise.floor(noise_floor))
+            floor = accept_floor(best, noise.floor(noise_floor))
             # race at the confirmed incumbent's capacity, not at a sibling's unconfirmed (possibly lucky)
             # estimate: a candidate that fails there cannot be better than what the study stands on
             race = (inc.capacity_rps or 0.0) * (1 + race_margin)
@@ -279,7 +291,7 @@ def whole_space(runner: TrialRunner, budget: Budget, *, sampler: str, noise_floo
             continue
         stale = 0
         seen.add(knobs_key(knobs))
-        floor = (best.capacity_rps or 0) * (1 + noise_floor) if best else None
+        floor = accept_floor(best, noise_floor) if best else None
         rec = runner.run_trial(trial, role=sampler, race_rate=floor if race else None,
                                start_rate=(best.capacity_rps if best else None),
                                incumbent=best.capacity_rps if best else None, accept_above=floor)
