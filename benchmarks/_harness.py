@@ -75,7 +75,8 @@ def _code_digest() -> str:
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     for sub in ("tuner/sim", "tuner/profiles", "tuner/workload", "tuner/replay", "tuner/engine/sim.py",
-                "tuner/search/capacity.py", "tuner/search/measure.py", "tuner/slo.py", "tuner/knobs.py"):
+                "tuner/search/capacity.py", "tuner/search/measure.py", "tuner/search/verdict.py", "tuner/slo.py",
+                "tuner/knobs.py"):
         path = root / sub
         for f in sorted(path.rglob("*") if path.is_dir() else [path]):
             if f.suffix in (".py", ".yaml") and f.is_file():

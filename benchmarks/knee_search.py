@@ -6,10 +6,13 @@
 - step-down (vLLM `auto_tune.sh`): one run at rate inf, then from int(throughput) + 1 down 1 req/s at a
   time until the SLO holds (its precision is 1 req/s, whatever the capacity).
 
-All three start from the same rate, use the same load runs and pass/fail rule, on every benchmark
-scenario's vLLM-default and grid-optimal configuration, with simulator noise on, over several seeds.
-Printed: median load runs, and the median error of the capacity found against the noise-free truth.
-Target (issue 7): ours needs at most half the load runs of doubling + bisection at the same precision.
+All three start from the same rate and use the same pass/fail rule (`tuner.search.verdict`), on every
+benchmark scenario's vLLM-default and FP8-KV configuration, with simulator noise on, over several seeds.
+The peers send each load run's whole fixed-length schedule; ours stops a run as soon as its sequential
+test decides. Printed: median load runs, median engine-seconds (the GPU time the runs take), and the
+median error of the capacity found against the noise-free truth (our knee search without noise).
+Targets: ours needs at most half the load runs (issue 7) and at most half the engine-seconds (issue 11)
+of doubling + bisection at equal or better error.
 
 Run: python benchmarks/knee_search.py [--seeds 5]
 """
@@ -26,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import NOISE, ground_truth, load_settings  # noqa: E402
+from _harness import NOISE, load_settings, measure_truth  # noqa: E402
 from _scenarios import SCENARIOS  # noqa: E402
 
 from tuner.engine.sim import SimEngine  # noqa: E402
@@ -102,12 +105,10 @@ def main(argv=None) -> int:
           f"{'dbl+bisect':>10s} {'eng-s':>6s} {'err':>5s}  {'step-down':>9s} {'eng-s':>6s} {'err':>5s}")
     all_ratio, eng_ratio = [], []
     for sc in [s for s in SCENARIOS if s.name in args.scenarios.split(",")]:
-        gt = {k: v["cap"] for k, v in ground_truth(sc).items() if k != "__grid_optimum__"}
-        best = max(gt, key=gt.get)
         workload, slo = sc.workload(), sc.slo()
-        for label, key in (("default", "{}"), ("optimum", best)):
-            knobs = Knobs(**json.loads(key))
-            truth = gt[key]
+        memo: dict = {}
+        for label, knobs in (("default", Knobs()), ("fp8-kv", Knobs(kv_cache_dtype="fp8"))):
+            truth = measure_truth(sc, knobs, workload, slo, memo)["cap"]
             res = {"ours": [], "dbl": [], "step": []}
             for seed in range(args.seeds):
                 eng = SimEngine(sc.gpu, sc.model, noise=NOISE, token_times="itl" in slo.thresholds,

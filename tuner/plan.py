@@ -222,7 +222,11 @@ def plan_for_study(info, rec, *, where: str | None = None, **overrides) -> Plan:
     `info` is the study's `StudyInfo`, `rec` the tuned trial's `TrialRecord` (None: nothing measured)."""
     slo = SLO.model_validate(info.slo)
     given = overrides.get("rate_per_instance") is not None  # a number from elsewhere: memory may bind
-    rate = overrides.pop("rate_per_instance", None) or (rec.capacity_rps if rec else None)
+    # Size for the rate the tuned configuration passed *clearly* (its interval clear of the target) when
+    # the knee search measured one: the point capacity may be a pass inside the noise, and a plan that
+    # counts on it under-provisions by that much.
+    rate = overrides.pop("rate_per_instance", None) or (
+        (rec.capacity_low_rps or rec.capacity_rps) if rec else None)
     if not rate:
         raise UserError("the run measured no capacity (no trial passed the SLO at any rate)", file=where)
     peak = overrides.pop("peak_rate", None) or slo.peak_rate
@@ -258,7 +262,8 @@ def format_plan(p: Plan) -> str:
                      f"per sequence = {m.sequences_by_kv:.0f} sequences (max_num_seqs {m.max_num_seqs})"
                      + (f"; x 1/{m.e2el_s:.2f} s E2EL ({m.e2el_source}) = {m.rate_rps:.2f} req/s"
                         if m.rate_rps else ""))
-    lines.append(f"speed gate: {p.speed_gate_rps:.4g} req/s per instance (measured knee)")
+    lines.append(f"speed gate: {p.speed_gate_rps:.4g} req/s per instance (measured knee, the highest rate that "
+                 "passed clearly where one did)")
     lines.append(f"instances: ceil({p.peak_rate:g} / ({p.headroom:g} x {p.rate_per_instance:.4g})) = "
                  f"ceil({p.instances_exact:.2f}) = {p.instances}  ({p.binding_gate} gate binds)")
     lines.append(f"GPUs: {p.instances} x TP {p.tp} = {p.gpus}; with {p.spare_instances} spare for failures: "

@@ -123,3 +123,23 @@ def test_clustered_misses_widen_the_interval():
     clustered[100:120] = True             # the same 2% in one burst
     assert design_effect(iid) == 1.0
     assert design_effect(clustered) > 3.0
+
+
+def test_no_rate_meets_the_slo_only_at_an_unloaded_engine_and_says_why():
+    # TPOT 15 ms is below Qwen2.5-7B's single-stream decode step on an RTX 4090 (~21.6 ms)
+    slo = SLO(tpot={"max_ms": 15}, target=0.99)
+    res = find_capacity(server(), chat(), slo, start_rate=8.0, load=LoadSettings(requests=400),
+                        max_num_seqs=256)
+    assert res.capacity_rps is None
+    last = res.points[-1]
+    assert last.offered_rps * last.p50_ms["e2el"] / 1000 <= 1.5  # it went down to about one in flight
+    assert "below this engine's single-stream TPOT" in res.why_none, res.why_none
+
+
+def test_a_tpot_just_above_the_single_stream_floor_has_a_capacity():
+    # the strict-TPOT case of issue 11: runs at 5.75, 3.85, 3.02 req/s fail while ~50 sequences run,
+    # and a lower rate meets the SLO; the search must get there instead of giving up
+    slo = SLO(ttft={"max_ms": 500}, tpot={"max_ms": 25}, target=0.99)
+    res = find_capacity(server(), chat(), slo, start_rate=6.0, load=LoadSettings(requests=400),
+                        max_num_seqs=256)
+    assert res.capacity_rps is not None and res.capacity_rps > 0, [(p.rate, p.verdict) for p in res.points]
