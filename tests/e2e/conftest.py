@@ -31,7 +31,7 @@ GPU, MODEL = "rtx4090", "qwen2.5-7b"
 # A sim-http study of three trials in ~30 s on two busy cores: short load runs (50 requests, at least 2 s
 # of schedule), a coarse knee search (precision 0.5: a few runs a trial), and an SLO whose TPOT bound
 # puts the knee low (~25 req/s), where the HTTP simulator keeps up with its simulated GPU on a busy CPU.
-SIM_HTTP_LOAD = ["--requests-per-run", "400", "--max-run-s", "5", "--precision", "0.5", "--start-rate", "64"]
+SIM_HTTP_LOAD = ["--requests-per-run", "400", "--max-run-s", "8", "--precision", "0.5", "--start-rate", "64"]
 
 
 def tune_env(**extra: str) -> dict[str, str]:

@@ -236,11 +236,12 @@ class KneeSearch:
                 return None
             nxt = self._down_rate(last)
             fails = [q for q in r.points if not q.passed and q.rate < self.knee.saturation_rate]
-            if len(fails) >= 2 and fails[-2].badness and last.badness and \
+            if len(fails) >= 2 and fails[-2].badness and last.badness and last.badness < 1.5 and \
                     last.badness > 0.9 * fails[-2].badness and in_flight:
-                # the SLO stress barely falls with the rate (decode-bound TPOT falls slowly as the
-                # batch shrinks): head for the single-stream end instead of creeping down
-                nxt = min(nxt, hi / 2, hi * self.knee.unloaded_in_flight / in_flight)
+                # just over the SLO, and the stress barely falls with the rate (decode-bound TPOT falls
+                # slowly as the batch shrinks): head for the single-stream end, a quarter at a time,
+                # instead of creeping down
+                nxt = min(nxt, hi / 2, max(hi / 4, hi * self.knee.unloaded_in_flight / in_flight))
             return max(nxt, self.knee.min_rate)
         step = 1 + p
         if hi / lo <= step:
