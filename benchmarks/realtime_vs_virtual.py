@@ -24,8 +24,7 @@ from tuner.engine.sim import SimEngine  # noqa: E402
 from tuner.engine.sim_http import SimHTTPEngine  # noqa: E402
 from tuner.knobs import Knobs  # noqa: E402
 from tuner.search.capacity import KneeSettings, find_capacity  # noqa: E402
-from tuner.search.measure import LoadSettings  # noqa: E402
-from tuner.search.study import REALTIME_MAX_REQUESTS  # noqa: E402
+from tuner.search.measure import LoadSettings, engine_load_settings  # noqa: E402
 from tuner.slo import SLO  # noqa: E402
 from tuner.workload.synth import synthesize  # noqa: E402
 
@@ -52,7 +51,7 @@ def main() -> int:
     print(f"in-process, up to 8000 requests a run: capacity {virt.capacity_rps:.3f} req/s "
           f"[{virt.capacity_low_rps}, {virt.capacity_high_rps}], {virt.runs} runs, "
           f"{virt.engine_s:.0f} engine-s, {time.perf_counter() - t:.1f} s wall", flush=True)
-    load = LoadSettings(requests=REALTIME_MAX_REQUESTS, max_duration_s=args.max_run_s, request_timeout_s=60.0)
+    load = engine_load_settings(False, max_run_s=args.max_run_s)  # exactly what `tune --engine vllm` uses
     with tempfile.TemporaryDirectory() as d:
         t = time.perf_counter()
         with SimHTTPEngine(GPU, MODEL, run_dir=Path(d)).launch(Knobs()) as server:

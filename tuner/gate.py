@@ -43,18 +43,12 @@ class FileRef(BaseModel):
 
 
 def default_load(engine: str, arrival: str = "poisson") -> dict:
-    """Load-run sizing as `tune` uses it for this engine (`tuner.search.study.load_settings`): 1000
-    requests per run in virtual time, 200 requests within 60 s on engines that run in real time."""
+    """Load-run sizing as `tune` uses it for this engine (`tuner.search.measure.engine_load_settings`)."""
     from dataclasses import asdict
 
-    from tuner.search.measure import LoadSettings
+    from tuner.search.measure import engine_load_settings
 
-    if engine == "sim":
-        return asdict(LoadSettings(requests=1000, arrival=arrival))
-    from tuner.search.study import REALTIME_MAX_REQUESTS
-
-    return asdict(LoadSettings(requests=REALTIME_MAX_REQUESTS, max_duration_s=60.0, arrival=arrival,
-                               request_timeout_s=60.0))
+    return asdict(engine_load_settings(engine == "sim", arrival=arrival))
 
 
 def load_settings(load: dict, where: str | Path | None = None):

@@ -176,6 +176,7 @@ class Score(BaseModel):
     window_s: float | None
     errors: int  # failed, truncated, timed out or unfinished: never good
     errors_by_cause: dict[str, int] = Field(default_factory=dict)  # see tuner.replay.record.ERROR_CAUSES
+    error_example: str | None = None  # the most frequent error text (what the server said)
     violations: dict[str, int]  # finished requests that broke each threshold
     binding: str | None  # the threshold broken most often: the one to tune for
     metrics: dict[str, MetricStats]
@@ -263,12 +264,15 @@ def score(records: Iterable[RequestRecord], slo: SLO, window: float | None = Non
     th = slo.thresholds
     violations = {m: 0 for m in th}
     causes: dict[str, int] = {}
+    texts: dict[str, int] = {}
     n_good = errors = fallback = 0
     for r in recs:
         cause = r.cause
         if cause is not None:
             errors += 1
             causes[cause] = causes.get(cause, 0) + 1
+            if r.error:
+                texts[r.error[:300]] = texts.get(r.error[:300], 0) + 1
             continue
         ratios = request_ratios(r, slo)
         fallback += "itl" in th and _per_request_ms(r, "itl")[1]
@@ -306,7 +310,7 @@ def score(records: Iterable[RequestRecord], slo: SLO, window: float | None = Non
     return Score(n=n, n_good=n_good, attainment=attainment, ci_low=lo, ci_high=hi, target=target,
                  meets_target=n > 0 and attainment >= target,
                  goodput=(n_good / window_s) if window_s else None, window_s=window_s, errors=errors,
-                 errors_by_cause=causes,
+                 errors_by_cause=causes, error_example=max(texts, key=texts.__getitem__, default=None),
                  violations=violations, binding=worst[0] if worst[1] > 0 else None, metrics=metrics,
                  percentile_values_ms=pct, warnings=warnings)
 

@@ -6,11 +6,14 @@ a report that presents nothing as best, and no gate.
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
 
 import pytest
+from optuna.trial import TrialState
 
-from tests.e2e.conftest import SLO, TUNE_FIX, WORKLOAD, tune
+from tests.e2e.conftest import SLO, TUNE_FIX, WORKLOAD, load_trials, record, sqlite_url, study_args, tune
 from tuner.search.status import EXIT_NO_LAUNCH, EXIT_NO_PASS
 
 pytestmark = pytest.mark.e2e
@@ -71,3 +74,26 @@ def test_report_rebuilt_from_storage_still_says_no_result(tmp_path: Path) -> Non
     assert r.returncode == 0, r.stderr
     assert json.loads((out / "report.json").read_text())["status"] == "no_pass"
     assert not (out / "gate.yaml").exists()
+
+
+def test_a_server_that_fails_every_request_ends_the_study_within_a_minute(tmp_path: Path) -> None:
+    """Issue 12, item 4: a launch whose requests all fail is a failed trial with the server's words, not
+    a capacity search halving the rate for hours; when vLLM's defaults fail them, no other launch is
+    tried (no knob answers a server that serves nothing), and the study is no result (exit 4)."""
+    out = tmp_path / "run"
+    template = f"{sys.executable} -m tuner.testing.standin_server --port {{port}} --fail-requests 500 {{args}}"
+    args = study_args(out, "vllm", "--model", "standin", "--vllm-command", template, max_trials=5)
+    t0 = time.monotonic()
+    p = tune(*args, timeout=120)
+    took = time.monotonic() - t0
+    assert took < 60, f"took {took:.0f} s"
+    md = assert_no_result(out, p, EXIT_NO_PASS, "every request failed")
+    line = error_lines(p.stderr)[0]
+    assert "HTTP 500" in line or "http_5xx" in line, line
+    assert "this request failed on purpose" in line, line  # the server's own words
+    (trial,) = load_trials(sqlite_url(out))
+    rec = record(trial)
+    assert trial.state == TrialState.FAIL and rec["launched"] is True
+    assert rec["launch_failure_kind"] == "requests_failed" and rec["capacity_rps"] is None
+    assert len(rec["load_runs"]) == 1 and rec["load_runs"][0]["stopped_early"], rec["load_runs"]
+    assert "every request failed" in md

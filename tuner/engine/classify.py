@@ -51,6 +51,8 @@ _RULES: list[tuple[LaunchFailureKind, re.Pattern]] = [
         r"|is not supported (?:on|for|by) (?:the )?(?:current )?(?:CPU|GPU|platform|device|hardware)"
         r"|not supported on (?:CPU|this (?:GPU|device|platform))"
         r"|requires (?:a )?(?:GPU|CUDA|compute capability)"
+        r"|on CPU requires|requires x86 with AVX"     # "FP8 KV cache on CPU requires x86 with AVX-512 or AMX"
+        r"|NotImplementedError: "                     # vLLM's word for a feature this build lacks
         r"|undefined symbol:"
         r"|Illegal instruction|died unexpectedly \(exit code: -4\)", re.I)),  # SIGILL: ISA the CPU/VM lacks
 ]

@@ -137,9 +137,12 @@ class SimEngine(Engine):
 
     def __init__(self, gpu: str | GPUProfile, model: str | ModelProfile, *,
                  cost_params: CostParams | None = None, noise: float = 0.0, seed: int = 0,
-                 token_times: bool = True, launch_seed: Callable[[Knobs], int] | None = None):
+                 token_times: bool = True, launch_seed: Callable[[Knobs], int] | None = None,
+                 other_used_gib: float | None = None):
         """`token_times=False` skips per-token times (only ITL needs them: a faster study when the SLO has
-        no ITL threshold). `launch_seed` picks each launch's noise seed (default: one per launch)."""
+        no ITL threshold). `launch_seed` picks each launch's noise seed (default: one per launch).
+        `other_used_gib`: GPU memory other processes hold (a busy GPU, where vLLM's default memory
+        utilisation does not fit), as vLLM's start-up check sees it."""
         self.gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
         self.model = get_model(model) if isinstance(model, str) else model
         self.cost_params = cost_params
@@ -148,9 +151,11 @@ class SimEngine(Engine):
         self.launches = 0
         self.token_times = token_times
         self.launch_seed = launch_seed
+        self.other_used_gib = other_used_gib
 
     def launch(self, knobs: Knobs) -> SimServer:
         self.launches += 1
-        cfg = resolve(self.gpu, self.model, knobs)
+        busy = {} if self.other_used_gib is None else {"other_used_gib": self.other_used_gib}
+        cfg = resolve(self.gpu, self.model, knobs, **busy)
         seed = self.launch_seed(knobs) if self.launch_seed else self.seed + self.launches
         return SimServer(cfg, self.cost_params, self.noise, seed, self.token_times)

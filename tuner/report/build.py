@@ -242,7 +242,9 @@ def build_report(run_dir: str | Path) -> Report:
                                        if t.state not in ("RUNNING", "WAITING"))
     if status != "tuned":
         tuned_t = None  # nothing is "best": no configuration met the SLO (or none launched)
-    base = _summary("baseline (vLLM defaults)", base_t)
+    forced = base_t.record.knobs if base_t is not None else {}
+    base = _summary("baseline (vLLM defaults" + (f"; {', '.join(f'{k}={v}' for k, v in forced.items())} to fit "
+                                                 "this host)" if forced else ")"), base_t)
     tuned = _summary("tuned", tuned_t)
     head = headline(base, tuned)
     counts: dict[str, int] = {}
@@ -283,4 +285,6 @@ def build_report(run_dir: str | Path) -> Report:
         engine_s=sum(t.record.engine_s for t in data.trials),
         serve_command=serve, config_yaml=cfg, plan=plan, plan_text=plan_text,
         caveats=caveats(info, tuned, base, counts, head.capacity_gain_pct, status),
-        status=status, status_text=status_text, gate_written=gate.exists())
+        status=status, status_text=status_text, gate_written=gate.exists(),
+        learned=[f"{c.text()}: {' '.join(c.message.split())[:240]}"
+                 for t in sorted(data.trials, key=lambda t: t.number) for c in t.record.learned])

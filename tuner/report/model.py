@@ -121,4 +121,6 @@ class Report(BaseModel):
     #: met the SLO at any rate); then nothing in the report is presented as best and no gate is written
     status: str = "tuned"
     status_text: str | None = None         # the one-line reason when status is not "tuned"
+    #: what failed launches taught about the host (`tuner.search.lessons`), one line each with vLLM's words
+    learned: list[str] = Field(default_factory=list)
     gate_written: bool | None = None       # whether the run wrote gate.yaml (None: not known)

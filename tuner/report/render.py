@@ -97,7 +97,11 @@ def _config(rep: Report) -> list[Block]:
 def _trials(rep: Report) -> list[Block]:
     rows = [["#", "state", "knobs", "capacity (req/s)", "outcome", "diagnosis", "evidence"]]
     for t in rep.trials:
-        if not t.launched and t.launch_failure_kind:
+        if t.launch_failure_kind == "ruled_out":
+            outcome = f"not launched: {(t.launch_failure_message or '')[:160]}"
+        elif t.launch_failure_kind == "requests_failed":
+            outcome = f"launched; {(t.launch_failure_message or '')[:200]}"
+        elif not t.launched and t.launch_failure_kind:
             outcome = f"launch failed ({t.launch_failure_kind}): {(t.launch_failure_message or '')[:160]}"
         elif t.raced_out:
             at = t.capacity_upper_rps or t.incumbent_before
@@ -127,7 +131,13 @@ def _trials(rep: Report) -> list[Block]:
         cap = _n(t.capacity_rps) + (f" (< {_n(t.capacity_upper_rps)})" if t.capacity_upper_rps else "")
         rows.append([str(t.number), t.role if t.role == "baseline" else t.state.lower(), _knobs(t.knobs),
                      cap, outcome, diag, ev])
-    return [Block("h2", "Every trial, with its diagnosis and evidence"), Block("table", rows=rows)]
+    out = [Block("h2", "Every trial, with its diagnosis and evidence"), Block("table", rows=rows)]
+    if rep.learned:
+        out += [Block("h2", "What failed launches taught"),
+                Block("p", "Each of these ruled values out for the rest of the study (no later trial was "
+                           "launched with them; a resumed study reads them back from storage):"),
+                Block("ul", rows=[[x] for x in rep.learned])]
+    return out
 
 
 def blocks(rep: Report, figures: set[str]) -> list[Block]:

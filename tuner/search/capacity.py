@@ -25,6 +25,10 @@ from tuner.workload.model import Workload
 
 WARMUP_SPAN_S = 5.0  # the prefix-cache warm-up of a fresh server sends its requests within this span
 BADNESS_CAP = 4.0  # beyond this a point is simply "far over": do not extrapolate from it
+#: A load run in which this share of the requests failed, before any rate passed: the server fails
+#: requests, not the SLO (a lower rate fails them too), and the search stops there instead of halving
+#: the rate for hours.
+ALL_FAIL_SHARE = 0.9
 
 
 @dataclass
@@ -72,6 +76,9 @@ class KneeResult:
     capacity_high_rps: float | None = None
     #: When no rate met the SLO: why, in one line.
     why_none: str | None = None
+    #: Set when nearly every request of a load run failed before any rate passed: that, in one line
+    #: with the server's own words (the trial is then a failure, not a capacity).
+    requests_failed: str | None = None
 
     @property
     def runs(self) -> int:
@@ -167,6 +174,12 @@ class KneeSearch:
         s = m.summary
         r = self.result
         r.points.append(s)
+        if r.capacity is None and s.n and s.errors >= ALL_FAIL_SHARE * s.n:
+            causes = ", ".join(f"{k} {v}" for k, v in sorted(s.errors_by_cause.items(), key=lambda kv: -kv[1]))
+            said = " ".join((s.error_example or "").split())[:200]
+            r.requests_failed = r.why_none = (
+                f"{s.errors} of {s.n} requests failed at {s.offered_rps or s.rate:.3g} req/s ({causes})"
+                + (f": {said}" if said else ""))
         if s.rate >= self.knee.saturation_rate:
             self._probe = s
             if self.on_point:
@@ -175,6 +188,8 @@ class KneeSearch:
         if s.passed:
             if r.capacity is None or s.rate > r.capacity:
                 r.capacity, r.pass_digest, r.pass_records = s.rate, m.digest, m.records
+        elif self._short_but_good(s):
+            pass  # not a failure: the search goes up (`next_rate`), where a run holds more sends
         else:
             if r.upper is None or s.rate < r.upper:
                 r.upper, r.fail_digest, r.fail_summary = s.rate, m.digest, s
@@ -210,9 +225,34 @@ class KneeSearch:
         x = lo + (hi - lo) * (0.0 - a) / (b - a)
         return x
 
+    def _short_but_good(self, s: LoadRunSummary) -> bool:
+        """A run too short to tell whose every scored request met the SLO so far: at a low rate a
+        real-time run of `--max-run-s` holds too few sends to test the queue (it cannot be lengthened),
+        which says nothing against the rate."""
+        return s.verdict == "too_short" and s.rate < self.knee.saturation_rate and \
+            s.attainment >= float(self.slo.target)  # type: ignore[arg-type]
+
+    def _after_short(self, last: LoadRunSummary, hi: float | None) -> float | None:
+        """The rate after a good run too short to tell: twice it (twice the sends in the same span),
+        below any failing rate; None (and why) when the span, not the send count, was too short."""
+        e2e = (last.p99_ms.get("e2el") or 0.0) / 1000.0
+        if last.duration_s < 1.5 * self.load.latency_spans * e2e:
+            self.result.why_none = self._why_none(last, self._in_flight(last) or 0.0)
+            return None
+        nxt = last.rate * 2
+        if hi is not None:
+            nxt = min(nxt, math.sqrt(last.rate * hi))
+            if nxt <= last.rate * (1 + self.knee.precision):
+                self.result.why_none = self._why_none(last, self._in_flight(last) or 0.0)
+                return None
+        return min(nxt, self.knee.max_rate)
+
     def next_rate(self, start: float) -> float | None:
         r, p = self.result, self.knee.precision
         lo, hi = r.capacity, r.upper
+        last = r.points[-1] if r.points else None
+        if last is not None and self._short_but_good(last) and (lo is None or last.rate > lo):
+            return self._after_short(last, hi)
         if lo is None and hi is None and self._probe is not None:
             served = self._probe.throughput_rps
             return max(self.knee.min_rate, self.knee.knee_guess * served) if served else start
@@ -337,7 +377,7 @@ class KneeSearch:
                 # everything at once still met the SLO: the burst says nothing about the knee
                 self._probe = None
         try:
-            while self.result.runs < self.knee.max_runs:
+            while self.result.runs < self.knee.max_runs and self.result.requests_failed is None:
                 nxt = self.next_rate(start_rate)
                 if nxt is None:
                     break

@@ -51,6 +51,23 @@ class LoadSettings:
     warmup_requests: int = 50
 
 
+#: A real-time load run's request cap: it only bounds a very high rate (the run's duration bounds the rest).
+REALTIME_MAX_REQUESTS = 4000
+#: A real-time load run's default span (`tune --max-run-s`).
+REALTIME_MAX_RUN_S = 60.0
+
+
+def engine_load_settings(virtual_time: bool, *, requests: int | None = None, max_run_s: float | None = None,
+                         arrival: str = "poisson", seed: int = 0) -> LoadSettings:
+    """The load runs `tune` and `tune gate` size for an engine: 1,000 requests in virtual time (free);
+    in real time each run is bounded by `max_run_s` and ends as soon as the sequential test decides
+    (`tuner.search.verdict`), so the request cap only bounds a very high rate."""
+    if virtual_time:
+        return LoadSettings(requests=requests or 1000, arrival=arrival, seed=seed)
+    return LoadSettings(requests=requests or REALTIME_MAX_REQUESTS, max_duration_s=max_run_s or REALTIME_MAX_RUN_S,
+                        arrival=arrival, seed=seed, request_timeout_s=60.0)
+
+
 @dataclass
 class Measurement:
     summary: LoadRunSummary
@@ -242,7 +259,7 @@ def summarize(records: list[RequestRecord], slo: SLO, rate: float, runs: list[Lo
         badness=badness(records, slo),
         p99_ms={m: st.p99_ms for m, st in sc.metrics.items()},
         p50_ms={m: st.p50_ms for m, st in sc.metrics.items()}, errors=sc.errors,
-        errors_by_cause=sc.errors_by_cause, warnings=warnings + sc.warnings, binding=sc.binding,
+        errors_by_cause=sc.errors_by_cause, error_example=sc.error_example, warnings=warnings + sc.warnings, binding=sc.binding,
         violations=sc.violations, repeats=repeats, duration_s=sum(run.duration_s for run in runs),
         wall_s=wall_s)
 

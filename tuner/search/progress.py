@@ -48,9 +48,12 @@ class RichReporter:
         if self._status:
             self._status.stop()
             self._status = None
+        what = {"requests_failed": "its requests failed", "ruled_out": "not launched"}
         if rec.launch_failure_kind:
-            self.console.print(f"   [yellow]launch failed[/] ({rec.launch_failure_kind}): "
-                               f"{(rec.launch_failure_message or '')[:160]}")
+            self.console.print(f"   [yellow]{what.get(rec.launch_failure_kind, 'launch failed')}[/] "
+                               f"({rec.launch_failure_kind}): {(rec.launch_failure_message or '')[:200]}")
+            for c in rec.learned:
+                self.console.print(f"   [cyan]learned[/]: {c.text()}")
         elif rec.interrupted:
             self.console.print("   [yellow]interrupted[/]")
         elif rec.raced_out:

@@ -38,6 +38,7 @@ class LoadRunSummary(BaseModel):
     p50_ms: dict[str, float | None] = Field(default_factory=dict)
     errors: int = 0
     errors_by_cause: dict[str, int] = Field(default_factory=dict)  # over_context, timeout, truncated, ...
+    error_example: str | None = None  # the most frequent error text of the run's failed requests
     warnings: list[str] = Field(default_factory=list)              # the client's, e.g. in-flight cap hits
     binding: str | None = None        # the SLO metric violated most
     violations: dict[str, int] = Field(default_factory=dict)
@@ -85,6 +86,27 @@ class LatencyQuantiles(BaseModel):
     values_ms: dict[str, list[float]] = Field(default_factory=dict)
 
 
+class LearnedConstraint(BaseModel):
+    """What one failed launch taught about this host, for the rest of the study (`tuner.search.lessons`):
+    `below`: the knob's values at or above `value` do not fit; `not`: the value itself cannot run here."""
+
+    knob: str
+    rule: Literal["below", "not"]
+    value: float | int | str | bool | None
+    #: the value worth trying next (below: what the failure's own numbers leave room for), if any
+    suggest: float | int | str | bool | None = None
+    #: the teaching trial ran the knob at vLLM's default: the default is ruled out too, whatever it is
+    default_failed: bool = False
+    trial: int
+    failure: str    # the launch-failure kind
+    message: str    # vLLM's words
+
+    def text(self) -> str:
+        rule = f"below {self.value}" if self.rule == "below" else f"never {self.value}"
+        nxt = f"; next tried: {self.suggest}" if self.suggest is not None else ""
+        return f"{self.knob} {rule} (trial {self.trial}, {self.failure}{nxt})"
+
+
 class TrialRecord(BaseModel):
     """Everything one trial did. Stored as the Optuna user attribute `record`."""
 
@@ -113,6 +135,8 @@ class TrialRecord(BaseModel):
     incumbent_before: float | None = None               # incumbent capacity when this trial started
     accepted: bool = False                              # became the new incumbent
     interrupted: bool = False
+    #: what this trial's failed launch taught about the host (see `LearnedConstraint`)
+    learned: list[LearnedConstraint] = Field(default_factory=list)
     wall_s: float = 0.0
     engine_s: float = 0.0                               # engine (GPU) seconds spent in load runs
 

@@ -24,6 +24,7 @@ from tuner.engine.base import Engine
 from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs
 from tuner.search.capacity import KneeSearch, KneeSettings
+from tuner.search.lessons import Lessons, learn
 from tuner.search.measure import LoadSettings, latency_quantiles, measure
 from tuner.search.records import Diagnosis, LoadRunSummary, TrialRecord
 from tuner.search.space import SearchSpace
@@ -82,8 +83,9 @@ def stored_role(user_attrs: dict, knobs: dict) -> str:
 
 def counts_as_launch(rec: TrialRecord) -> bool:
     """A stored trial that spent a launch: it came up, or a launch was tried and failed (a configuration
-    refused by the space's constraints never launched)."""
-    return not rec.interrupted and (rec.launched or rec.launch_failure_kind not in (None, "bad_flag"))
+    refused by the space's constraints, or by what failed launches taught, never launched)."""
+    return not rec.interrupted and (rec.launched or
+                                    rec.launch_failure_kind not in (None, "bad_flag", "ruled_out"))
 
 
 @dataclass
@@ -131,6 +133,11 @@ class TrialRunner:
     def finished(self) -> dict[str, TrialRecord]:
         """The first finished record of each configuration, by knobs."""
         return {k: v[0] for k, v in self.finished_all().items()}
+
+    def lessons(self) -> Lessons:
+        """What the study's failed launches taught about this host (`tuner.search.lessons`), read from
+        storage: a resumed study, and every worker of a shared one, knows what the others learned."""
+        return Lessons.from_records(r for recs in self.finished_all().values() for r in recs)
 
     def seen(self, knobs: Knobs) -> bool:
         """Whether this process evaluated `knobs` already (a stored launch not yet read back is not seen:
@@ -234,6 +241,10 @@ class TrialRunner:
         if broken:
             rec.launch_failure_kind, rec.launch_failure_message = "bad_flag", f"breaks constraint {broken}"
             return self._tell(trial, rec, TrialState.FAIL, t0)
+        lesson = self.lessons().broken_by(knobs, self.defaults)
+        if lesson is not None:  # a strategy that samples blindly (tpe, random, grid) may ask for it
+            rec.launch_failure_kind, rec.launch_failure_message = "ruled_out", f"ruled out: {lesson.text()}"
+            return self._tell(trial, rec, TrialState.FAIL, t0)
         server: Any = None
         search: KneeSearch | None = None
         try:
@@ -242,6 +253,7 @@ class TrialRunner:
                 server = self.engine.launch(knobs)
             except LaunchFailure as e:
                 rec.launch_failure_kind, rec.launch_failure_message = e.kind, e.message
+                rec.learned = learn(rec, self.defaults)
                 lesson = LAUNCH_LESSONS.get(e.kind)
                 if lesson:
                     rec.diagnosis = Diagnosis(kind="launch_failure", summary=e.message[:300],
@@ -291,13 +303,16 @@ class TrialRunner:
         rec.capacity_low_rps, rec.capacity_high_rps = result.capacity_low_rps, result.capacity_high_rps
         rec.no_capacity_reason = result.why_none
         rec.raced_out = result.raced_out
+        if result.requests_failed:  # the server fails requests: a failed trial, not a capacity search
+            rec.launch_failure_kind, rec.launch_failure_message = "requests_failed", result.requests_failed
         rec.knee_metrics = result.fail_digest or result.pass_digest
         if not result.raced_out:
             passing = next((p for p in rec.load_runs if p.rate == result.capacity), None)
             rec.diagnosis = diagnose(result.fail_summary, rec.knee_metrics, passing)
             if result.pass_records:
                 rec.latency_at_capacity = latency_quantiles(result.pass_records)
-        state = TrialState.PRUNED if result.raced_out else TrialState.COMPLETE
+        state = TrialState.FAIL if result.requests_failed else \
+            TrialState.PRUNED if result.raced_out else TrialState.COMPLETE
         return self._tell(trial, rec, state, t0)
 
     def _tell(self, trial: optuna.Trial, rec: TrialRecord, state: TrialState, t0: float) -> TrialRecord:

@@ -42,6 +42,12 @@ def study_status(records: Iterable[TrialRecord]) -> tuple[Status, str | None]:
         return "no_launch", (f"no configuration launched: {len(failed)} launch"
                              f"{'es' if len(failed) != 1 else ''} failed ({what})"
                              + (f"; first: {first[:200]}" if first else ""))
+    failing = [r for r in launched if r.launch_failure_kind == "requests_failed"]
+    if len(failing) == len(launched):
+        said = " ".join((failing[0].launch_failure_message or "").split())
+        return "no_pass", (f"every request failed: {len(launched)} configuration"
+                           f"{'s' if len(launched) != 1 else ''} launched and none served requests; "
+                           f"first: {said[:240]}")
     rates = [p.rate for r in launched for p in r.load_runs]
     low = f" (lowest offered: {min(rates):.3g} req/s)" if rates else ""
     return "no_pass", (f"no configuration met the SLO at any offered rate: {len(launched)} launched"

@@ -186,9 +186,26 @@ def replicate_baseline(runner: TrialRunner, base: TrialRecord, budget: Budget,
     return _launch_again(runner, base, base.capacity_rps, noise)
 
 
+def fitted_baseline(runner: TrialRunner, budget: Budget) -> TrialRecord:
+    """vLLM's defaults; where they do not fit this host (a memory utilisation vLLM refused), the defaults
+    at the utilisation its numbers leave room for, until one launches: the before/after comparison needs
+    a baseline that ran, and it differs from the defaults only in what the host forced."""
+    first = runner.evaluate(Knobs(), role="baseline")
+    while not first.launched and budget.left(runner):
+        fitted = normalize(runner.lessons().repair(Knobs(**first.knobs), runner.defaults), runner.defaults)
+        if fitted == Knobs(**first.knobs) or runner.seen(fitted):
+            break
+        first = runner.evaluate(fitted, role="baseline", changed_knob=next(iter(fitted.set_only()), None))
+    return first
+
+
 def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: int = 3,
            max_visits: int = 2, race_margin: float = 0.0, confirm: bool = True) -> Outcome:
-    first = runner.evaluate(Knobs(), role="baseline")
+    first = fitted_baseline(runner, budget)
+    if first.launch_failure_kind == "requests_failed" and not (first.diagnosis and first.diagnosis.knobs):
+        # vLLM's defaults launched and failed nearly every request for a reason no knob answers (a wrong
+        # model name, an API key, a broken server): every other launch would fail them too
+        return Outcome(first, None, f"the baseline failed its requests: {first.launch_failure_message}")
     if not first.capacity_rps and first.diagnosis is None:
         return Outcome(first, None, "the baseline neither served the SLO at any rate nor told us why")
     noise = LaunchNoise()
@@ -198,7 +215,6 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
     runner.reporter.incumbent_changed(inc)
     visits: Counter[str] = Counter()
     done_for: set[tuple[str, int]] = set()  # (knob, incumbent trial) pairs already explored
-    dead: dict[str, set] = {}  # values a launch failure ruled out, per knob
     streak = 0
     while budget.left(runner):
         diag: Diagnosis | None = inc.diagnosis
@@ -212,17 +228,22 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
         direction = (diag.directions.get(knob, "any") if diag and knob in wanted else "any")
         inc_knobs = Knobs(**inc.knobs)
         cur = _current(inc_knobs, knob, runner.defaults)
-        cands = [v for v in _order(cur, runner.space.knobs[knob].values, direction)
-                 if v not in dead.get(knob, set())]
+        lessons = runner.lessons()
+        queue = lessons.allowed(knob, _order(cur, runner.space.knobs[knob].values, direction), inc_knobs,
+                                runner.defaults)
         best = inc
         misses = 0
-        ordered = direction in ("up", "down") or (len(cands) > 2 and cur is not None)
+        ordered = direction in ("up", "down") or (len(queue) > 2 and cur is not None)
         tried = 0
-        for v in cands:
+        while queue:
+            v = queue.pop(0)
             if not budget.left(runner):
                 break
-            knobs = normalize(inc_knobs.with_(**{knob: v}), runner.defaults)
-            if runner.space.allows(knobs, runner.defaults) or runner.seen(knobs):
+            # a value a failed launch ruled out is replaced by what it allows (the incumbent may be a
+            # baseline that never launched: its other knobs are tried at the memory utilisation that fits)
+            knobs = normalize(lessons.repair(inc_knobs.with_(**{knob: v}), runner.defaults), runner.defaults)
+            if runner.space.allows(knobs, runner.defaults) or runner.seen(knobs) or \
+                    lessons.broken_by(knobs, runner.defaults):
                 continue  # impossible, or measured already (the same configuration as another trial)
             floor = accept_floor(best, noise.floor(noise_floor))
             # race at the confirmed incumbent's capacity, not at a sibling's unconfirmed (possibly lucky)
@@ -234,9 +255,10 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
                                   start_rate=best.capacity_rps or runner.start_rate,
                                   accept_above=floor if best.capacity_rps else None,
                                   accept=lambda r, b=best: clearly_better_at_same_load(r, b, TIE_MARGIN))
-            if rec.launch_failure_kind in ("memory_utilization", "oom") and knob == "gpu_memory_utilization":
-                dead.setdefault(knob, set()).update(x for x in cands if x >= v)
-                break
+            if rec.learned:  # the host refused a value: drop what it rules out, try what it suggests
+                lessons = runner.lessons()
+                queue = lessons.allowed(knob, queue, inc_knobs, runner.defaults)
+                continue
             if rec.accepted:
                 best = rec
                 misses = 0
@@ -268,7 +290,9 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
 def whole_space(runner: TrialRunner, budget: Budget, *, sampler: str, noise_floor: float,
                 seed: int = 0, race: bool = False) -> Outcome:
     """Peer-style blind search over the whole space, after the same baseline trial."""
-    base = runner.evaluate(Knobs(), role="baseline")
+    base = fitted_baseline(runner, budget)
+    if base.launch_failure_kind == "requests_failed" and not (base.diagnosis and base.diagnosis.knobs):
+        return Outcome(base, None, f"the baseline failed its requests: {base.launch_failure_message}")
     best = base if base.capacity_rps else None
     if sampler == "grid":
         search_space = {k: [v for v in runner.choices(k) if v is not None] or [None]
@@ -284,7 +308,8 @@ def whole_space(runner: TrialRunner, budget: Budget, *, sampler: str, noise_floo
         trial = runner.ask({})
         picked = {k: trial.suggest_categorical(k, runner.choices(k)) for k in runner.space.knobs}
         knobs = Knobs(**{k: v for k, v in picked.items() if v is not None})
-        if knobs_key(knobs) in seen or runner.space.allows(knobs, runner.defaults):
+        if knobs_key(knobs) in seen or runner.space.allows(knobs, runner.defaults) or \
+                runner.lessons().broken_by(knobs, runner.defaults):
             runner.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             runner.current = None
             stale += 1

@@ -25,7 +25,7 @@ from tuner import __version__
 from tuner.engine.base import Engine
 from tuner.errors import UserError
 from tuner.search.capacity import KneeSettings
-from tuner.search.measure import LoadSettings
+from tuner.search.measure import LoadSettings, engine_load_settings
 from tuner.search.records import StudyInfo
 from tuner.search.runner import NullReporter, Reporter, TrialRunner, stored_role
 from tuner.search.space import SearchSpace, load_space
@@ -37,7 +37,6 @@ from tuner.workload.loader import load_workload
 from tuner.workload.model import Workload
 
 STUDY_NAME = "slo-tuner"
-REALTIME_MAX_REQUESTS = 4000
 ENGINES = ("sim", "sim-http", "vllm")
 
 
@@ -184,12 +183,8 @@ def make_engine(opts: TuneOptions, slo: SLO | None = None) -> Engine:
 
 
 def load_settings(opts: TuneOptions, engine: Engine) -> LoadSettings:
-    if engine.virtual_time:
-        return LoadSettings(requests=opts.requests_per_run or 1000, arrival=opts.arrival, seed=opts.seed)
-    # Real time: each run is bounded by --max-run-s and ends as soon as the sequential test decides
-    # (tuner.search.verdict); the request cap only bounds a very high rate.
-    return LoadSettings(requests=opts.requests_per_run or REALTIME_MAX_REQUESTS, max_duration_s=opts.max_run_s or 60.0,
-                        arrival=opts.arrival, seed=opts.seed, request_timeout_s=60.0)
+    return engine_load_settings(engine.virtual_time, requests=opts.requests_per_run, max_run_s=opts.max_run_s,
+                                arrival=opts.arrival, seed=opts.seed)
 
 
 def study_info(opts: TuneOptions, workload: Workload, slo: SLO, space: SearchSpace,

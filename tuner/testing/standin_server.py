@@ -3,7 +3,7 @@
 It behaves like a server in the ways the launcher cares about, each switchable from the command line:
 slow to become healthy, dying at start-up with a given log message (to test classification), forking a
 child into its process group (as vLLM forks its engine core and workers), ignoring SIGTERM (to test the
-SIGKILL escalation). Stdlib only, so it starts in a fraction of a second on a busy CI machine.
+SIGKILL escalation), failing every completion request (to test a server that serves nothing). Stdlib only, so it starts in a fraction of a second on a busy CI machine.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-def _handler(ready_at: float, model: str):
+def _handler(ready_at: float, model: str, fail_requests: int = 500):
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, fmt, *args):  # one access-log line per request, like uvicorn
             sys.stdout.write(f'INFO:     {self.address_string()} - "{self.requestline}" {args[1]}\n')
@@ -43,6 +43,12 @@ def _handler(ready_at: float, model: str):
             else:
                 self._send(404, {"error": "not found"})
 
+        def do_POST(self):  # noqa: N802
+            # it serves no completions: every request fails, the way vLLM's error responses look
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self._send(fail_requests, {"object": "error", "type": "InternalServerError", "code": fail_requests,
+                                       "message": "standin server: this request failed on purpose"})
+
     return Handler
 
 
@@ -57,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--children", type=int, default=0, help="fork this many sleeping children")
     p.add_argument("--ignore-term", action="store_true", help="ignore SIGTERM (needs SIGKILL)")
     p.add_argument("--print-env", default=None, help="print the value of this environment variable")
+    p.add_argument("--fail-requests", type=int, default=500, help="HTTP status of every completion request")
     args = p.parse_args(argv)
 
     if args.ignore_term:
@@ -74,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         print(args.fail, file=sys.stderr, flush=True)
         return 1
     server = ThreadingHTTPServer((args.host, args.port), _handler(time.monotonic() + args.startup_delay,
-                                                                  args.model))
+                                                                  args.model, args.fail_requests))
     server.daemon_threads = True
     print(f"INFO Starting server on http://{args.host}:{args.port}", flush=True)
     if not args.ignore_term:
