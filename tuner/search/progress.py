@@ -26,7 +26,7 @@ class RichReporter:
         self._status.start()
 
     def point(self, number: int, p: LoadRunSummary) -> None:
-        mark = "[green]pass[/]" if p.passed else "[red]fail[/]"
+        mark = "[green]pass[/]" if p.passed else "[yellow]unproven[/]" if p.verdict == "too_short" else "[red]fail[/]"
         p99 = ", ".join(f"{m} {v:.0f}" for m, v in p.p99_ms.items() if v is not None and m != "itl")
         rate = "burst (all at once)" if p.rate >= 1e5 else f"{p.rate:8.2f} req/s"
         why = {"overloaded": "overloaded", "too_short": "too short to tell", "errors": "errors"}.get(p.verdict)
