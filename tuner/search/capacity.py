@@ -29,6 +29,7 @@ BADNESS_CAP = 4.0  # beyond this a point is simply "far over": do not extrapolat
 #: requests, not the SLO (a lower rate fails them too), and the search stops there instead of halving
 #: the rate for hours.
 ALL_FAIL_SHARE = 0.9
+OVERLOAD_CAUSES = ("timeout", "in_flight_cap")
 
 
 @dataclass
@@ -174,7 +175,7 @@ class KneeSearch:
         s = m.summary
         r = self.result
         r.points.append(s)
-        if r.capacity is None and s.n and s.errors >= ALL_FAIL_SHARE * s.n:
+        if r.capacity is None and self._requests_fail(s):
             causes = ", ".join(f"{k} {v}" for k, v in sorted(s.errors_by_cause.items(), key=lambda kv: -kv[1]))
             said = " ".join((s.error_example or "").split())[:200]
             r.requests_failed = r.why_none = (
@@ -225,25 +226,34 @@ class KneeSearch:
         x = lo + (hi - lo) * (0.0 - a) / (b - a)
         return x
 
+    def _requests_fail(self, s: LoadRunSummary) -> bool:
+        """Nearly every request of a run at a finite rate failed for the server's own reasons. Timeouts
+        and the in-flight cap are what an overloaded engine gives too: they count only when not one
+        request of the run finished."""
+        if s.rate >= self.knee.saturation_rate or not s.n:
+            return False
+        overload = sum(v for k, v in s.errors_by_cause.items() if k in OVERLOAD_CAUSES)
+        if overload and s.errors < s.n:
+            return s.errors - overload >= ALL_FAIL_SHARE * s.n
+        return s.errors >= ALL_FAIL_SHARE * s.n
+
     def _short_but_good(self, s: LoadRunSummary) -> bool:
-        """A run too short to tell whose every scored request met the SLO so far: at a low rate a
-        real-time run of `--max-run-s` holds too few sends to test the queue (it cannot be lengthened),
-        which says nothing against the rate."""
+        """A run too short to tell for want of sends, whose every scored request met the SLO so far: at
+        a low rate a real-time run of `--max-run-s` spans many latencies but holds too few sends to test
+        the queue (and cannot be lengthened), which says nothing against the rate. A run too short for
+        its own latencies is another matter: it stays an (unproven) failure, as before."""
+        e2e = (s.p99_ms.get("e2el") or 0.0) / 1000.0
         return s.verdict == "too_short" and s.rate < self.knee.saturation_rate and \
-            s.attainment >= float(self.slo.target)  # type: ignore[arg-type]
+            s.attainment >= float(self.slo.target) and \
+            s.duration_s >= 1.5 * self.load.latency_spans * e2e  # type: ignore[arg-type]
 
     def _after_short(self, last: LoadRunSummary, hi: float | None) -> float | None:
-        """The rate after a good run too short to tell: twice it (twice the sends in the same span),
-        below any failing rate; None (and why) when the span, not the send count, was too short."""
-        e2e = (last.p99_ms.get("e2el") or 0.0) / 1000.0
-        if last.duration_s < 1.5 * self.load.latency_spans * e2e:
-            self.result.why_none = self._why_none(last, self._in_flight(last) or 0.0)
-            return None
+        """The rate after a good run short of sends: twice it (twice the sends in the same span), below
+        any failing rate."""
         nxt = last.rate * 2
         if hi is not None:
-            nxt = min(nxt, math.sqrt(last.rate * hi))
+            nxt = math.sqrt(last.rate * hi)
             if nxt <= last.rate * (1 + self.knee.precision):
-                self.result.why_none = self._why_none(last, self._in_flight(last) or 0.0)
                 return None
         return min(nxt, self.knee.max_rate)
 
