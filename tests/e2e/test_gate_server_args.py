@@ -15,7 +15,7 @@ import yaml
 
 from tests.e2e.conftest import load_trials, record, sqlite_url, study_args, tune
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # a study and its gate on sim-http: ~3 min
 
 EXTRA = "--enforce-eager"
 

@@ -7,10 +7,15 @@ must never reach pytest. Usage: `python -m tests.helpers.interrupt_run BASE_URL 
 from __future__ import annotations
 
 import json
+import signal
 import sys
 
 from tuner.replay.client import run_load_http
 from tuner.workload.model import WorkloadRequest
+
+# A process started from a background job inherits SIGINT ignored, and Python then installs no
+# KeyboardInterrupt handler: the test's Ctrl-C would be lost. This harness is about Ctrl-C, so it asks for it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def main() -> None:

@@ -32,18 +32,27 @@ def workload(n: int = 400) -> Workload:
 def test_capacity_under_a_loose_slo_is_at_most_the_measured_maximum_throughput(tmp_path):
     engine = vllm_engine(tmp_path, "--kv-cache-memory-bytes", str(4 * MIB))
     wl = workload()
+    burst = LoadSettings(requests=300, sequential=False, warmup_frac=0.0, cooldown_frac=0.0,
+                         warmup_requests=0, request_timeout_s=120.0)
+
+    def max_throughput(server, salt: int) -> float:
+        m, _ = measure(server, wl, LOOSE, 1e6, burst, seed=salt, salt=salt, sequential=False)
+        assert m.summary.throughput_rps and m.summary.errors == 0, m.summary
+        return m.summary.throughput_rps
+
     with engine.launch(Knobs()) as server:
-        burst = LoadSettings(requests=300, sequential=False, warmup_frac=0.0, cooldown_frac=0.0,
-                             warmup_requests=0, request_timeout_s=120.0)
-        m, _ = measure(server, wl, LOOSE, 1e6, burst, seed=1, salt=1, sequential=False)
-        max_tput = m.summary.throughput_rps
-        assert max_tput and m.summary.errors == 0, m.summary
+        before = max_throughput(server, 1)
         # real-time load runs as `tune --engine vllm` sizes them, with a shorter cap to keep CI short
         load = LoadSettings(requests=4000, max_duration_s=30.0, request_timeout_s=60.0, warmup_requests=20)
         res = find_capacity(server, wl, LOOSE, start_rate=4.0, load=load, knee=KneeSettings(precision=0.1))
+        after = max_throughput(server, 2)
     assert res.capacity_rps is not None, [(p.rate, p.verdict) for p in res.points]
     seen = [(round(p.rate, 2), p.verdict, p.n, p.served_rps) for p in res.points]
-    assert res.capacity_rps <= 1.05 * max_tput, (max_tput, seen)
+    # The regression was 68-330x the maximum throughput. A CPU server's throughput moves by 5-10% between
+    # two measurements minutes apart on a shared machine (it failed once at 1.052x a burst taken before the
+    # search), so the maximum is the higher of a burst before and one after, with a 10% margin.
+    max_tput = max(before, after)
+    assert res.capacity_rps <= 1.10 * max_tput, (before, after, seen)
     # every passing point kept up: it served what it was offered
     for p in res.points:
         if p.passed:

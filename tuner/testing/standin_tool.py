@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 
@@ -18,6 +19,8 @@ from tuner.engine import launcher
 
 
 def main(argv: list[str] | None = None) -> int:
+    # started from a background job, SIGINT arrives ignored; the kill tests send it on purpose
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     p = argparse.ArgumentParser(prog="standin_tool")
     p.add_argument("run_dir")
     p.add_argument("--vllm", nargs=2, metavar=("PYTHON", "MODEL"), help="launch real vLLM instead")
