@@ -32,6 +32,11 @@ ALL_FAIL_SHARE = 0.9
 OVERLOAD_CAUSES = ("timeout", "in_flight_cap")
 
 
+def _causes(p: LoadRunSummary) -> str:
+    """A run's error causes, most frequent first: "timeout 485, http_5xx 3"."""
+    return ", ".join(f"{k} {v}" for k, v in sorted(p.errors_by_cause.items(), key=lambda kv: -kv[1]))
+
+
 @dataclass
 class KneeSettings:
     precision: float = 0.05        # stop when (lowest fail / highest pass) - 1 <= precision
@@ -176,7 +181,7 @@ class KneeSearch:
         r = self.result
         r.points.append(s)
         if r.capacity is None and self._requests_fail(s):
-            causes = ", ".join(f"{k} {v}" for k, v in sorted(s.errors_by_cause.items(), key=lambda kv: -kv[1]))
+            causes = _causes(s)
             said = " ".join((s.error_example or "").split())[:200]
             r.requests_failed = r.why_none = (
                 f"{s.errors} of {s.n} requests failed at {s.offered_rps or s.rate:.3g} req/s ({causes})"
@@ -325,7 +330,7 @@ class KneeSearch:
 
     def _fail_words(self, p: LoadRunSummary) -> str:
         if p.verdict == "errors" or (p.n and p.errors > (1 - float(self.slo.target)) * p.n):  # type: ignore
-            causes = ", ".join(f"{k} {v}" for k, v in sorted(p.errors_by_cause.items(), key=lambda kv: -kv[1]))
+            causes = _causes(p)
             return f"{p.errors} of {p.n} requests fail ({causes})"
         m = p.binding
         if m is None:
