@@ -99,17 +99,23 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS))
+    ap.add_argument("--peer-lengths", default="1,4",
+                    help="doubling + bisection is also run with its load runs this many times longer "
+                         "(comma-separated): what its engine-seconds are at an error like ours")
     args = ap.parse_args(argv)
     out = {}
+    lengths = [int(x) for x in args.peer_lengths.split(",") if x.strip() and int(x) > 1]
+    longer = "".join(f"  {f'dbl x{k}':>10s} {'eng-s':>6s} {'err':>5s}" for k in lengths)
     print(f"{'scenario':18s} {'config':8s} {'truth':>7s}  {'ours runs':>9s} {'eng-s':>6s} {'err':>5s}  "
-          f"{'dbl+bisect':>10s} {'eng-s':>6s} {'err':>5s}  {'step-down':>9s} {'eng-s':>6s} {'err':>5s}")
+          f"{'dbl+bisect':>10s} {'eng-s':>6s} {'err':>5s}  {'step-down':>9s} {'eng-s':>6s} {'err':>5s}{longer}")
     all_ratio, eng_ratio = [], []
+    long_ratio: dict[int, list[float]] = {k: [] for k in lengths}
     for sc in [s for s in SCENARIOS if s.name in args.scenarios.split(",")]:
         workload, slo = sc.workload(), sc.slo()
         memo: dict = {}
         for label, knobs in (("default", Knobs()), ("fp8-kv", Knobs(kv_cache_dtype="fp8"))):
             truth = measure_truth(sc, knobs, workload, slo, memo)["cap"]
-            res = {"ours": [], "dbl": [], "step": []}
+            res = {"ours": [], "dbl": [], "step": [], **{f"dbl_x{k}": [] for k in lengths}}
             for seed in range(args.seeds):
                 eng = SimEngine(sc.gpu, sc.model, noise=NOISE, token_times="itl" in slo.thresholds,
                                 launch_seed=lambda k, s=seed: zlib.crc32(f"{s}:{knobs_key(k)}".encode()))
@@ -125,6 +131,10 @@ def main(argv=None) -> int:
                     c = Counter(eng.launch(knobs), workload, slo, load)
                     cap = fn(c)
                     res[name].append((c.runs, cap, c.engine_s))
+                for k in lengths:  # the same peer with k times the requests in every load run
+                    c = Counter(eng.launch(knobs), workload, slo, replace(load, requests=load.requests * k))
+                    cap = doubling_bisection(c)
+                    res[f"dbl_x{k}"].append((c.runs, cap, c.engine_s))
             row = {}
             for name, vals in res.items():
                 runs = statistics.median(v[0] for v in vals)
@@ -133,16 +143,23 @@ def main(argv=None) -> int:
                 row[name] = {"runs_median": runs, "error_median": err, "engine_s_median": eng_s, "all": vals}
             all_ratio.append(row["ours"]["runs_median"] / row["dbl"]["runs_median"])
             eng_ratio.append(row["ours"]["engine_s_median"] / row["dbl"]["engine_s_median"])
+            for k in lengths:
+                long_ratio[k].append(row["ours"]["engine_s_median"] / row[f"dbl_x{k}"]["engine_s_median"])
             out[f"{sc.name}/{label}"] = {"truth": truth, **row}
             o, d, st = row["ours"], row["dbl"], row["step"]
+            more = "".join(f"  {row[f'dbl_x{k}']['runs_median']:10.1f} {row[f'dbl_x{k}']['engine_s_median']:6.0f} "
+                           f"{row[f'dbl_x{k}']['error_median']:5.1%}" for k in lengths)
             print(f"{sc.name:18s} {label:8s} {truth:7.2f}  {o['runs_median']:9.1f} {o['engine_s_median']:6.0f} "
                   f"{o['error_median']:5.1%}  {d['runs_median']:10.1f} {d['engine_s_median']:6.0f} "
                   f"{d['error_median']:5.1%}  {st['runs_median']:9.1f} {st['engine_s_median']:6.0f} "
-                  f"{st['error_median']:5.1%}", flush=True)
+                  f"{st['error_median']:5.1%}{more}", flush=True)
     print(f"\nours / doubling+bisection load runs: median {statistics.median(all_ratio):.2f} "
           f"(target <= 0.5), worst {max(all_ratio):.2f}")
     print(f"ours / doubling+bisection engine-seconds: median {statistics.median(eng_ratio):.2f} "
           f"(target <= 0.5), worst {max(eng_ratio):.2f}")
+    for k in lengths:
+        print(f"ours / doubling+bisection with {k}x longer runs, engine-seconds: median "
+              f"{statistics.median(long_ratio[k]):.2f}, worst {max(long_ratio[k]):.2f}")
     dest = Path(__file__).resolve().parent / "results"
     dest.mkdir(exist_ok=True)
     (dest / "knee_search.json").write_text(json.dumps(out, indent=1))

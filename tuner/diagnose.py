@@ -76,7 +76,7 @@ def diagnose(fail: LoadRunSummary | None, fail_metrics: MetricsDigest | None,
     if kv_full and (preempting or not batch_full):
         kind = "kv_capacity"
         why = (f"KV cache {m.kv_usage_p90:.0%} full (p90) with {m.preemptions:.0f} preemptions while "
-               f"{m.running_p90:.0f} of {mns or '?'} sequences run")
+               f"{_running(m.running_p90, mns)} sequences run")
     elif batch_full and queueing:
         kind = "batch_cap"
         why = (f"running = max_num_seqs ({mns}) with {m.waiting_p90:.0f} waiting (p90) and KV only "
@@ -86,9 +86,11 @@ def diagnose(fail: LoadRunSummary | None, fail_metrics: MetricsDigest | None,
         why = f"{binding.upper()} breaks the SLO first (p99 {_r(point.p99_ms.get(binding))} ms)"
     elif climbing or (queue_share is not None and queue_share >= 0.5):
         kind = "queue"
-        why = (f"the queue grows through the run (waiting +{m.waiting_trend:.0f}) while the batch "
-               f"({m.running_p90:.0f} of {mns or '?'}) and KV ({m.kv_usage_p90:.0%}) have room: the "
-               f"engine is compute-saturated; more replicas (the capacity plan) or a cheaper step help")
+        grows = (f"the queue grows through the run (waiting +{m.waiting_trend:.0f})" if climbing else
+                 f"queueing is {queue_share:.0%} of TTFT")
+        why = (f"{grows} while the batch ({_running(m.running_p90, mns)} running) and KV "
+               f"({m.kv_usage_p90:.0%}) have room: the engine is compute-saturated; more replicas (the "
+               "capacity plan) or a cheaper step help")
     elif binding == "ttft":
         kind = "prefill"
         share = "" if queue_share is None else f" (queueing {queue_share:.0%} of TTFT)"
@@ -97,7 +99,7 @@ def diagnose(fail: LoadRunSummary | None, fail_metrics: MetricsDigest | None,
         kind = "queue"
         why = (f"the engine did not keep up: it served {point.served_rps or 0:.3g} of "
                f"{point.offered_rps or point.rate:.3g} req/s offered, with the batch "
-               f"({m.running_p90:.0f} of {mns if mns else 'max_num_seqs'}) and KV ({m.kv_usage_p90:.0%}) "
+               f"({_running(m.running_p90, mns)} running) and KV ({m.kv_usage_p90:.0%}) "
                "not the limit")
     else:
         kind = "decode"
@@ -133,3 +135,8 @@ def _errors(point: LoadRunSummary, errs: dict[str, int], ev: dict) -> Diagnosis:
 
 def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 1)
+
+
+def _running(running: float, max_num_seqs: int | None) -> str:
+    """"30 of 256" when the batch cap is known, "30" when it is not (no "?" in a user's report)."""
+    return f"{running:.0f} of {max_num_seqs}" if max_num_seqs else f"{running:.0f}"

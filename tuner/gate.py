@@ -385,7 +385,8 @@ def run_gate(gate_path: str | Path, *, engine: str | None = None, overrides: lis
 
 def format_result(r: GateResult, gate: GateFile, engine: str, knobs: dict) -> str:
     kn = ", ".join(f"{k}={v}" for k, v in knobs.items()) or "vLLM defaults"
-    lines = [f"gate: {r.verdict}  {gate.model} on {gate.gpu} (engine {engine}); {kn}"]
+    where = f"{gate.model} on {gate.gpu}" if gate.gpu else f"{gate.model} (GPU not named)"
+    lines = [f"gate: {r.verdict}  {where} (engine {engine}); {kn}"]
     lines += [f"  [{'ok' if c.passed else 'FAIL'}] {c.message}" for c in r.checks]
     return "\n".join(lines)
 

@@ -24,6 +24,7 @@ def tuned_run(tmp_path_factory: pytest.TempPathFactory, max_trials: int) -> Path
         shutil.rmtree(out, ignore_errors=True)
         p = tune(*SCENARIO, "--max-trials", str(max_trials), "--out", out, cwd=ROOT)
         assert p.returncode == 0, (p.stdout, p.stderr)
+        out.with_suffix(".stdout").write_text(p.stdout)  # beside the run: the run's files stay the tool's
     return out
 
 
@@ -40,6 +41,14 @@ def test_tune_leaves_report_plan_and_gate(run):
     assert rep["title"].startswith("SIMULATED")
     assert rep["baseline"]["capacity_rps"] > 0 and rep["tuned"]["capacity_rps"] >= rep["baseline"]["capacity_rps"]
     assert rep["plan"]["instances"] >= 1
+    # the terminal's summary names the trials the report names
+    said = run.with_suffix(".stdout").read_text()
+    assert f"baseline (vLLM defaults, trial {rep['baseline']['trial']}): " in said, said
+    if rep["tuned"]["trial"] != rep["baseline"]["trial"]:
+        assert f"tuned (trial {rep['tuned']['trial']}): {rep['tuned']['capacity_rps']:.2f} req/s" in said, said
+    else:
+        assert "no configuration beat vLLM's defaults" in said, said
+    assert "None" not in said and " ?" not in said
     md = (run / "report.md").read_text()
     assert "## Headline" in md and "vllm serve Qwen/Qwen2.5-7B-Instruct" in md
 

@@ -36,7 +36,7 @@ def test_the_same_study_runs_on_every_engine(tmp_path: Path, engine: str) -> Non
     p = tune(*study_args(out, engine, *extra), timeout=1200 if engine == "vllm" else 180)
     assert p.returncode == 0, p.stderr
     assert "Traceback" not in p.stderr
-    assert "stopped:" in p.stdout and "baseline (vLLM defaults):" in p.stdout
+    assert "stopped:" in p.stdout and "baseline (vLLM defaults, trial 0):" in p.stdout
 
     trials = load_trials(sqlite_url(out))
     # three launches (the baseline and both max_num_seqs values: the space's whole grid), all measured

@@ -135,25 +135,41 @@ def _resume_command(run_dir: Path) -> str:
 
 
 def _summary(outcome, run_dir: Path, json_out: bool) -> None:
+    """What the study found, in the report's own words: the baseline and tuned rows are read from
+    `report.json` when it was written, so the terminal and the report name the same trials."""
     base, inc = outcome.baseline, outcome.incumbent
-    b = base.capacity_rps if base and base.capacity_rps else None
-    t = inc.capacity_rps if inc and inc.capacity_rps else None
+    rows = {"baseline": {"trial": base.number if base else None, "knobs": base.knobs if base else {},
+                         "capacity_rps": base.capacity_rps if base else None},
+            "tuned": {"trial": inc.number if inc else None, "knobs": inc.knobs if inc else {},
+                      "capacity_rps": inc.capacity_rps if inc else None}}
     report_json = run_dir / "report.json"
+    if report_json.exists():
+        rep = json.loads(report_json.read_text())
+        for k in rows:
+            if rep.get(k):
+                rows[k] = {f: rep[k].get(f) for f in ("trial", "knobs", "capacity_rps")}
     if json_out:
         if report_json.exists():
             sys.stdout.write(report_json.read_text())
         else:
-            print(json.dumps({"baseline": {"capacity_rps": b, "knobs": base.knobs if base else None},
-                              "tuned": {"capacity_rps": t, "knobs": inc.knobs if inc else None},
-                              "stop_reason": outcome.stop_reason, "run_dir": str(run_dir)}, indent=2))
+            print(json.dumps({**rows, "stop_reason": outcome.stop_reason, "run_dir": str(run_dir)}, indent=2))
         return
-    gain = f" ({t / b - 1:+.0%})" if b and t else ""
+    b, t = rows["baseline"]["capacity_rps"], rows["tuned"]["capacity_rps"]
     print(f"stopped: {outcome.stop_reason}")
     if outcome.status != "tuned":
         print(f"NO RESULT: {outcome.status_text}")
     else:
-        print(f"baseline (vLLM defaults): {f'{b:.2f} req/s' if b else 'no rate met the SLO'}")
-        print(f"tuned: {f'{t:.2f} req/s' if t else '-'}{gain} with {inc.knobs if inc else {}}")
+        print(f"baseline (vLLM defaults, trial {rows['baseline']['trial']}): "
+              f"{f'{b:.2f} req/s' if b else 'no rate met the SLO'}")
+        knobs = rows["tuned"]["knobs"] or {}
+        if not knobs or rows["tuned"]["trial"] == rows["baseline"]["trial"]:
+            print("tuned: no configuration beat vLLM's defaults; keep them"
+                  + (f" ({t:.2f} req/s)" if t else ""))
+        else:
+            gain = f" ({t / b - 1:+.0%})" if b and t else ""
+            kn = " ".join(f"{k}={v}" for k, v in knobs.items())
+            print(f"tuned (trial {rows['tuned']['trial']}): {f'{t:.2f} req/s' if t else 'no capacity'}{gain} "
+                  f"with {kn}")
     for name in ("report.html", "report.md", "gate.yaml"):
         if (run_dir / name).exists():
             print(f"{name}: {run_dir / name}")

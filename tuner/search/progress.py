@@ -16,7 +16,8 @@ class RichReporter:
     """One line per load run and per trial, with a status spinner while a trial runs (stderr)."""
 
     def __init__(self, console: Console | None = None):
-        self.console = console or Console(stderr=True)
+        # soft_wrap: a line longer than the terminal (or than 80 columns in a log file) stays one line
+        self.console = console or Console(stderr=True, soft_wrap=True)
         self.incumbent: TrialRecord | None = None
         self._status = None
 
