@@ -41,7 +41,7 @@ class RichReporter:
             self.console.print(f"      [yellow]warning:[/] {w[:200]}")
         if self._status:
             inc = self.incumbent.capacity_rps if self.incumbent and self.incumbent.capacity_rps else None
-            self._status.update(f"trial {number}: last load run {p.rate:.2f} req/s, "
+            self._status.update(f"trial {number}: last load run {rate.strip()}, "
                                 f"attainment {p.attainment:.3f}; incumbent "
                                 f"{f'{inc:.2f} req/s' if inc else '-'}")
 
