@@ -24,6 +24,7 @@ def _register() -> None:
         ("tuner.sim.cli", "sim"),
         ("tuner.search.cli", None),
         ("tuner.report.cli", None),
+        ("tuner.replay.bench_cli", None),
     ]:
         try:
             mod = importlib.import_module(module)

@@ -7,6 +7,13 @@ its prompt and then waits precisely (`schedule.sleep_until`) for its send time; 
 earlier request. A safety cap on requests in flight turns excess requests into errors (`"in-flight cap"`,
 with a warning on the run) instead of delaying the schedule.
 
+Closed loop, on request (`max_concurrency=C`, `vllm bench serve --max-concurrency`): at most C requests
+are in flight; a request whose send time has come waits for a free slot (first come, first served), so
+the schedule still paces sends but never runs ahead of the server. With all send times 0 (rate inf) it
+is a pure closed loop of C clients. `sent_s` is when it really left (after its wait), so TTFT and E2EL
+exclude the wait on the client, as `bench serve` measures them; `sent_s - scheduled_s` is the wait.
+Many published measurements use this; it hides the queue the SLO is about (REFERENCE.md section 1).
+
 Clock and window rules (also in docs/measurement.md):
 
 - All record times are seconds since the run's start on `time.monotonic()`.
@@ -69,13 +76,21 @@ class _Runner:
                  offered_rate: float, model: str | None, api: Api, api_key: str | None,
                  request_timeout_s: float, stall_timeout_s: float, max_in_flight: int, warmup_s: float,
                  cooldown_s: float, metrics: bool, sample_interval_s: float, progress: Progress | None,
-                 prompt_salt: int | str | None, engine: str, stop_when: StopWhen | None = None):
+                 prompt_salt: int | str | None, engine: str, stop_when: StopWhen | None = None,
+                 max_concurrency: int | None = None):
         if len(requests) != len(send_times):
             raise ValueError(f"{len(requests)} requests but {len(send_times)} send times")
         if not all(0.0 <= float(t) < float("inf") for t in send_times):
             raise ValueError("send times must be finite and >= 0")
         if api not in ("completions", "chat"):
             raise ValueError(f"api must be 'completions' or 'chat', not {api!r}")
+        if max_concurrency is not None and (isinstance(max_concurrency, bool) or max_concurrency < 1):
+            raise ValueError(f"max_concurrency must be an integer >= 1 or None, not {max_concurrency!r}")
+        self.max_concurrency = max_concurrency
+        #: Made inside the run's event loop (an asyncio primitive belongs to one loop).
+        self._slots: asyncio.Semaphore | None = None
+        #: Most requests in flight at once, as the client counted them.
+        self.peak_in_flight = 0
         self.base = base_url.rstrip("/")
         self.requests, self.send_times = list(requests), [float(t) for t in send_times]
         self.offered_rate, self.model, self.api = offered_rate, model, api
@@ -126,6 +141,13 @@ class _Runner:
         request = build_request(url, self._body(i), self.headers,
                                 stall_timeout_s=self.stall_timeout_s * self.scale)
         await sleep_until(deadline)
+        if self._slots is None:
+            await self._send(pool, request, rec)
+            return
+        async with self._slots:  # closed loop: wait for one of the C slots
+            await self._send(pool, request, rec)
+
+    async def _send(self, pool: ShardedClient, request: httpx.Request, rec: RequestRecord) -> None:
         self.sent += 1
         if self.in_flight >= self.max_in_flight:
             rec.sent_s = self.clock(time.monotonic())
@@ -135,6 +157,7 @@ class _Runner:
             self.done += 1
             return
         self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         shard = pool.pick()
         try:
             await stream_request(pool.transports[shard], request, rec, self.clock,
@@ -237,6 +260,8 @@ class _Runner:
                 # and would show up as send lateness).
                 gc.collect()
                 gc.freeze()
+                if self.max_concurrency is not None:
+                    self._slots = asyncio.Semaphore(self.max_concurrency)
                 self.t0 = time.monotonic() + START_DELAY_S
                 started_unix = time.time() + START_DELAY_S
                 if before is not None:
@@ -313,7 +338,8 @@ async def run_load_async(base_url: str, requests: Sequence[WorkloadRequest], sen
 def _defaults(kw: dict) -> dict:
     out = dict(offered_rate=0.0, model=None, api="completions", api_key=None, request_timeout_s=120.0,
                stall_timeout_s=30.0, max_in_flight=2048, warmup_s=0.0, cooldown_s=0.0, metrics=True,
-               sample_interval_s=0.5, progress=None, prompt_salt=None, engine="http", stop_when=None)
+               sample_interval_s=0.5, progress=None, prompt_salt=None, engine="http", stop_when=None,
+               max_concurrency=None)
     unknown = set(kw) - set(out)
     if unknown:
         raise TypeError(f"unknown options: {sorted(unknown)}")
@@ -327,7 +353,7 @@ def run_load_http(base_url: str, requests: Sequence[WorkloadRequest], send_times
                   max_in_flight: int = 2048, warmup_s: float = 0, cooldown_s: float = 0,
                   metrics: bool = True, sample_interval_s: float = 0.5, progress: Progress | None = None,
                   prompt_salt: int | str | None = None, engine: str = "http",
-                  stop_when: StopWhen | None = None) -> LoadRun:
+                  stop_when: StopWhen | None = None, max_concurrency: int | None = None) -> LoadRun:
     """Send `requests[i]` at `send_times[i]` seconds (open loop) to `base_url` and measure every one.
 
     `model=None` takes the first model of `/v1/models`. `prompt_salt` seeds the request-unique part of
@@ -335,12 +361,14 @@ def run_load_http(base_url: str, requests: Sequence[WorkloadRequest], send_times
     first run's prefix cache. With `metrics`, `/metrics` is scraped before and after (counter and
     histogram deltas) and its gauges sampled every `sample_interval_s`. `progress(sent, done, ok)` is
     called about every 0.2 s. On Ctrl-C the partial run is returned with `interrupted=True`.
+    `max_concurrency=C` makes it a closed loop of at most C requests in flight (see the module docstring).
     """
     runner = _Runner(base_url, requests, send_times, **_defaults(dict(
         offered_rate=offered_rate, model=model, api=api, api_key=api_key,
         request_timeout_s=request_timeout_s, stall_timeout_s=stall_timeout_s, max_in_flight=max_in_flight,
         warmup_s=warmup_s, cooldown_s=cooldown_s, metrics=metrics, sample_interval_s=sample_interval_s,
-        progress=progress, prompt_salt=prompt_salt, engine=engine, stop_when=stop_when)))
+        progress=progress, prompt_salt=prompt_salt, engine=engine, stop_when=stop_when,
+        max_concurrency=max_concurrency)))
     try:
         return asyncio.run(runner.run())
     except (KeyboardInterrupt, asyncio.CancelledError):

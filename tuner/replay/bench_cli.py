@@ -1,0 +1,133 @@
+"""`tune bench --url URL --workload W`: one `vllm bench serve`-style load run against a running server.
+
+Option parsing and printing only; the run is `tuner.replay.client.run_load_http`, the statistics
+`tuner.replay.bench`. Every input is checked before the first request goes out, so a mistake costs no
+load on the server and leaves no `--json` file behind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from tuner.errors import UserError
+
+ARRIVALS = ("poisson", "gamma", "trace")
+
+
+def _percentiles(text: str) -> list[float]:
+    try:
+        out = [float(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise UserError(f"must be comma-separated numbers, got {text!r}", field="--metric-percentiles") from None
+    if not out or not all(0 < p <= 100 for p in out):
+        raise UserError(f"each percentile must be in (0, 100], got {text!r}", field="--metric-percentiles")
+    return out
+
+
+def _check(rate: float | None, arrival: str, burstiness: float, max_concurrency: int | None,
+           json_out: Path | None) -> float:
+    """The rate to run at (vLLM's default: inf, a burst); raises `UserError` on any bad option."""
+    if arrival not in ARRIVALS:
+        raise UserError(f"unknown arrival process {arrival!r} (known: {', '.join(ARRIVALS)})", field="--arrival")
+    if rate is None:
+        rate = math.inf
+    if math.isnan(rate) or rate <= 0:
+        raise UserError(f"must be a number > 0 req/s or inf, got {rate}", field="--request-rate")
+    if not (math.isfinite(burstiness) and burstiness > 0):
+        raise UserError(f"must be a finite number > 0, got {burstiness}", field="--burstiness")
+    if max_concurrency is not None and max_concurrency < 1:
+        raise UserError(f"must be >= 1, got {max_concurrency}", field="--max-concurrency")
+    if json_out is not None and not json_out.parent.is_dir():
+        raise UserError("its folder does not exist", file=json_out, field="--json")
+    return rate
+
+
+def _model_of(url: str, api_key: str | None, model: str | None) -> str:
+    """The model to ask for: `--model`, else the server's first; also the check that `--url` serves."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        r = httpx.get(url.rstrip("/") + "/v1/models", headers=headers, timeout=30)
+        r.raise_for_status()
+        cards = r.json().get("data") or []
+    except (httpx.HTTPError, ValueError, AttributeError) as e:
+        raise UserError(f"cannot read {url.rstrip('/')}/v1/models: {e}", field="--url") from None
+    names = [c.get("id") for c in cards if isinstance(c, dict)]
+    if model is not None:
+        if model not in names:
+            raise UserError(f"the server does not serve {model!r} (it serves: {', '.join(map(str, names))})",
+                            field="--model")
+        return model
+    if not names:
+        raise UserError("the server lists no model in /v1/models", field="--url")
+    return str(names[0])
+
+
+def bench(
+    url: str = typer.Option(..., "--url", help="Base URL of the running server, e.g. http://127.0.0.1:8000."),
+    workload: Path = typer.Option(..., "--workload", "-w", help="Workload file (any supported format)."),
+    model: Optional[str] = typer.Option(None, help="Model to request (default: the server's first)."),
+    api: str = typer.Option("completions", help="completions | chat."),
+    request_rate: Optional[float] = typer.Option(None, "--request-rate", "--rate",
+                                                 help="Requests per second, or inf (default: inf, a burst)."),
+    arrival: str = typer.Option("poisson", help="poisson | gamma | trace (the workload's own timestamps; "
+                                "rescaled to --request-rate if given)."),
+    burstiness: float = typer.Option(1.0, help="gamma: shape of the gaps (1 = Poisson, < 1 burstier)."),
+    max_concurrency: Optional[int] = typer.Option(None, help="Closed loop: at most this many requests in "
+                                                  "flight; a send waits for a free slot."),
+    num_prompts: int = typer.Option(1000, help="Requests to send (the workload's first, cycled)."),
+    seed: int = typer.Option(0, help="Seed of the arrival draws."),
+    slo: Optional[Path] = typer.Option(None, help="SLO YAML: also report goodput (good requests / duration)."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here (vLLM's key names)."),
+    metric_percentiles: str = typer.Option("99", help="Comma-separated percentiles to report (vLLM's default 99)."),
+    request_timeout: float = typer.Option(600.0, help="Seconds before a request counts as failed."),
+    api_key: Optional[str] = typer.Option(None, envvar="VLLM_API_KEY", help="API key (env VLLM_API_KEY)."),
+) -> None:
+    """One load run against a running server, printed as `vllm bench serve` prints it."""
+    from tuner.replay.bench import bench_result, bench_schedule, format_table
+    from tuner.replay.client import run_load_http
+    from tuner.slo import load_slo
+    from tuner.workload.loader import load_workload
+
+    if api not in ("completions", "chat"):
+        raise UserError(f"must be completions or chat, got {api!r}", field="--api")
+    rate = _check(request_rate, arrival, burstiness, max_concurrency, json_out)
+    percentiles = _percentiles(metric_percentiles)
+    the_slo = load_slo(slo) if slo is not None else None
+    wl = load_workload(workload)
+    # a trace without --request-rate keeps its own pace (rate inf here means "no rescaling")
+    reqs, times = bench_schedule(wl, num_prompts, rate, arrival, burstiness, seed)
+    name = _model_of(url, api_key, model)
+    print(f"{len(reqs)} requests to {url} ({name}), "
+          + (f"rate {rate:g} req/s {arrival}" if math.isfinite(rate) else
+             "the trace's timestamps" if arrival == "trace" else "rate inf")
+          + (f", at most {max_concurrency} in flight" if max_concurrency else ""), file=sys.stderr)
+    run = run_load_http(url, reqs, times, offered_rate=rate if math.isfinite(rate) else 0.0, model=name,
+                        api=api, api_key=api_key, request_timeout_s=request_timeout,
+                        stall_timeout_s=request_timeout, metrics=False, max_concurrency=max_concurrency,
+                        max_in_flight=max(2048, len(reqs)))
+    res = bench_result(run, rate=rate, burstiness=burstiness, max_concurrency=max_concurrency, model=name,
+                       api=api, percentiles=percentiles, slo=the_slo)
+    for w in run.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    print(format_table(res, percentiles))
+    if json_out is not None:
+        json_out.write_text(json.dumps(res.model_dump(mode="json"), indent=2) + "\n")
+    if run.interrupted:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    if res.completed == 0:
+        print(f"error: all {res.failed} requests failed" + (f": {res.errors[0]}" if res.errors else ""),
+              file=sys.stderr)
+        sys.exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench")(bench)
