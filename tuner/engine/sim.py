@@ -3,7 +3,8 @@
 Same `Engine`/`Server` contract as real `vllm serve`, so the tuner runs unchanged; a launch that vLLM
 would refuse raises the same classified `LaunchFailure`, and a load run takes milliseconds. Requests are
 turned into what the engine core needs (prompt length, chained block hashes) exactly as the HTTP
-simulator would derive them from the prompt text.
+simulator would derive them from the completions prompt the replay client sends, with the same
+`TokenCounter` (the model's tokenizer.json when `model` is a local folder, else the estimate).
 """
 
 from __future__ import annotations
@@ -18,42 +19,42 @@ from tuner.replay.record import CUT, NOT_SENT, LoadRun
 from tuner.sim.config import ResolvedConfig, resolve
 from tuner.sim.costs import CostParams
 from tuner.sim.engine import EngineCore
-from tuner.sim.tokens import block_hashes, block_hashes_from_ids, count_tokens, tokenize
+from tuner.sim.tokens import (RegexCounter, TokenCounter, block_hashes, block_hashes_from_ids,
+                              token_counter_for)
 from tuner.sim.virtual import SimRequest, run_virtual
 from tuner.workload.model import WorkloadRequest
+from tuner.workload.prompts import request_text
 
 
-def request_shape(req: WorkloadRequest, index: int) -> tuple[int, list[int]]:
+def request_shape(req: WorkloadRequest, index: int, tokens: TokenCounter | None = None
+                  ) -> tuple[int, list[int]]:
     """(prompt tokens, prompt block hashes) of a workload request, as the simulator sees it."""
+    tokens = tokens or RegexCounter()
+    text = request_text(req)
     if req.prefix_hash_ids is not None:
-        n = req.prompt_tokens or count_tokens(_text(req))
+        n = req.prompt_tokens or tokens.count(text or "")
         return n, block_hashes_from_ids(req.prefix_hash_ids, req.hash_block_size, n, unique=index)
-    if req.prompt is not None or req.messages:
-        toks = tokenize(_text(req))
-        return len(toks), block_hashes(toks)
+    if text is not None:
+        ids = tokens.ids(text)
+        return len(ids), block_hashes(ids)
     return req.prompt_tokens, []  # nothing shared: no hashes needed
-
-
-def _text(req: WorkloadRequest) -> str:
-    if req.prompt is not None:
-        return req.prompt
-    return "".join(m.content for m in req.messages or [])
 
 
 class SimServer(Server):
     def __init__(self, cfg: ResolvedConfig, cost_params: CostParams | None, noise: float, seed: int,
-                 token_times: bool = True):
+                 token_times: bool = True, tokens: TokenCounter | None = None):
         self.cfg = cfg
         self.token_times = token_times
+        self.tokens = tokens or RegexCounter()
         self.core = EngineCore(cfg, cost_params, noise=noise, seed=seed, keep_step_times=True)
         self.info = LaunchInfo(kv_cache_tokens=cfg.kv_cache_tokens, max_concurrency=cfg.max_concurrency)
-        self.launch_log = cfg.launch_log()
+        self.launch_log = f"{cfg.launch_log()}\nINFO simulator: token counts: {self.tokens.source}"
         self._shapes: dict[int, tuple[WorkloadRequest, int, list[int]]] = {}
 
     def _shape(self, req: WorkloadRequest, index: int) -> tuple[int, list[int]]:
         hit = self._shapes.get(id(req))
         if hit is None or hit[0] is not req:
-            n, h = request_shape(req, index)
+            n, h = request_shape(req, index, self.tokens)
             hit = self._shapes[id(req)] = (req, n, h)
         return hit[1], hit[2]
 
@@ -145,6 +146,8 @@ class SimEngine(Engine):
         utilisation does not fit), as vLLM's start-up check sees it."""
         self.gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
         self.model = get_model(model) if isinstance(model, str) else model
+        # a local model folder (or its config.json) brings its tokenizer.json; a profile name does not
+        self.tokens = token_counter_for(model if isinstance(model, str) else None)
         self.cost_params = cost_params
         self.noise = noise
         self.seed = seed
@@ -158,4 +161,4 @@ class SimEngine(Engine):
         busy = {} if self.other_used_gib is None else {"other_used_gib": self.other_used_gib}
         cfg = resolve(self.gpu, self.model, knobs, **busy)
         seed = self.launch_seed(knobs) if self.launch_seed else self.seed + self.launches
-        return SimServer(cfg, self.cost_params, self.noise, seed, self.token_times)
+        return SimServer(cfg, self.cost_params, self.noise, seed, self.token_times, self.tokens)

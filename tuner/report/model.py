@@ -83,6 +83,7 @@ class WorkloadRef(BaseModel):
     requests: int
     mean_prompt_tokens: float
     mean_output_tokens: float
+    token_count: str = ""  # how prompt text was counted (the model's tokenizer.json, or an estimate)
 
 
 class Report(BaseModel):

@@ -149,7 +149,8 @@ def blocks(rep: Report, figures: set[str]) -> list[Block]:
                                  "a GPU. See the caveats."))
     out.append(Block("p", f"Model `{rep.model}` on {rep.gpu or 'the local GPU'}, engine `{rep.engine}`. Workload `{w.path}` "
                           f"({w.requests} requests, mean {w.mean_prompt_tokens:.0f} prompt / "
-                          f"{w.mean_output_tokens:.0f} output tokens, {rep.arrival} arrivals). SLO: "
+                          f"{w.mean_output_tokens:.0f} output tokens, {rep.arrival} arrivals"
+                          + (f"; {w.token_count}" if w.token_count else "") + "). SLO: "
                           f"{rep.slo_text} (`{rep.slo_path}`). {len(rep.trials)} trials: "
                           + ", ".join(f"{v} {k.lower()}" for k, v in sorted(c.items())) + "."))
     if rep.status != "tuned":

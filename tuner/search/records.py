@@ -150,6 +150,8 @@ class StudyInfo(BaseModel):
     workload_requests: int
     workload_mean_prompt_tokens: float
     workload_mean_output_tokens: float
+    #: how the workload's prompt text was counted (`tuner.workload.stats.WorkloadStats.token_count`)
+    workload_token_count: str = ""
     slo_path: str
     slo_sha256: str
     slo: dict

@@ -189,13 +189,16 @@ def load_settings(opts: TuneOptions, engine: Engine) -> LoadSettings:
 
 def study_info(opts: TuneOptions, workload: Workload, slo: SLO, space: SearchSpace,
                load: LoadSettings | None = None) -> StudyInfo:
-    from tuner.workload.stats import prompt_length
+    from tuner.sim.tokens import token_counter_for
+    from tuner.workload.stats import prompt_length, token_count_source
 
     reqs = workload.requests
+    tokens = token_counter_for(opts.model)  # the model's tokenizer.json when --model is a local folder
     return StudyInfo(
         workload_path=str(opts.workload), workload_sha256=sha256(opts.workload),
         workload_requests=len(reqs),
-        workload_mean_prompt_tokens=sum(prompt_length(r) for r in reqs) / max(len(reqs), 1),
+        workload_mean_prompt_tokens=sum(prompt_length(r, tokens) for r in reqs) / max(len(reqs), 1),
+        workload_token_count=token_count_source(workload, tokens),
         workload_mean_output_tokens=sum(r.output_tokens for r in reqs) / max(len(reqs), 1),
         slo_path=str(opts.slo), slo_sha256=sha256(opts.slo), slo=slo.model_dump(mode="json"),
         engine=opts.engine, simulated=opts.engine != "vllm", gpu=opts.gpu, model=opts.model,

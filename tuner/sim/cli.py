@@ -151,13 +151,18 @@ def main(argv: Sequence[str] | None = None, prog: str = "tune sim serve") -> int
     ignored = unmodelled(args)
     if ignored:
         print(f"INFO simulator: accepted, not modelled: {' '.join(ignored)}", flush=True)
+    from tuner.sim.tokens import token_counter_for
+
+    tokens = token_counter_for(args.model)
+    print(f"INFO simulator: token counts: {tokens.source}", flush=True)
 
     api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
     names = args.served_model_name or [args.model]
     from tuner.sim.server import run_server
 
     return run_server(cfg, host=args.host, port=args.port, served_names=names, api_key=api_key,
-                      time_scale=args.time_scale, noise=args.noise, seed=args.seed, root=args.model)
+                      time_scale=args.time_scale, noise=args.noise, seed=args.seed, root=args.model,
+                      tokens=tokens)
 
 
 @app.command("serve", add_help_option=False,

@@ -3,10 +3,13 @@
 Kept apart from the engine loop (`tuner.sim.server`) so the loop reads as scheduling and nothing else.
 What matters to clients, and is therefore copied from vLLM rather than simplified:
 
-- Token counts: the prompt is tokenised with `tuner.sim.tokens` (chat messages through a small
-  ChatML-like template first, as vLLM applies the model's chat template), and exactly `max_tokens` tokens
-  come back, one word per token and one SSE event per token, so a client counting chunks counts tokens.
-  The simulator never emits EOS, so `min_tokens` and `ignore_eos` change nothing; `max_tokens` defaults to
+- Token counts: the prompt is tokenised with the server's `tuner.sim.tokens.TokenCounter` (the model's
+  tokenizer.json when it is local, else the estimate). Chat messages go through a small ChatML template
+  first and are then encoded without the tokenizer's special tokens, as vLLM encodes a rendered chat
+  template; the model's own `chat_template` is not applied (no Jinja here), so the count is exact for
+  ChatML models (Qwen, the CI tiny model) and a few tokens per message off for others. Exactly
+  `max_tokens` tokens come back, one word per token and one SSE event per token, so a client counting
+  chunks counts tokens. The simulator never emits EOS, so `min_tokens` and `ignore_eos` change nothing; `max_tokens` defaults to
   16 for both endpoints (vLLM's chat default is "the rest of the context", which a model that never stops
   would take literally).
 - Errors: vLLM's status codes and messages (400 for a context overflow, with `EngineCore.check`'s text;
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 
 from starlette.responses import StreamingResponse
 
-from tuner.sim.tokens import tokenize
+from tuner.sim.tokens import RegexCounter, TokenCounter
 
 DEFAULT_MAX_TOKENS = 16
 DONE = b"data: [DONE]\n\n"
@@ -93,8 +96,10 @@ def _int_field(body: dict, name: str, default: int | None) -> int | None:
     return v
 
 
-def parse_request(raw: bytes, *, chat: bool, served: tuple[str, ...]) -> ParsedRequest:
+def parse_request(raw: bytes, *, chat: bool, served: tuple[str, ...],
+                  tokens: TokenCounter | None = None) -> ParsedRequest:
     """Validate a `/v1/completions` or `/v1/chat/completions` body; raise `BadRequest` as vLLM would."""
+    tokens = tokens or RegexCounter()
     try:
         body = json.loads(raw or b"{}")
     except ValueError as e:
@@ -111,11 +116,11 @@ def parse_request(raw: bytes, *, chat: bool, served: tuple[str, ...]) -> ParsedR
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise BadRequest("messages must be a non-empty list", param="messages")
-        ids = tokenize(render_chat(messages))
+        ids = tokens.ids(render_chat(messages), special_tokens=False)
         name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
         max_tokens = _int_field(body, name, DEFAULT_MAX_TOKENS)
     else:
-        ids = _prompt_ids(body.get("prompt"))
+        ids = _prompt_ids(body.get("prompt"), tokens)
         max_tokens = _int_field(body, "max_tokens", DEFAULT_MAX_TOKENS)
     if max_tokens < 1:
         raise BadRequest(f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
@@ -129,12 +134,12 @@ def parse_request(raw: bytes, *, chat: bool, served: tuple[str, ...]) -> ParsedR
                          include_usage=bool(opts.get("include_usage")))
 
 
-def _prompt_ids(prompt) -> list[int]:
+def _prompt_ids(prompt, tokens: TokenCounter) -> list[int]:
     """Token ids of a completions prompt: text, token ids, or a one-element list of either."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return tokenize(prompt)
+        return tokens.ids(prompt)
     if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return list(prompt)
     raise BadRequest("prompt must be a string, a list of token ids, or a one-element list of either "

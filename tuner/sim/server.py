@@ -38,7 +38,7 @@ from tuner.sim.config import ResolvedConfig
 from tuner.sim.engine import EngineCore, Seq
 from tuner.sim.protocol import (UNAUTHORIZED, BadRequest, Renderer, WatchedStream, parse_request,
                                 sse_body, wait_done_or_gone)
-from tuner.sim.tokens import block_hashes
+from tuner.sim.tokens import TokenCounter, block_hashes
 from tuner.sim.vllm_metrics import (ITERATION_TOKENS_BUCKETS, ITL_BUCKETS, REQUEST_LATENCY_BUCKETS,
                                     TTFT_BUCKETS, tokens_buckets)
 
@@ -302,8 +302,9 @@ class EngineLoop:
 
 
 def build_app(loop: EngineLoop, *, served_names: Sequence[str], api_key: str | None = None,
-              root: str | None = None) -> Starlette:
-    """The Starlette app: vLLM's endpoints over `loop`. `served_names[0]` labels the metrics."""
+              root: str | None = None, tokens: TokenCounter | None = None) -> Starlette:
+    """The Starlette app: vLLM's endpoints over `loop`. `served_names[0]` labels the metrics; `tokens`
+    counts prompts (default: the estimate)."""
     served = tuple(served_names)
     cfg = loop.cfg
     auth = f"Bearer {api_key}" if api_key else None
@@ -334,7 +335,7 @@ def build_app(loop: EngineLoop, *, served_names: Sequence[str], api_key: str | N
         if denied:
             return denied
         try:
-            p = parse_request(await request.body(), chat=chat, served=served)
+            p = parse_request(await request.body(), chat=chat, served=served, tokens=tokens)
             err = loop.check(len(p.prompt_ids), p.max_tokens)
             if err:
                 raise BadRequest(err)
@@ -374,12 +375,12 @@ def build_app(loop: EngineLoop, *, served_names: Sequence[str], api_key: str | N
 
 def run_server(cfg: ResolvedConfig, *, host: str, port: int, served_names: Sequence[str],
                api_key: str | None = None, time_scale: float = 1.0, noise: float = 0.0, seed: int = 0,
-               root: str | None = None) -> int:
+               root: str | None = None, tokens: TokenCounter | None = None) -> int:
     """Serve until SIGINT/SIGTERM; the exit code (1 when the port could not be bound)."""
     import uvicorn
 
     loop = EngineLoop(cfg, time_scale=time_scale, noise=noise, seed=seed, model_name=served_names[0])
-    app = build_app(loop, served_names=served_names, api_key=api_key, root=root)
+    app = build_app(loop, served_names=served_names, api_key=api_key, root=root, tokens=tokens)
     print(f"INFO [api_server.py] Starting simulated vLLM API server on http://{host}:{port} "
           f"({cfg.gpu.name}, {cfg.model.name}, time scale {time_scale:g})", flush=True)
     # access logs off: a line per request would cost more CPU than the simulation on a small machine;

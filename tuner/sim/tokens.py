@@ -1,17 +1,32 @@
-"""The simulator's tokenizer and vLLM-style prefix block hashing.
+"""Token counts and ids for the simulator, and vLLM-style prefix block hashing.
 
-The simulator has no model vocabulary, so it counts a token per GPT-2-style pre-token (a word with its
-leading space, or a run of punctuation). Prompts the replay client synthesises are built from common
-English words that real BPE tokenizers keep whole, so this count and a real tokenizer's agree within a few
-percent. Block hashes chain like vLLM's: block i's hash covers its 16 tokens and the hash of block i-1, so
-two prompts share cached blocks exactly as far as their token prefixes agree.
+vLLM counts a prompt with the model's own tokenizer, and how far any other count is off depends on both
+the text and the tokenizer: a vLLM-bench "random" prompt of 512 tokens of the CI tiny model (decoded random
+token ids, mostly sub-word pieces glued together) is about 170 GPT-2-style pre-tokens, while a prompt made
+of common English words is one pre-token per real token (`benchmarks/token_counts.py` prints both). So the
+count comes from one place, a `TokenCounter`:
+
+- `token_counter_for(model)` reads `tokenizer.json` next to the model (a local folder, or the folder of a
+  `config.json`) with the `tokenizers` library: exact ids and counts, as vLLM's tokenizer would give for a
+  completions prompt (special tokens such as a BOS added by the tokenizer's post-processor included).
+- otherwise the estimate: a token per GPT-2-style pre-token (a word with its leading space, or a run of
+  punctuation), ids being crc32s of the pre-tokens. No hub access: a model given by hub id is estimated.
+
+Both in-process (`tuner.engine.sim`) and HTTP (`tuner.sim.server`) simulators, and the workload
+statistics, take their counter from here and say which one was used (`TokenCounter.source`).
+
+Block hashes chain like vLLM's: block i's hash covers its 16 token ids and the hash of block i-1, so two
+prompts share cached blocks exactly as far as their token prefixes agree.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import zlib
-from typing import Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Protocol, Sequence
 
 _PRETOKEN = re.compile(r" ?[A-Za-z0-9_]+| ?[^\sA-Za-z0-9_]+|\s+")
 
@@ -24,7 +39,79 @@ def tokenize(text: str) -> list[int]:
 
 
 def count_tokens(text: str) -> int:
+    """The estimate: one token per pre-token (for callers that know no model)."""
     return len(_PRETOKEN.findall(text))
+
+
+ESTIMATE = "estimated: ~1 token per word-piece; pass a local model folder with tokenizer.json for exact counts"
+
+
+class TokenCounter(Protocol):
+    #: how the counts were made, in words, for logs, workload statistics and reports
+    source: str
+    exact: bool
+
+    def ids(self, text: str, *, special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`; `special_tokens=False` for text a chat template already rendered (vLLM
+        encodes that without adding the tokenizer's own special tokens again)."""
+        ...
+
+    def count(self, text: str) -> int: ...
+
+
+class RegexCounter:
+    """The estimate, for a model with no local tokenizer.json."""
+
+    source = ESTIMATE
+    exact = False
+
+    def ids(self, text: str, *, special_tokens: bool = True) -> list[int]:
+        return tokenize(text)
+
+    def count(self, text: str) -> int:
+        return count_tokens(text)
+
+
+class TokenizerFileCounter:
+    """Exact counts from a model's `tokenizer.json` (the `tokenizers` library: no hub, no transformers)."""
+
+    exact = True
+
+    def __init__(self, path: str | os.PathLike):
+        from tokenizers import Tokenizer
+
+        self.path = Path(path)
+        self._tok = Tokenizer.from_file(str(self.path))
+        self.source = f"tokens counted with {self.path}"
+
+    def ids(self, text: str, *, special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=special_tokens).ids
+
+    def count(self, text: str) -> int:
+        return len(self.ids(text))
+
+
+def tokenizer_file(model: str | os.PathLike | None) -> Path | None:
+    """The `tokenizer.json` of a model reference: a folder holding one, or a file (its `config.json`)
+    whose folder does; None for a built-in profile name, a hub id or a folder without one."""
+    if not model:
+        return None
+    p = Path(model).expanduser()
+    folder = p if p.is_dir() else p.parent if p.is_file() else None
+    if folder is None or not (folder / "tokenizer.json").is_file():
+        return None
+    return (folder / "tokenizer.json").resolve()
+
+
+@lru_cache(maxsize=8)
+def _file_counter(path: Path) -> TokenizerFileCounter:
+    return TokenizerFileCounter(path)  # loading a large vocabulary takes a while: once per process
+
+
+def token_counter_for(model: str | os.PathLike | None) -> TokenCounter:
+    """The counter for `--model`: the model's tokenizer.json when it is local, else the estimate."""
+    path = tokenizer_file(model)
+    return RegexCounter() if path is None else _file_counter(path)
 
 
 def block_hashes(tokens: Sequence[int], block_size: int = BLOCK_SIZE) -> list[int]:

@@ -57,6 +57,7 @@ def _render(s: WorkloadStats, console: Console) -> None:
                             ("output", s.output_tokens, s.total_output_tokens)):
         t.add_row(label, *(f"{v:.0f}" for v in (d.mean, d.p50, d.p90, d.p99, d.min, d.max)), str(total))
     console.print(t)
+    console.print(f"token counts: {s.token_count}", highlight=False)
     if s.block_reuse is None:
         console.print("shared prefix: unknown (no prompt text or prefix hash ids)")
     else:
@@ -82,11 +83,15 @@ def inspect(
     skip_invalid: bool = typer.Option(False, "--skip-invalid", help="Skip bad lines (they are counted)."),
     as_json: bool = typer.Option(False, "--json", help="Print the statistics as JSON."),
     slo: Optional[Path] = typer.Option(None, "--slo", help="Also check this SLO file."),
+    model: Optional[str] = typer.Option(None, "--model", help="A local model folder (or its config.json) "
+                                        "with tokenizer.json: count prompt text with its tokenizer."),
 ) -> None:
     """Counts, length percentiles, prefix sharing and arrival rate of a workload file."""
+    from tuner.sim.tokens import token_counter_for
+
     w = load_workload(file, format=format, skip_invalid=skip_invalid)
     checked = load_slo(slo) if slo is not None else None
-    s = describe(w)
+    s = describe(w, token_counter_for(model))
     for line in w.skipped[:_MAX_SKIPPED_SHOWN]:
         print(f"skipped: {line}", file=sys.stderr)
     if len(w.skipped) > _MAX_SKIPPED_SHOWN:

@@ -4,8 +4,15 @@ Most traces give only token counts, so text must be synthesised. Two properties 
 
 - Length: a real server must see about `prompt_tokens` tokens. Text is built from common English words
   with a leading space (" the", " people"), which GPT-2, Llama-3 and Qwen BPE vocabularies keep as one
-  token each and never merge across words, and which `tuner.sim.tokens.count_tokens` counts as exactly one
-  token each. So the simulator's count is exact and a real tokenizer's is within a few percent.
+  token each and never merge across words, and which `tuner.sim.tokens.count_tokens` (the estimate)
+  counts as exactly one token each. The text does not adapt to a tokenizer: it hits N exactly for one that
+  keeps every word whole, and is longer for one that splits some. Measured with
+  `benchmarks/token_counts.py` on the CI tiny model's tokenizer.json (vocabulary 3,274, trained on these
+  words): `synth --kind chat` prompts, mean 509 tokens asked, are 509.3 real tokens (estimate 509.3) as
+  completions text and 520.3 (estimate 523.3) as ChatML chat messages. The estimate is far off on other
+  text: vLLM-bench random prompts of 128 / 512 / 2048 real tokens (decoded random token ids) estimate
+  to 52 / 302 / 1008. With `--model` a local folder holding tokenizer.json, the simulators count the
+  text with that tokenizer (`tuner.sim.tokens.token_counter_for`), so they see what vLLM would.
 - Reuse: a trace's `prefix_hash_ids` say which `hash_block_size`-token blocks are shared. Block k's words
   are drawn from a generator seeded by its id, so equal ids render equal text at equal positions and a
   prefix cache (vLLM's or the simulator's, both hashing chained 16-token blocks) hits exactly as the trace
@@ -106,6 +113,17 @@ def synthesize_prompt(prompt_tokens: int, index: int, *, prefix_hash_ids: list[i
     return "".join(parts)
 
 
+def request_text(req: WorkloadRequest) -> str | None:
+    """The text a completions request of `req` carries when the workload gives text: its prompt, else its
+    messages' contents joined by newlines; None when only token counts are given. The replay client sends
+    this, and the in-process simulator and the workload statistics count it, so all three agree."""
+    if req.prompt is not None:
+        return req.prompt
+    if req.messages:
+        return "\n".join(m.content for m in req.messages)
+    return None
+
+
 def render_prompt(req: WorkloadRequest, index: int, *, salt: int | str = 0) -> str:
     """The completion prompt for request `index` of a workload.
 
@@ -113,10 +131,9 @@ def render_prompt(req: WorkloadRequest, index: int, *, salt: int | str = 0) -> s
     synthesised from `prompt_tokens`. `salt` changes only the request-unique part, so repeated load runs
     against one server do not hit each other's cached blocks while shared trace prefixes still do.
     """
-    if req.prompt is not None:
-        return req.prompt
-    if req.messages:
-        return "\n".join(m.content for m in req.messages)
+    text = request_text(req)
+    if text is not None:
+        return text
     assert req.prompt_tokens is not None  # guaranteed by WorkloadRequest's validator
     return synthesize_prompt(req.prompt_tokens, index, prefix_hash_ids=req.prefix_hash_ids,
                              hash_block_size=req.hash_block_size, salt=salt)

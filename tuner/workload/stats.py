@@ -4,6 +4,9 @@ Prompt lengths drive prefill and KV demand, output lengths drive decode time and
 (r_inst = T_out / mean output tokens), shared prefixes decide whether prefix caching matters, and a trace's
 own rate and burstiness say how hard it pushes. `describe` computes them once for `tune workload inspect`
 and for anyone (reports, the search) that wants them.
+
+Prompt text is counted with a `tuner.sim.tokens.TokenCounter`: the model's own tokenizer.json when one is
+known, else an estimate whose error depends on the text (see `tuner.sim.tokens`); `token_count` says which.
 """
 
 from __future__ import annotations
@@ -14,8 +17,12 @@ from collections import Counter
 import numpy as np
 from pydantic import BaseModel
 
-from tuner.sim.tokens import block_hashes, count_tokens, tokenize
+from tuner.sim.tokens import RegexCounter, TokenCounter, block_hashes
 from tuner.workload.model import Workload, WorkloadRequest
+from tuner.workload.prompts import request_text
+
+#: `WorkloadStats.token_count` when no prompt text had to be counted
+GIVEN_COUNTS = "prompt tokens as given in the workload file"
 
 
 class Distribution(BaseModel):
@@ -59,18 +66,25 @@ class WorkloadStats(BaseModel):
     arrival_rate: float | None = None
     interarrival_cv: float | None = None  # 1 for Poisson, > 1 bursty
     prompt_histogram: list[HistogramBin]
+    # how prompt text was counted: "tokens counted with <folder>/tokenizer.json", the estimate, or given
+    token_count: str = GIVEN_COUNTS
 
 
-def prompt_length(r: WorkloadRequest) -> int:
-    """Prompt tokens as given, else counted from the text with the simulator's tokenizer."""
+def prompt_length(r: WorkloadRequest, tokens: TokenCounter | None = None) -> int:
+    """Prompt tokens as given, else counted from the text (default: the estimate), as the simulator
+    counts the completions prompt the replay client sends."""
     if r.prompt_tokens is not None:
         return r.prompt_tokens
-    if r.prompt is not None:
-        return count_tokens(r.prompt)
-    return sum(count_tokens(m.content) for m in r.messages or [])
+    return (tokens or RegexCounter()).count(request_text(r) or "")
 
 
-def _chain(r: WorkloadRequest) -> list[int] | None:
+def token_count_source(workload: Workload, tokens: TokenCounter | None = None) -> str:
+    """What `prompt_length` used for this workload: the counter's description, or given counts."""
+    counted = any(r.prompt_tokens is None for r in workload.requests)
+    return (tokens or RegexCounter()).source if counted else GIVEN_COUNTS
+
+
+def _chain(r: WorkloadRequest, tokens: TokenCounter) -> list[int] | None:
     """Chained keys of the prompt's blocks (equal key = equal prefix up to and including that block)."""
     if r.prefix_hash_ids:
         out, parent = [], 0
@@ -78,15 +92,16 @@ def _chain(r: WorkloadRequest) -> list[int] | None:
             parent = hash((parent, r.hash_block_size, i))
             out.append(parent)
         return out
-    text = r.prompt if r.prompt is not None else "\n".join(m.content for m in r.messages or []) or None
+    text = request_text(r) or None
     if text is None:
         return None
-    return block_hashes(tokenize(text))
+    return block_hashes(tokens.ids(text))
 
 
-def prefix_sharing(workload: Workload) -> tuple[float, float] | None:
+def prefix_sharing(workload: Workload, tokens: TokenCounter | None = None) -> tuple[float, float] | None:
     """(block reuse fraction, fraction of requests sharing a first block), None if prompts are unknown."""
-    chains = [_chain(r) for r in workload.requests]
+    tokens = tokens or RegexCounter()
+    chains = [_chain(r, tokens) for r in workload.requests]
     if any(c is None for c in chains):
         return None
     seen: set[int] = set()
@@ -113,10 +128,11 @@ def histogram(values: list[int], max_bins: int = 12) -> list[HistogramBin]:
     return [HistogramBin(lo=a, hi=b, count=int(c)) for a, b, c in zip(edges, edges[1:], counts)]
 
 
-def describe(workload: Workload) -> WorkloadStats:
-    prompts = [prompt_length(r) for r in workload.requests]
+def describe(workload: Workload, tokens: TokenCounter | None = None) -> WorkloadStats:
+    """The statistics; prompt text is counted with `tokens` (default: the estimate)."""
+    prompts = [prompt_length(r, tokens) for r in workload.requests]
     outputs = [r.output_tokens for r in workload.requests]
-    sharing = prefix_sharing(workload)
+    sharing = prefix_sharing(workload, tokens)
     tenants = {r.tenant for r in workload.requests if r.tenant is not None}
     duration = rate = cv = None
     if workload.has_arrivals and len(workload.requests) > 1:
@@ -133,4 +149,5 @@ def describe(workload: Workload) -> WorkloadStats:
         total_output_tokens=int(sum(outputs)), tenants=len(tenants) or None,
         block_reuse=sharing[0] if sharing else None,
         requests_sharing_prefix=sharing[1] if sharing else None,
-        duration_s=duration, arrival_rate=rate, interarrival_cv=cv, prompt_histogram=histogram(prompts))
+        duration_s=duration, arrival_rate=rate, interarrival_cv=cv, prompt_histogram=histogram(prompts),
+        token_count=token_count_source(workload, tokens))
