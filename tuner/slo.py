@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tuner.errors import UserError
+from tuner.inputs import parse_yaml, read_text, yaml_line
 from tuner.replay.record import TOOL_CAUSES, LoadRun, RequestRecord
 from tuner.workload._validation import first_error
 
@@ -32,8 +32,8 @@ class Threshold(BaseModel):
     """`metric <= max_ms` at `percentile` (the percentile only sets the default attainment target)."""
 
     model_config = ConfigDict(extra="forbid")
-    max_ms: float = Field(gt=0, allow_inf_nan=False)
-    percentile: float = Field(default=99.0, gt=0, le=100)
+    max_ms: float = Field(gt=0, allow_inf_nan=False, strict=True)
+    percentile: float = Field(default=99.0, gt=0, le=100, strict=True)
 
 
 def _normalize(data: Any) -> tuple[Any, dict[str, str]]:
@@ -69,10 +69,11 @@ class SLO(BaseModel):
     itl: Threshold | None = None
     e2el: Threshold | None = None
     # Fraction of requests that must be good. Default: the strictest threshold percentile / 100.
-    target: float | None = Field(default=None, gt=0, le=1)
-    peak_rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    headroom: float = Field(default=0.7, gt=0, le=1)
-    price_per_gpu_hour: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    # strict: a number is written as a number (`true` is not 1 and "300" is not 300)
+    target: float | None = Field(default=None, gt=0, le=1, strict=True)
+    peak_rate: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True)
+    headroom: float = Field(default=0.7, gt=0, le=1, strict=True)
+    price_per_gpu_hour: float | None = Field(default=None, ge=0, allow_inf_nan=False, strict=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -96,38 +97,10 @@ class SLO(BaseModel):
         return f"{', '.join(parts)}; target {self.target:g}"
 
 
-def _yaml_line(root: yaml.Node | None, path: list[str]) -> int | None:
-    """Line of the deepest key of `path` found in the composed YAML, for `file:line` errors."""
-    line, node = None, root
-    for part in path:
-        if not isinstance(node, yaml.MappingNode):
-            break
-        for k, v in node.value:
-            if getattr(k, "value", None) == part:
-                line, node = k.start_mark.line + 1, v
-                break
-        else:
-            break
-    return line
-
-
 def load_slo(path: str | Path) -> SLO:
     """Read an SLO YAML file; any mistake is a `UserError` naming the file, line and field."""
     p = Path(path)
-    if not p.exists():
-        raise UserError("no such file", file=p)
-    if p.is_dir():
-        raise UserError("is a directory, not an SLO file", file=p)
-    try:
-        text = p.read_text(encoding="utf-8")
-        root = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except UnicodeDecodeError as e:
-        raise UserError(f"not UTF-8 text (byte {e.start})", file=p) from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise UserError(f"invalid YAML: {problem}", file=p, line=mark.line + 1 if mark else None) from None
+    data, root = parse_yaml(read_text(p, "SLO file"), p)
     if data is None:
         raise UserError("empty SLO file", file=p)
     if not isinstance(data, dict):
@@ -141,7 +114,7 @@ def load_slo(path: str | Path) -> SLO:
     except ValidationError as e:
         field, msg = first_error(e)
         if field is not None:
-            line = _yaml_line(root, [origin.get(field, field.split(".")[0])] +
+            line = yaml_line(root, [origin.get(field, field.split(".")[0])] +
                               ([] if field in origin else field.split(".")[1:]))
             field = origin.get(field, field)
         else:

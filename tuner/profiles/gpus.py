@@ -9,27 +9,38 @@ from __future__ import annotations
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner.errors import UserError
+from tuner.inputs import looks_like_path, parse_yaml, read_text, yaml_line
+from tuner.workload._validation import first_error
 
 GIB = 1024 ** 3
 
 
+DENSE = ("dense peak tensor-core TFLOPS, no 2:4 sparsity (datasheets print the sparse figure, twice this, "
+         "first)")
+
+
 class GPUProfile(BaseModel):
+    """The numbers of one GPU the cost model uses. FLOPS are *dense*: a datasheet's headline figure is
+    often with 2:4 sparsity, twice the dense one, and would make every simulated GPU twice too fast."""
+
     model_config = ConfigDict(extra="forbid")
 
     key: str = ""
-    name: str
-    aliases: list[str] = Field(default_factory=list)
-    memory_gib: float = Field(gt=0)
-    bandwidth_gbs: float = Field(gt=0)
-    bf16_tflops: float = Field(gt=0)
-    fp8_tflops: float = Field(gt=0)
-    fp8_native: bool
-    compute_capability: float = 8.0
+    name: str = Field(description="the GPU's name as nvidia-smi prints it")
+    aliases: list[str] = Field(default_factory=list, description="other names --gpu accepts for it")
+    memory_gib: float = Field(gt=0, strict=True, description="total memory in GiB, as torch reports it")
+    bandwidth_gbs: float = Field(gt=0, strict=True, description="memory bandwidth, GB/s")
+    bf16_tflops: float = Field(gt=0, strict=True, description=f"BF16 {DENSE}")
+    fp8_tflops: float = Field(gt=0, strict=True, description=f"FP8 {DENSE}; without FP8 tensor cores, "
+                              "the BF16 figure")
+    fp8_native: bool = Field(strict=True, description="has FP8 tensor cores (compute capability >= 8.9)")
+    compute_capability: float = Field(default=8.0, gt=0, strict=True)
     source: str = ""
 
     @property
@@ -46,18 +57,37 @@ class GPUProfile(BaseModel):
         return "A100" in self.name
 
 
-def _parse(data: dict, where: str) -> dict[str, GPUProfile]:
+def _parse(data: Any, where: str, root: Any = None) -> dict[str, GPUProfile]:
+    """Profiles keyed by their top-level key; a file holding one profile's fields without a key is read
+    as that one profile, keyed by the file's name."""
+    if not isinstance(data, dict) or not data:
+        raise UserError("expected a mapping of GPU key -> profile (see tuner/profiles/data/gpus.yaml)",
+                        file=where, line=1)
+    flat = "name" in data and not isinstance(data["name"], dict)  # one bare profile, no key above it
+    if flat:
+        data = {Path(where).stem: data}
     out = {}
-    if not isinstance(data, dict):
-        raise UserError("expected a mapping of GPU key -> profile", file=where)
     for key, body in data.items():
+        path = [] if flat else [str(key)]
+        if not isinstance(body, dict):
+            raise UserError(f"expected the profile's fields ({', '.join(FIELDS)}), got "
+                            f"{type(body).__name__}", file=where, line=yaml_line(root, path),
+                            field=str(key))
         try:
-            out[key] = GPUProfile(key=key, **(body or {}))
-        except (ValidationError, TypeError) as e:
-            err = e.errors()[0] if isinstance(e, ValidationError) else {"loc": (), "msg": str(e)}
-            field = ".".join(str(x) for x in (key, *err["loc"]))
-            raise UserError(err["msg"], file=where, field=field) from None
+            out[str(key)] = GPUProfile(**{**body, "key": str(key)})
+        except ValidationError as e:
+            field, msg = first_error(e)
+            if msg == "unknown field":
+                msg += f" (known: {', '.join(FIELDS)})"
+            elif field in ("bf16_tflops", "fp8_tflops"):
+                msg += f" ({DENSE})"
+            line = yaml_line(root, [*path, *(field or "").split(".")]) if field else yaml_line(root, path)
+            raise UserError(msg, file=where, line=line,
+                            field=field if flat else f"{key}.{field}" if field else str(key)) from None
     return out
+
+
+FIELDS = [f for f in GPUProfile.model_fields if f != "key"]
 
 
 @lru_cache(maxsize=1)
@@ -66,17 +96,47 @@ def builtin_gpus() -> dict[str, GPUProfile]:
     return _parse(yaml.safe_load(text), "gpus.yaml")
 
 
-def get_gpu(name: str) -> GPUProfile:
-    """A built-in GPU by key or alias (case-insensitive), or a user's YAML file with one profile."""
-    path = Path(name)
-    if name.endswith((".yaml", ".yml")):
-        if not path.exists():
-            raise UserError("no such file", file=name)
-        profiles = _parse(yaml.safe_load(path.read_text()), name)
-        return next(iter(profiles.values()))
+#: Profiles loaded from users' files in this process, by key: after `get_gpu("my-gpu.yaml")`, its key and
+#: aliases name it too (a report or plan reading a stored study can say `--gpu my-gpu`).
+_USER_GPUS: dict[str, GPUProfile] = {}
+
+
+def _find(name: str, profiles: dict[str, GPUProfile]) -> GPUProfile | None:
     want = name.lower()
-    for key, gpu in builtin_gpus().items():
+    for key, gpu in profiles.items():
         if want == key.lower() or want in (a.lower() for a in gpu.aliases) or want == gpu.name.lower():
             return gpu
+    return None
+
+
+def load_gpu_file(path: str | Path) -> GPUProfile:
+    """The one profile in a user's YAML file, registered under its key and aliases."""
+    where = str(path)
+    data, root = parse_yaml(read_text(path, "GPU profile file", field="--gpu"), where)
+    profiles = _parse(data, where, root)
+    if len(profiles) > 1:
+        raise UserError(f"holds {len(profiles)} profiles ({', '.join(profiles)}): keep one per file (--gpu "
+                        "names one GPU)", file=where, line=1)
+    gpu = next(iter(profiles.values()))
+    for n in [gpu.key, *gpu.aliases]:
+        clash = _find(n, builtin_gpus())
+        if clash is not None and clash != gpu.model_copy(update={"key": clash.key}):
+            raise UserError(f"{n!r} already names the built-in {clash.key} ({clash.name}): give your "
+                            "profile another key and aliases", file=where, line=yaml_line(root, [gpu.key]))
+    _USER_GPUS[gpu.key] = gpu
+    return gpu
+
+
+def get_gpu(name: str) -> GPUProfile:
+    """A built-in GPU by key or alias (case-insensitive), a user's profile loaded earlier (by key or
+    alias), or a user's YAML file with one profile."""
+    path = Path(name).expanduser()
+    if path.is_file() or (looks_like_path(name) and not _find(name, {**builtin_gpus(), **_USER_GPUS})):
+        return load_gpu_file(name)
+    gpu = _find(name, builtin_gpus()) or _find(name, _USER_GPUS)
+    if gpu is not None:
+        return gpu
+    if path.is_dir():
+        raise UserError("is a directory, not a GPU profile file", file=name, field="--gpu")
     known = ", ".join(builtin_gpus())
-    raise UserError(f"unknown GPU {name!r} (built-in: {known}; or pass a profile .yaml)", field="--gpu")
+    raise UserError(f"unknown GPU {name!r} (built-in: {known}; or a profile .yaml file)", field="--gpu")

@@ -10,16 +10,21 @@ import json
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tuner.errors import UserError
+from tuner.inputs import read_text
+from tuner.workload._validation import first_error
 
 # Bytes per weight of a quantized linear layer, and the extra GEMM work the dequantisation adds once the
 # batch is large enough to be compute-bound (Marlin-style W4A16 kernels lose their edge past ~32 tokens).
-QUANT_BYTES = {None: 2.0, "awq": 0.5 + 2.5 / 128, "gptq": 0.5 + 2.5 / 128, "fp8": 1.0}
-QUANT_DEQUANT_FACTOR = {None: 1.0, "awq": 1.35, "gptq": 1.35, "fp8": 1.0}
+# "int4" is any other 4-bit integer weight-only checkpoint (compressed-tensors W4A16, ModelOpt INT4-AWQ):
+# vLLM runs it with the same Marlin kernels as GPTQ, so it costs what GPTQ costs.
+QUANT_BYTES = {None: 2.0, "awq": 0.5 + 2.5 / 128, "gptq": 0.5 + 2.5 / 128, "int4": 0.5 + 2.5 / 128, "fp8": 1.0}
+QUANT_DEQUANT_FACTOR = {None: 1.0, "awq": 1.35, "gptq": 1.35, "int4": 1.35, "fp8": 1.0}
 KV_DTYPE_BYTES = {"auto": 2.0, "bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "fp8_e4m3": 1.0,
                   "fp8_e5m2": 1.0}
 
@@ -35,11 +40,17 @@ class ModelProfile(BaseModel):
     head_dim: int | None = None
     intermediate_size: int
     vocab_size: int
-    max_position_embeddings: int = 4096
+    max_position_embeddings: int = 4096  # the longest context vLLM allows (after RoPE scaling)
+    default_max_model_len: int | None = None  # vLLM's default when shorter (LongRoPE: the original length)
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     quantization: str | None = None  # of the checkpoint itself (AWQ/GPTQ); fp8 is an online choice
     source: str = ""
+
+    @property
+    def default_len(self) -> int:
+        """`--max-model-len` when unset, as vLLM derives it."""
+        return self.default_max_model_len or self.max_position_embeddings
 
     @property
     def kv_heads(self) -> int:
@@ -93,6 +104,8 @@ def _family(q: str | None) -> str | None:
     if q is None:
         return None
     q = q.lower()
+    if q == "int4":
+        return q
     for fam in ("awq", "gptq", "fp8"):
         if q.startswith(fam) or (fam == "fp8" and q == "compressed-tensors"):
             return fam
@@ -127,26 +140,107 @@ def _aliases() -> dict[str, str]:
     return out
 
 
+#: RoPE types whose config already gives the scaled length in `max_position_embeddings` (vLLM 0.32,
+#: `_get_and_verify_max_len` in vllm/config/model.py): for these the factor is not applied again.
+ROPE_PRESCALED = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
+def derived_max_len(cfg: dict) -> tuple[int | None, int | None]:
+    """(longest context, default context) of an HF config as vLLM 0.32 derives them: the
+    `max_position_embeddings` times the RoPE scaling factor, except for the types in `ROPE_PRESCALED`
+    (YaRN, Llama-3, LongRoPE write the scaled length there already) and Gemma 3; LongRoPE defaults to
+    `original_max_position_embeddings` (long positions cost quality below it)."""
+    mpe = cfg.get("max_position_embeddings")
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+    if not isinstance(mpe, int) or isinstance(mpe, bool) or not isinstance(rope, dict):
+        return mpe, None
+    params = [p for p in rope.values() if isinstance(p, dict)] if all(
+        isinstance(p, dict) for p in rope.values()) and rope else [rope]
+    factor, longrope = 1.0, False
+    for rp in params:
+        kind = rp.get("rope_type", rp.get("type", "default"))
+        longrope |= kind in ("longrope", "su")
+        if kind not in ROPE_PRESCALED:
+            factor = rp.get("factor", factor) or 1.0
+    if "gemma3" in str(cfg.get("model_type", "")):
+        factor = 1.0
+    longest = int(mpe * factor)
+    default = cfg.get("original_max_position_embeddings") if longrope else None
+    return longest, default if isinstance(default, int) and default < longest else None
+
+
+def checkpoint_quantization(qc: Any, where: str) -> str | None:
+    """The weight precision the cost model knows (`QUANT_BYTES`) of a pre-quantized checkpoint's
+    `quantization_config`, or a `UserError`: a checkpoint simulated as 16-bit when it is not would
+    get the memory and the speed of another model."""
+    if not qc:
+        return None
+    if not isinstance(qc, dict):
+        raise UserError("must be a mapping", file=where, field="quantization_config")
+    method = str(qc.get("quant_method", "")).lower()
+    field = "quantization_config.quant_method"
+    if method in ("awq", "gptq"):
+        bits = qc.get("bits", qc.get("w_bit", 4))
+        if bits == 4:
+            return method
+        field, method = "quantization_config.bits", f"{method} with {bits}-bit weights"
+    elif method in ("fp8", "fbgemm_fp8"):
+        return "fp8"
+    elif method == "compressed-tensors":
+        weights = [g.get("weights") or {} for g in (qc.get("config_groups") or {}).values() if isinstance(g, dict)]
+        kinds = {(w.get("type"), w.get("num_bits")) for w in weights if isinstance(w, dict)}
+        if kinds == {("float", 8)}:
+            return "fp8"
+        if kinds == {("int", 4)}:
+            return "int4"
+        field = "quantization_config.config_groups"
+        method += " with " + (", ".join(f"{t} {b}-bit" for t, b in sorted(kinds, key=str)) or "no weight groups")
+    elif method == "modelopt":
+        algo = str(qc.get("quant_algo") or (qc.get("quantization") or {}).get("quant_algo") or "").upper()
+        if algo == "FP8":
+            return "fp8"
+        if algo in ("W4A16_AWQ", "INT4_AWQ"):
+            return "int4"
+        field, method = "quantization_config.quant_algo", f"modelopt {algo or '(no quant_algo)'}"
+    raise UserError(f"{method or 'an unnamed method'} is not supported by the simulator's cost model "
+                    "(supported: AWQ/GPTQ 4-bit, FP8, compressed-tensors FP8 or INT4 weights, modelopt FP8 "
+                    "or INT4-AWQ)", file=where, field=field)
+
+
 def load_hf_config(path: str | Path) -> ModelProfile:
     """A user's model: a local `config.json` or a model folder containing one."""
-    p = Path(path)
+    p = Path(path).expanduser()
     if p.is_dir():
         p = p / "config.json"
-    if not p.exists():
-        raise UserError("no such file", file=str(p))
+    text = read_text(p, "config.json", field="--model")
     try:
-        cfg = json.loads(p.read_text())
+        cfg = json.loads(text)
     except json.JSONDecodeError as e:
         raise UserError(f"not valid JSON: {e.msg}", file=str(p), line=e.lineno) from None
-    cfg = cfg.get("text_config", cfg)  # multimodal wrappers keep the LM config inside
-    qc = cfg.get("quantization_config") or {}
-    method = qc.get("quant_method")
+    if not isinstance(cfg, dict):
+        raise UserError(f"expected a JSON object (a Hugging Face config.json), got {type(cfg).__name__}",
+                        file=str(p), line=1)
+    inner = cfg.get("text_config", cfg)  # multimodal wrappers keep the LM config inside
+    cfg = inner if isinstance(inner, dict) else cfg
+    quant = checkpoint_quantization(cfg.get("quantization_config") or cfg.get("compression_config"), str(p))
+    longest, default = derived_max_len(cfg)
+    lens = {"max_position_embeddings": longest, "default_max_model_len": default} if longest else {}
     try:
-        return ModelProfile(**cfg, name=str(path), quantization=method if method in QUANT_BYTES else None,
-                            source=str(p))
+        return ModelProfile(**{**cfg, **lens, "name": str(path), "quantization": quant, "source": str(p)})
     except ValidationError as e:
-        err = e.errors()[0]
-        raise UserError(err["msg"], file=str(p), field=".".join(map(str, err["loc"]))) from None
+        field, msg = first_error(e)
+        raise UserError(msg, file=str(p), line=_json_line(text, field), field=field) from None
+
+
+def _json_line(text: str, field: str | None) -> int | None:
+    """Line of `"field":` in a JSON file (config.json keeps one key a line), for `file:line` errors."""
+    if not field:
+        return None
+    key = field.split(".")[0]
+    for i, line in enumerate(text.splitlines(), 1):
+        if f'"{key}"' in line:
+            return i
+    return None
 
 
 def get_model(name: str) -> ModelProfile:
@@ -154,8 +248,10 @@ def get_model(name: str) -> ModelProfile:
     key = _aliases().get(name.lower())
     if key:
         return builtin_models()[key]
-    if Path(name).exists():
+    if Path(name).expanduser().exists():
         return load_hf_config(name)
+    if name.startswith(("/", ".", "~")) or name.endswith(".json"):  # a path; "org/name" is a hub id
+        raise UserError("no such file or folder", file=name, field="--model")
     known = ", ".join(builtin_models())
     raise UserError(f"unknown model {name!r} (built-in: {known}; or a path to config.json)",
                     field="--model")

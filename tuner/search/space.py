@@ -16,7 +16,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from tuner.errors import UserError
+from tuner.inputs import looks_like_path, parse_yaml, read_text, yaml_line
 from tuner.knobs import Knobs
+from tuner.workload._validation import first_error
 
 KNOB_NAMES = tuple(Knobs.model_fields)
 _OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq,
@@ -51,11 +53,9 @@ class SearchSpace(BaseModel):
             if k not in KNOB_NAMES:
                 raise ValueError(f"unknown knob {k!r} (known: {', '.join(KNOB_NAMES)})")
             for v in spec.values:  # each value must make a valid Knobs
-                if v is not None:
-                    try:
-                        Knobs(**{k: v})
-                    except ValidationError as e:
-                        raise ValueError(f"{k}: bad value {v!r}: {e.errors()[0]['msg']}") from None
+                bad = knob_value_error(k, v)
+                if bad:
+                    raise ValueError(f"{k}: bad value {v!r}: {bad}")
         for c in self.constraints:
             m = _CONSTRAINT.match(c)
             if not m:
@@ -91,6 +91,32 @@ class SearchSpace(BaseModel):
         return out
 
 
+def knob_value_error(knob: str, value: Any) -> str | None:
+    """Why `value` is not a valid value of `knob` (None: it is, or it is `null`, vLLM's default)."""
+    if value is None:
+        return None
+    try:
+        Knobs(**{knob: value})
+    except ValidationError as e:
+        return first_error(e)[1]
+    return None
+
+
+def simulated_engine_problem(space: SearchSpace) -> tuple[str, str] | None:
+    """(knob, message) for a value vLLM accepts but the simulator does not model: the simulated engines
+    would refuse every launch with it, so a study on them is refused before it starts."""
+    from tuner.knobs import KV_CACHE_DTYPES
+    from tuner.sim.config import QUANT_CHOICES
+
+    for knob, modelled in (("kv_cache_dtype", KV_CACHE_DTYPES), ("quantization", QUANT_CHOICES)):
+        spec = space.knobs.get(knob)
+        for v in spec.values if spec else []:
+            if v is not None and v not in modelled:
+                return knob, (f"{v!r} is not modelled by the simulated engines (modelled: "
+                              f"{', '.join(modelled)}); drop it or use --engine vllm")
+    return None
+
+
 def _line_of(text: str, key: str) -> int | None:
     for i, line in enumerate(text.splitlines(), 1):
         if re.match(rf"^\s*{re.escape(key)}\s*:", line):
@@ -101,27 +127,29 @@ def _line_of(text: str, key: str) -> int | None:
 def load_space(name_or_path: str | Path) -> SearchSpace:
     """A built-in space by name (`default`, `rag`, `multitenant`, ...) or a YAML file."""
     p = Path(name_or_path)
-    if not p.exists() and not str(name_or_path).endswith((".yaml", ".yml")):
+    if not p.exists() and not looks_like_path(str(name_or_path)):
         p = BUILTIN_DIR / f"{name_or_path}.yaml"
-    if not p.exists():
-        raise UserError("no such search space file", file=str(name_or_path))
-    text = p.read_text()
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise UserError(f"not valid YAML: {getattr(e, 'problem', e)}", file=str(p),
-                        line=mark.line + 1 if mark else None) from None
+        if not p.exists():
+            known = ", ".join(sorted(f.stem for f in BUILTIN_DIR.glob("*.yaml")))
+            raise UserError(f"unknown search space {str(name_or_path)!r} (built-in: {known}; or a YAML file)",
+                            field="--search-space")
+    text = read_text(p, "search space file", field=None if p.exists() else "--search-space")
+    data, root = parse_yaml(text, p)
     if not isinstance(data, dict):
-        raise UserError("expected a mapping with a 'knobs' section", file=str(p))
+        raise UserError("expected a mapping with a 'knobs' section", file=str(p), line=1)
+    knobs = data.get("knobs")
+    for k, spec in (knobs or {}).items() if isinstance(knobs, dict) else ():
+        values = spec.get("values") if isinstance(spec, dict) else None
+        for i, v in enumerate(values if isinstance(values, list) else []):
+            bad = None if k not in KNOB_NAMES else knob_value_error(k, v)
+            if bad:
+                raise UserError(f"bad value {v!r}: {bad}", file=str(p),
+                                line=yaml_line(root, ["knobs", k, "values", i]), field=f"knobs.{k}")
     try:
         space = SearchSpace(**data)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = [str(x) for x in err["loc"]]
-        msg = err["msg"].removeprefix("Value error, ")
+        field, msg = first_error(e)
         bad = re.search(r"unknown knob '(\w+)'", msg)
-        key = bad.group(1) if bad else (loc[-1] if loc else None)
-        raise UserError(msg, file=str(p), line=_line_of(text, key) if key else None,
-                        field=".".join(loc) if loc else None) from None
+        key = bad.group(1) if bad else (field.split(".")[-1] if field else None)
+        raise UserError(msg, file=str(p), line=_line_of(text, key) if key else None, field=field) from None
     return space

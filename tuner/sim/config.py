@@ -17,7 +17,6 @@ from tuner.knobs import KV_CACHE_DTYPES, Knobs
 from tuner.profiles.gpus import GIB, GPUProfile
 from tuner.profiles.models import ModelProfile, quant_family
 
-VLLM_VERSION = "0.32"
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py in 0.32 (0.9 in older versions)
 BLOCK_SIZE = 16
 # Memory outside vLLM's control: the CUDA context, and what the driver holds, before vLLM starts.
@@ -116,7 +115,7 @@ def resolve(gpu: GPUProfile, model: ModelProfile, knobs: Knobs, *,
 
     d_seqs, d_tokens = vllm_batch_defaults(gpu)
     max_num_seqs = knobs.max_num_seqs or d_seqs
-    max_model_len = knobs.max_model_len or model.max_position_embeddings
+    max_model_len = knobs.max_model_len or model.default_len
     if max_model_len > model.max_position_embeddings:
         raise LaunchFailure("bad_flag", f"ValueError: User-specified max_model_len ({max_model_len}) is "
                             f"greater than the derived max_model_len (max_position_embeddings="

@@ -39,8 +39,12 @@ def _fmt_number(v: Any) -> str:
 
 
 def first_error(e: ValidationError, rename: dict[str, str] | None = None) -> tuple[str | None, str]:
-    """(dotted field path, short message) of the first error; `rename` maps model names to file names."""
-    err = e.errors()[0]
+    """(dotted field path, short message) of the first error; `rename` maps model names to file names.
+
+    An unknown field comes first whatever its place: a misspelt `memory_gb` is why `memory_gib` is then
+    missing, and the user must hear about the typo, not about the field they did try to give."""
+    errors = e.errors()
+    err = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
     loc = [rename.get(p, p) if rename and isinstance(p, str) else p for p in err["loc"]]
     field = ".".join(str(p) for p in loc) or None
     template = _TEMPLATES.get(err["type"])

@@ -16,6 +16,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tuner.errors import UserError
+from tuner.inputs import check_out_file
 from tuner.slo import load_slo
 from tuner.workload.loader import format_names, load_workload, save_workload
 from tuner.workload.stats import WorkloadStats, describe
@@ -25,6 +27,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Synthesize, inspect and check workloads and SLO files.")
 
 _MAX_SKIPPED_SHOWN = 10
+_SYNTH_OPTIONS = {"kind": "--kind", "requests": "--requests", "seed": "--seed", "hash_block_size": "--block-size"}
 
 
 @app.command()
@@ -37,7 +40,11 @@ def synth(
                                    help="Tokens per prefix hash id (multiple of 16 dividing 256)."),
 ) -> None:
     """Write a seeded synthetic workload (token counts and prefix hash ids, no text)."""
-    w = synthesize(kind, requests, seed, hash_block_size=block_size)
+    check_out_file(out, "--out")
+    try:
+        w = synthesize(kind, requests, seed, hash_block_size=block_size)
+    except UserError as e:  # the library names its parameters; the user typed the options
+        raise UserError(e.message, field=_SYNTH_OPTIONS.get(e.field or "", e.field)) from None
     save_workload(w, out)
     s = describe(w)
     Console().print(f"wrote {s.requests} {kind} requests to {out} (mean prompt {s.prompt_tokens.mean:.0f}, "

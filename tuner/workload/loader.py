@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from tuner.errors import UserError
+from tuner.inputs import check_out_file, decode_utf8
 from tuner.workload.formats import (ALIASES, AZURE_COLUMNS, FORMATS, TUNER_ONLY_KEYS, RecordError,
                                     guess_from_record)
 from tuner.workload.model import Workload
@@ -45,11 +46,9 @@ def _read_text(path: Path) -> str:
         raise UserError("is a directory, not a workload file", file=path)
     try:
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise UserError(f"not UTF-8 text (byte {e.start})", file=path) from None
     except (OSError, EOFError) as e:
         raise UserError(f"cannot read: {e}", file=path) from None
+    return decode_utf8(raw, path, "utf-8-sig")
 
 
 def _suffix(path: Path) -> str:
@@ -224,6 +223,7 @@ def save_workload(workload: Workload, path: str | Path) -> Path:
     p = Path(path)
     if not p.parent.exists():
         raise UserError("directory does not exist", file=p.parent)
+    check_out_file(p)
     with p.open("w", encoding="utf-8") as f:
         for r in workload.requests:
             f.write(json.dumps(r.model_dump(exclude_defaults=True), separators=(",", ":")) + "\n")

@@ -1,0 +1,112 @@
+"""Reading a user's input files and checking a user's output paths, with one kind of error for each mistake.
+
+Every input file (workload, SLO, search space, GPU and model profiles, gate) goes through the same few
+steps: it must exist and be a file, decode as UTF-8, parse (YAML or JSON), then validate. Each step's
+failure is a `UserError` naming the file and, where the file has lines, the line: a byte offset into an
+invalid UTF-8 file or a YAML parser's column is no use to someone with an editor. Output paths are checked
+before anything is written, so a bad `--out` ends in one line instead of a traceback halfway through a run.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+from pydantic import ValidationError
+
+from tuner.errors import UserError
+
+
+def looks_like_path(name: str) -> bool:
+    """A name a user meant as a file (a directory part or a file extension), not a built-in's name."""
+    return "/" in name or "\\" in name or name.startswith(("~", ".")) or bool(
+        re.search(r"\.(ya?ml|json|jsonl|csv|gz)$", name, re.IGNORECASE))
+
+
+def decode_utf8(raw: bytes, path: str | Path, encoding: str = "utf-8") -> str:
+    """`raw` as text; invalid UTF-8 is reported at its line (and column) rather than its byte offset."""
+    try:
+        return raw.decode(encoding)
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise UserError(f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column {col})", file=path,
+                        line=line) from None
+
+
+def read_text(path: str | Path, what: str = "file", field: str | None = None) -> str:
+    """The text of an input file that must exist and be a regular file (`what` names it in errors)."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise UserError("no such file", file=path, field=field)
+    if p.is_dir():
+        raise UserError(f"is a directory, not a {what}", file=path, field=field)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise UserError(f"cannot read: {e.strerror or e}", file=path, field=field) from None
+    return decode_utf8(raw, path)
+
+
+def parse_yaml(text: str, path: str | Path) -> tuple[Any, Any]:
+    """(data, composed node tree for line lookups) of a YAML document; a syntax error names its line."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text), yaml.compose(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UserError(f"invalid YAML: {problem}", file=path, line=mark.line + 1 if mark else None) from None
+
+
+def yaml_line(root: Any, path: Iterable[Any]) -> int | None:
+    """Line of the deepest key (or list item) of `path` found in the composed YAML, for `file:line`."""
+    import yaml
+
+    line, node = None, root
+    for part in path:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if getattr(k, "value", None) == str(part):
+                    line, node = k.start_mark.line + 1, v
+                    break
+            else:
+                break
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def check_out_dir(path: str | Path, field: str | None = None) -> Path:
+    """A directory to be created or reused: neither it nor any parent may be an existing non-directory."""
+    p = Path(path).expanduser()
+    for q in (p, *p.parents):
+        if q.exists():
+            if not q.is_dir():
+                what = "is a file, not a directory" if q == p else f"{q} is a file, not a directory"
+                raise UserError(what, file=path, field=field)
+            break
+    return p
+
+
+def check_out_file(path: str | Path, field: str | None = None) -> Path:
+    """A file to be written: not a directory, and its parent a directory (or creatable as one)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise UserError("is a directory, not a file", file=path, field=field)
+    check_out_dir(p.parent, field)
+    return p
+
+
+def option_error(e: ValidationError, names: dict[str, str]) -> UserError:
+    """A `ValidationError` of a model of command-line options, as one line naming the option."""
+    from tuner.workload._validation import first_error
+
+    field, msg = first_error(e)
+    key = field.split(".")[0] if field else None
+    return UserError(msg, field=names.get(key, f"--{key.replace('_', '-')}") if key else None)
