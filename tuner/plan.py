@@ -2,8 +2,9 @@
 
 The scratch-paper method every deployment starts from, with the measured knee in place of a guess:
 
-- feasibility: the decode TPOT floor W / (0.7 x bandwidth) (weights read once per token). An SLO whose TPOT
-  threshold is below it cannot be met by any knob, so the plan says so instead of printing a number.
+- feasibility: every threshold of the SLO (TTFT, TPOT, ITL, E2E) against its single-stream floor on this
+  GPU and model, and the requests against the model's context (`tuner.floors`). A threshold below its
+  floor cannot be met by any knob, so the plan says which floor breaks it instead of printing a number.
 - memory gate: sequences the KV pool holds at the workload's mean lengths (from `resolve`, i.e. the memory
   arithmetic vLLM does at start-up), and the rate that many sequences sustain (Little's law).
 - speed gate: the measured knee, req/s one instance serves inside the SLO.
@@ -20,9 +21,10 @@ from tuner.errors import UserError
 from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs
 from tuner.profiles.gpus import GPUProfile, get_gpu
-from tuner.profiles.models import get_model, quant_family
-from tuner.sim.config import resolve
-from tuner.sim.costs import CostParams
+from tuner.floors import NAMES, ContextCheck, GateFloor, Lengths, context_check, gate_floors
+from tuner.profiles.models import get_model
+from tuner.sim.config import ResolvedConfig, resolve
+from tuner.sim.costs import CostModel, single_stream
 from tuner.slo import SLO
 
 HOURS_PER_MONTH = 730.0
@@ -30,15 +32,20 @@ _EPS = 1e-9  # ceil(9.000000000001) must stay 9 when the quotient is an integer 
 
 
 class Feasibility(BaseModel):
-    """The SLO's TPOT threshold against the decode floor of the model on the GPU."""
+    """Every SLO threshold against its single-stream floor on this GPU and model (`tuner.floors`), and the
+    workload's lengths against the model's context."""
 
     feasible: bool
-    tpot_floor_ms: float
+    tpot_floor_ms: float                 # the single-stream decode step at the mean lengths (else context 2)
+    weight_floor_ms: float               # its weights part, W / (bw_eff x bandwidth): REFERENCE.md's floor
     tpot_slo_ms: float | None = None
     weight_gb: float
     bandwidth_gbs: float
     bw_eff: float
     tp: int = 1
+    lengths_source: str | None = None    # which lengths the floors are for (the workload's, or the means)
+    gates: list[GateFloor] = Field(default_factory=list)
+    context: ContextCheck | None = None
     message: str
 
 
@@ -91,30 +98,64 @@ def _tp_group(gpu: GPUProfile, tp: int) -> GPUProfile:
     if tp == 1:
         return gpu
     return gpu.model_copy(update={"memory_gib": gpu.memory_gib * tp, "bandwidth_gbs": gpu.bandwidth_gbs * tp,
+                                  "bf16_tflops": gpu.bf16_tflops * tp, "fp8_tflops": gpu.fp8_tflops * tp,
                                   "name": f"{tp}x {gpu.name}"})
 
 
+def _resolve(group: GPUProfile, model_name: str, knobs: Knobs) -> ResolvedConfig:
+    try:
+        return resolve(group, get_model(model_name), knobs)
+    except LaunchFailure as e:
+        raise UserError(f"the configuration does not launch on {group.name}: {e.message}",
+                        field="--gpu") from None
+
+
 def feasibility(gpu: GPUProfile, model_name: str, slo: SLO | None, *, tp: int = 1,
-                quantization: str | None = None) -> Feasibility:
-    model = get_model(model_name)
-    bw_eff = CostParams().bw_eff
-    w = model.weight_bytes(quant_family(quantization) if quantization else None)
-    floor_ms = w / (bw_eff * gpu.bandwidth * tp) * 1000.0
-    tpot = slo.tpot.max_ms if slo is not None and slo.tpot is not None else None
-    ok = tpot is None or tpot >= floor_ms
-    tp_txt = f" at TP {tp}" if tp > 1 else ""
-    arith = (f"{w / 1e9:.1f} GB of weights / ({bw_eff:g} x {gpu.bandwidth_gbs:g} GB/s"
-             f"{f' x {tp}' if tp > 1 else ''}) = {floor_ms:.1f} ms")
-    if tpot is None:
-        msg = f"no TPOT threshold; decode floor {arith}"
-    elif ok:
-        msg = f"TPOT {tpot:g} ms >= decode floor {arith}"
+                quantization: str | None = None, knobs: Knobs | None = None,
+                lengths: Lengths | None = None) -> Feasibility:
+    """Whether any configuration can meet `slo` here: each threshold against the single-stream floor
+    of the workload's requests (`lengths`; without them only TPOT and ITL, at the shortest context, are
+    checked), and the requests against the model's context."""
+    knobs = knobs or Knobs()
+    if quantization:
+        knobs = knobs.model_copy(update={"quantization": quantization})
+    cfg = _resolve(_tp_group(gpu, tp), model_name, knobs)
+    cost = CostModel(cfg)
+    if lengths is not None:
+        mean_p, mean_o = (sum(v) / len(v) for v in (lengths.prompt, lengths.output))
+        tpot_floor = single_stream(cost, round(mean_p), max(2, round(mean_o))).mean_step_s
     else:
-        msg = (f"INFEASIBLE: the SLO's TPOT {tpot:g} ms is below the decode floor of {model.name} on "
-               f"{gpu.name}{tp_txt} ({arith}); no knob can meet it: use a faster GPU, more tensor "
-               f"parallelism or a quantized model")
-    return Feasibility(feasible=ok, tpot_floor_ms=floor_ms, tpot_slo_ms=tpot, weight_gb=w / 1e9,
-                       bandwidth_gbs=gpu.bandwidth_gbs, bw_eff=bw_eff, tp=tp, message=msg)
+        tpot_floor = single_stream(cost, 1, 2).mean_step_s
+    gates: list[GateFloor] = []
+    if slo is not None:
+        gates = [g for g in gate_floors(cfg, slo, lengths or Lengths((1,), (2,), (0,), "context 2"))
+                 if lengths is not None or g.metric in ("tpot", "itl")]
+    context = None
+    if lengths is not None:
+        context = context_check(cfg, lengths, float(slo.target) if slo is not None else 1.0)  # type: ignore
+    bw_eff = cost.params.bw_eff
+    arith = (f"{cfg.weight_bytes / 1e9:.1f} GB of weights / ({bw_eff:g} x {gpu.bandwidth_gbs:g} GB/s"
+             f"{f' x {tp}' if tp > 1 else ''}) = {cost.decode_floor() * 1e3:.1f} ms")
+    broken = [g.message for g in gates if not g.ok] + ([context.message] if context and not context.ok else [])
+    at = f" (floors at {lengths.source})" if lengths is not None else ""
+    if broken:
+        tp_txt = f" at TP {tp}" if tp > 1 else ""
+        msg = "\n".join([f"INFEASIBLE: no configuration of {model_name} on {gpu.name}{tp_txt} can meet the "
+                          f"SLO{at}:"] + [f"- {b}" for b in broken] +
+                         ["no knob changes these floors: use a faster GPU, more tensor parallelism, a quantized "
+                          "model, shorter requests, or relax the SLO"])
+    elif gates:
+        msg = (f"every threshold clears its single-stream floor on {cfg.gpu.name}{at}: " + "; ".join(
+            f"p{g.percentile:g} {NAMES[g.metric]} {g.threshold_ms:g} ms >= {g.floor_ms:.3g} ms" for g in gates))
+    else:
+        msg = f"no threshold with a single-stream floor to check; decode floor {arith}"
+    if lengths is None and slo is not None and ({"ttft", "e2el"} & set(slo.thresholds)):
+        msg += "; TTFT and E2E floors not checked: give --mean-prompt-tokens and --mean-output-tokens"
+    return Feasibility(feasible=not broken, tpot_floor_ms=tpot_floor * 1e3, weight_floor_ms=cost.decode_floor() * 1e3,
+                       tpot_slo_ms=slo.tpot.max_ms if slo is not None and slo.tpot is not None else None,
+                       weight_gb=cfg.weight_bytes / 1e9, bandwidth_gbs=gpu.bandwidth_gbs, bw_eff=bw_eff, tp=tp,
+                       lengths_source=lengths.source if lengths is not None else None, gates=gates,
+                       context=context, message=msg)
 
 
 def memory_gate(gpu: GPUProfile, model_name: str, knobs: Knobs, *, mean_prompt_tokens: float,
@@ -122,13 +163,7 @@ def memory_gate(gpu: GPUProfile, model_name: str, knobs: Knobs, *, mean_prompt_t
                 e2el_s: float | None = None) -> MemoryGate:
     """Concurrent sequences the KV pool holds at the mean lengths; the rate they sustain when each
     request lives `e2el_s` (measured), or, without a measurement, as long as the SLO allows."""
-    group = _tp_group(gpu, tp)
-    model = get_model(model_name)
-    try:
-        cfg = resolve(group, model, knobs)
-    except LaunchFailure as e:
-        raise UserError(f"the configuration does not launch on {group.name}: {e.message}",
-                        field="--gpu") from None
+    cfg = _resolve(_tp_group(gpu, tp), model_name, knobs)
     per_seq = mean_prompt_tokens + mean_output_tokens
     by_kv = cfg.kv_cache_tokens / per_seq
     n = min(by_kv, cfg.max_num_seqs)
@@ -146,9 +181,11 @@ def make_plan(*, rate_per_instance: float, peak_rate: float, headroom: float = 0
               gpu: str | None = None, model: str | None = None, slo: SLO | None = None,
               knobs: Knobs | None = None, price_per_gpu_hour: float | None = None,
               mean_prompt_tokens: float | None = None, mean_output_tokens: float | None = None,
-              e2el_s: float | None = None, spare: int = 1, memory_can_bind: bool = True) -> Plan:
+              e2el_s: float | None = None, spare: int = 1, memory_can_bind: bool = True,
+              lengths: Lengths | None = None) -> Plan:
     """The plan for explicit numbers. GPU and model are optional: without them there is no feasibility
-    or memory check, only the cluster arithmetic (the REFERENCE.md worked example).
+    or memory check, only the cluster arithmetic (the REFERENCE.md worked example). The floors are for
+    `lengths` (the workload's requests), else for the mean lengths when both are given.
 
     `memory_can_bind=False` when the rate per instance is a knee measured on this very configuration and
     workload: the measurement already includes the KV limit, so the memory gate is only a cross-check."""
@@ -169,12 +206,16 @@ def make_plan(*, rate_per_instance: float, peak_rate: float, headroom: float = 0
     feas = mem = None
     g = get_gpu(gpu) if gpu else None
     if g is not None and model is not None:
-        feas = feasibility(g, model, slo, tp=tp, quantization=knobs.quantization)
+        if lengths is None and mean_prompt_tokens and mean_output_tokens:
+            lengths = Lengths.means(mean_prompt_tokens, mean_output_tokens)
+        feas = feasibility(g, model, slo, tp=tp, knobs=knobs, lengths=lengths)
         if not feas.feasible:
             return Plan(feasible=False, reason=feas.message, peak_rate=peak_rate, headroom=headroom, tp=tp,
                         gpu=g.name, model=model, speed_gate_rps=rate_per_instance, feasibility=feas,
                         rate_per_instance=rate_per_instance, binding_gate="speed",
                         price_per_gpu_hour=price_per_gpu_hour)
+        if feas.context is not None and feas.context.message:
+            notes.append(f"warning: {feas.context.message}; they fail (within the SLO's target)")
         if mean_prompt_tokens and mean_output_tokens:
             mem = memory_gate(g, model, knobs, mean_prompt_tokens=mean_prompt_tokens,
                               mean_output_tokens=mean_output_tokens, tp=tp, slo=slo, e2el_s=e2el_s)
@@ -205,14 +246,71 @@ def make_plan(*, rate_per_instance: float, peak_rate: float, headroom: float = 0
     return plan
 
 
+class NoCapacity(Exception):
+    """A finished study that measured no capacity: there is nothing to size a cluster for. Not a user
+    mistake (the input is fine, the result is empty): the CLI exits with the study's own code
+    (`tuner.search.status.EXIT_CODES`), as `tune` itself did for that study."""
+
+    def __init__(self, status: str, message: str):
+        from tuner.search.status import EXIT_CODES, EXIT_NO_PASS
+
+        super().__init__(message)
+        self.status, self.message = status, message
+        self.exit_code = EXIT_CODES.get(status) or EXIT_NO_PASS
+
+
 def plan_from_run(run_dir: str, **overrides) -> Plan:
-    """The plan for a finished run (see `plan_for_study`)."""
+    """The plan for a finished run (see `plan_for_study`); `NoCapacity` when the study measured none
+    and no --rate-per-instance stands in for it."""
     from tuner.report.select import pick_configs
     from tuner.report.storage import load_study_data
 
     data = load_study_data(run_dir)
     _, tuned = pick_configs(data.trials, data.outcome)
-    return plan_for_study(data.info, tuned.record if tuned else None, where=run_dir, **overrides)
+    rec = tuned.record if tuned else None
+    if overrides.get("rate_per_instance") is None and not (rec and (rec.capacity_low_rps or rec.capacity_rps)):
+        raise NoCapacity(*_why_no_capacity(data, run_dir))
+    return plan_for_study(data.info, rec, where=run_dir, **overrides)
+
+
+def _why_no_capacity(data, run_dir: str) -> tuple[str, str]:
+    """The study's status line (`study_status`), the knee search's own reason (stored per trial), and
+    the SLO floors this hardware breaks, if any: why there is no capacity, not just that."""
+    from tuner.search.status import study_status
+
+    done = [t.record for t in data.trials if t.state not in ("RUNNING", "WAITING")]
+    status, text = study_status(done)
+    why = next((r.no_capacity_reason for r in done if r.no_capacity_reason), None)
+    msg = f"{run_dir}: no capacity to plan for: {text or 'no trial has a measured capacity'}"
+    if why:
+        msg += f"; the knee search said: {why}"
+    info = data.info
+    if info.gpu and info.model:
+        try:
+            feas = feasibility(get_gpu(info.gpu), info.model, SLO.model_validate(info.slo),
+                               lengths=_study_lengths(info))
+            if not feas.feasible:
+                msg += "\n" + feas.message
+        except UserError:
+            pass  # a hardware pair the floors cannot price: the status line is the explanation
+    return status, msg
+
+
+def _study_lengths(info) -> Lengths:
+    """The workload's own per-request lengths when its file is still there unchanged, else the means
+    the study recorded (the plan says which)."""
+    from pathlib import Path
+
+    from tuner.search.study import sha256
+    from tuner.workload.loader import load_workload
+
+    path = Path(info.workload_path)
+    try:
+        if path.is_file() and sha256(path) == info.workload_sha256:
+            return Lengths.of_workload(load_workload(path))
+    except (UserError, OSError):
+        pass
+    return Lengths.means(info.workload_mean_prompt_tokens, info.workload_mean_output_tokens)
 
 
 def plan_for_study(info, rec, *, where: str | None = None, **overrides) -> Plan:
@@ -242,8 +340,10 @@ def plan_for_study(info, rec, *, where: str | None = None, **overrides) -> Plan:
                 price_per_gpu_hour=slo.price_per_gpu_hour,
                 mean_prompt_tokens=info.workload_mean_prompt_tokens,
                 mean_output_tokens=info.workload_mean_output_tokens, e2el_s=e2el,
-                memory_can_bind=given)
+                memory_can_bind=given, lengths=None)
     args.update({k: v for k, v in overrides.items() if v is not None})
+    if overrides.get("mean_prompt_tokens") is None and overrides.get("mean_output_tokens") is None:
+        args["lengths"] = _study_lengths(info)  # given means replace the workload's own lengths
     if args["gpu"] is None or args["model"] is None:
         args["gpu"] = args["model"] = None
     return make_plan(**args)
@@ -276,5 +376,5 @@ def format_plan(p: Plan) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Plan", "Feasibility", "MemoryGate", "make_plan", "plan_from_run", "plan_for_study", "format_plan",
-           "feasibility", "memory_gate"]
+__all__ = ["Plan", "Feasibility", "MemoryGate", "NoCapacity", "make_plan", "plan_from_run", "plan_for_study",
+           "format_plan", "feasibility", "memory_gate"]

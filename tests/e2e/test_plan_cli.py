@@ -35,7 +35,9 @@ def test_full_plan_with_gpu_model_slo_and_price(tmp_path):
              "--slo", slo, "--mean-prompt-tokens", "512", "--mean-output-tokens", "256", "--json")
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
-    assert d["feasible"] and d["instances"] == 10 and d["feasibility"]["tpot_floor_ms"] == pytest.approx(21.5, abs=0.2)
+    assert d["feasible"] and d["instances"] == 10
+    assert d["feasibility"]["weight_floor_ms"] == pytest.approx(21.5, abs=0.2)
+    assert [g["metric"] for g in d["feasibility"]["gates"]] == ["ttft", "tpot"]
     assert d["memory_gate"]["kv_bytes_per_token"] == 57344
     assert d["cost_per_hour"] == pytest.approx(8.0) and d["cost_per_month"] == pytest.approx(8.0 * 730)
 
@@ -46,13 +48,58 @@ def test_an_slo_below_the_decode_floor_says_so_instead_of_a_number(tmp_path):
     p = tune("plan", "--rate-per-instance", "7.8", "--gpu", "rtx4090", "--model", "Qwen/Qwen2.5-7B-Instruct",
              "--slo", slo)
     assert p.returncode == 1, (p.stdout, p.stderr)
-    assert p.stdout.startswith("INFEASIBLE") and "below the decode floor" in p.stdout
+    assert p.stdout.startswith("INFEASIBLE") and "p99 TPOT 15 ms is below the single-stream floor" in p.stdout
     assert "instances" not in p.stdout and "GPUs" not in p.stdout
     j = tune("plan", "--rate-per-instance", "7.8", "--gpu", "rtx4090", "--model", "Qwen/Qwen2.5-7B-Instruct",
              "--slo", slo, "--json")
     assert j.returncode == 1
     d = json.loads(j.stdout)
     assert d["feasible"] is False and d["instances"] is None and d["gpus"] is None
+
+
+def test_an_e2e_only_slo_no_configuration_meets_says_which_floor_breaks_it(tmp_path):
+    # the case: a 70B AWQ model on one A100, 512-token prompts and outputs, p99 E2E 2 s
+    slo = tmp_path / "e2e.slo.yaml"
+    slo.write_text("e2el_ms: 2000\npeak_rate: 5\n")
+    args = ["plan", "--rate-per-instance", "1", "--gpu", "a100", "--model", "Qwen/Qwen2.5-72B-Instruct-AWQ",
+            "--slo", slo, "--mean-prompt-tokens", "512", "--mean-output-tokens", "512"]
+    p = tune(*args)
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr and "instances" not in p.stdout
+    first, *rest = p.stdout.splitlines()
+    assert first.startswith("INFEASIBLE") and "(floors at the mean lengths)" in first
+    (broken,) = [ln for ln in rest if ln.startswith("- ")]
+    assert broken.startswith("- p99 E2E latency 2 s is below the single-stream floor of ")
+    assert "prefill of 512 tokens + 511 x" in broken and "ms decode for a 512-token output" in broken
+    d = json.loads(tune(*args, "--json").stdout)
+    (g,) = d["feasibility"]["gates"]
+    assert g["metric"] == "e2el" and not g["ok"] and g["floor_ms"] > 2000
+    assert g["floor_ms"] == pytest.approx(g["prefill_ms"] + 511 * g["decode_step_ms"])
+
+
+def test_prompts_beyond_the_model_context_are_infeasible_not_fifteen_gpus():
+    p = tune("plan", "--rate-per-instance", "0.05", "--peak-rate", "0.5", "--gpu", "rtx4090", "--model",
+             "Qwen/Qwen2.5-7B-Instruct", "--mean-prompt-tokens", "128000", "--mean-output-tokens", "256")
+    assert p.returncode == 1, (p.stdout, p.stderr)
+    assert "exceeds the 32,768-token context" in p.stdout and "GPUs" not in p.stdout
+
+
+def test_a_run_with_no_capacity_says_why_with_the_study_exit_code(tmp_path):
+    from tests.e2e.conftest import TUNE_FIX, WORKLOAD
+    from tuner.search.status import EXIT_NO_PASS
+
+    run = tmp_path / "run"
+    t = tune("--workload", WORKLOAD, "--slo", TUNE_FIX / "impossible.slo.yaml", "--engine", "sim", "--gpu",
+             "rtx4090", "--model", "qwen2.5-7b", "--search-space", TUNE_FIX / "space2.yaml", "--max-trials", "3",
+             "--requests-per-run", "300", "--out", run)
+    assert t.returncode == EXIT_NO_PASS, t.stderr[-2000:]
+    p = tune("plan", run)
+    assert p.returncode == EXIT_NO_PASS, (p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr and p.stdout == ""
+    first, *rest = p.stderr.splitlines()
+    assert first.startswith(f"error: {run}: no capacity to plan for: no configuration met the SLO at any "
+                            "offered rate") and "the knee search said: p90 TPOT 1 ms is below" in first
+    assert any(ln.startswith("- p90 TPOT 1 ms is below the single-stream floor") for ln in rest), rest
 
 
 @pytest.mark.parametrize("args,expected", [

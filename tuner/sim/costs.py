@@ -10,6 +10,13 @@ once. Its time is the sum of parts, each max(compute time, memory time) at calib
   FP8 KV halves the bytes read.
 - a fixed per-step overhead (scheduling, input preparation, sampling) plus a small per-sequence part.
 
+GEMM tile floor: a dense cuBLAS/CUTLASS GEMM of M tokens costs about M + 64 tokens of tensor work (big
+tiles, wave quantisation). W4A16 (AWQ/GPTQ) and FP8-weight-only run on the Marlin kernel, which tiles M
+by 16 and partitions the weights across every SM at any M, so its floor is 16 tokens: small-batch W4A16
+decode stays memory-bound up to ~16-32 tokens, the near-4x speed-up over FP16 that Frantar et al. (2024,
+"Marlin: Mixed-Precision Auto-Regressive Parallel Inference on LLMs") measure. A 64-token floor there made
+a 72B AWQ step at batch 1 on A100 compute-bound (55 ms) where the weights stream in 29 ms.
+
 Efficiencies are fitted to published vLLM measurements (docs/calibration.md), not chosen per scenario.
 """
 
@@ -30,6 +37,7 @@ class CostParams:
     per_seq_overhead_s: float = 8e-6
     gemm_half_tokens: float = 64.0  # GEMM efficiency is half its peak at this many tokens (tile/wave
     #                                 quantisation): small chunks cost more per token than big ones
+    marlin_tile_tokens: float = 16.0  # the same floor for the Marlin mixed-precision kernel (M tiles of 16)
 
 
 class CostModel:
@@ -44,12 +52,14 @@ class CostModel:
         dequant = 1.0 if native_fp8 else QUANT_DEQUANT_FACTOR.get(fam, 1.0)
         if fam == "fp8" and not gpu.fp8_native:
             dequant = 1.15  # FP8 weight-only Marlin on Ampere
+        marlin = fam in ("awq", "gptq") or (fam == "fp8" and not gpu.fp8_native)
+        floor_tokens = p.marlin_tile_tokens if marlin else p.gemm_half_tokens
         self._mem_bw = gpu.bandwidth * p.bw_eff
         self._weight_time = cfg.weight_bytes / self._mem_bw
         # seconds of GEMM compute per token through the decoder layers / the lm_head
         self._gemm_per_token = 2.0 * model.linear_params * dequant / (gemm_peak * p.gemm_eff)
         # tile padding: a GEMM of M tokens costs about M + m_half tokens of tensor work (no dequant)
-        self._gemm_floor = p.gemm_half_tokens * 2.0 * model.linear_params / (gemm_peak * p.gemm_eff)
+        self._gemm_floor = floor_tokens * 2.0 * model.linear_params / (gemm_peak * p.gemm_eff)
         self._lm_head_per_token = 2.0 * model.lm_head_params() / (gpu.bf16_tflops * 1e12 * p.gemm_eff)
         attn_peak = gpu.bf16_tflops * 1e12 * p.attn_eff
         # attention: 4 FLOPs per (query token, context token, head dim, head, layer): QK^T and AV
@@ -79,3 +89,44 @@ class CostModel:
         pre_m = prefill_kv_tokens * self._kv_read_per_token
         attn = (dec_c if dec_c > dec_m else dec_m) + (pre_c if pre_c > pre_m else pre_m)
         return self._overhead + self._per_seq * (n_decode + (prefill_tokens > 0)) + linear + attn
+
+
+@dataclass(frozen=True)
+class SingleStream:
+    """One request alone on the engine, every step priced by `CostModel.step_time`: what no batching
+    or scheduling knob can beat. Decode steps grow with the context (its KV is read every step)."""
+
+    prefill_s: float          # every prefill chunk; the last one samples the first token (= TTFT)
+    first_step_s: float       # the first decode step (context prompt + 1)
+    last_step_s: float        # the last one (context prompt + output - 1): the request's largest gap
+    decode_steps: int         # output - 1
+
+    @property
+    def mean_step_s(self) -> float:
+        """Mean decode step (= the request's TPOT): the step is affine in the context, so the mean of
+        the first and the last is exact."""
+        return (self.first_step_s + self.last_step_s) / 2 if self.decode_steps else 0.0
+
+    @property
+    def e2e_s(self) -> float:
+        return self.prefill_s + self.decode_steps * self.mean_step_s
+
+
+def single_stream(cost: CostModel, prompt_tokens: int, output_tokens: int, *, cached_tokens: int = 0,
+                  chunk_tokens: int | None = None) -> SingleStream:
+    """The single-stream latencies the simulator's engine produces for one request on an idle engine:
+    the prompt's uncached tokens in chunks of `chunk_tokens` (None: one chunk, the fastest any token
+    budget allows), then one decode step per further output token. The capacity plan's feasibility
+    floors come from here, so the plan and the simulator cannot disagree on the same hardware."""
+    cached = max(0, min(cached_tokens, prompt_tokens - 1))  # vLLM always computes the last prompt token
+    done, prefill = cached, 0.0
+    chunk = chunk_tokens or prompt_tokens
+    while done < prompt_tokens:
+        n = min(chunk, prompt_tokens - done)
+        last = done + n == prompt_tokens
+        prefill += cost.step_time(n, n * done + n * (n + 1) / 2, done + n, 0, 0, 1 if last else 0)
+        done += n
+    k = max(output_tokens - 1, 0)
+    first = cost.step_time(0, 0.0, 0, 1, prompt_tokens + 1, 1) if k else 0.0
+    last_step = cost.step_time(0, 0.0, 0, 1, prompt_tokens + k, 1) if k else 0.0
+    return SingleStream(prefill_s=prefill, first_step_s=first, last_step_s=last_step, decode_steps=k)
