@@ -66,6 +66,16 @@ def _order(value: Any, values: list[Any], direction: str) -> list[Any]:
     return others
 
 
+def _can_bind(knob: str, values: list[Any], direction: str, diag: Diagnosis | None) -> list[Any]:
+    """Drop the lower batch caps that cannot change the run: a `max_num_seqs` at or above twice the batch
+    that ran at the failing point (p90) never limits it, so launching it measures the incumbent again. (On
+    chat with a strict TPOT on an RTX 4090 the knee runs 7 sequences: 128 and 64 were two wasted launches.)"""
+    running = diag.evidence.get("running_p90") if diag else None
+    if knob != "max_num_seqs" or direction != "down" or not isinstance(running, (int, float)) or running <= 0:
+        return values
+    return [v for v in values if not isinstance(v, (int, float)) or v < 2 * running]
+
+
 def normalize(knobs: Knobs, defaults: dict[str, Any]) -> Knobs:
     """Unset the knobs whose value is vLLM's default: `--kv-cache-dtype auto` is the baseline."""
     always = {"kv_cache_dtype": "auto"}
@@ -229,8 +239,8 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
         inc_knobs = Knobs(**inc.knobs)
         cur = _current(inc_knobs, knob, runner.defaults)
         lessons = runner.lessons()
-        queue = lessons.allowed(knob, _order(cur, runner.space.knobs[knob].values, direction), inc_knobs,
-                                runner.defaults)
+        queue = lessons.allowed(knob, _can_bind(knob, _order(cur, runner.space.knobs[knob].values, direction),
+                                                direction, diag), inc_knobs, runner.defaults)
         best = inc
         misses = 0
         ordered = direction in ("up", "down") or (len(queue) > 2 and cur is not None)
