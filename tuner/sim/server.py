@@ -38,6 +38,7 @@ from tuner.sim.config import ResolvedConfig
 from tuner.sim.engine import EngineCore, Seq
 from tuner.sim.protocol import (UNAUTHORIZED, BadRequest, Renderer, WatchedStream, parse_request,
                                 sse_body, wait_done_or_gone)
+from tuner.sim.responses import responses_endpoint
 from tuner.sim.tokens import TokenCounter, block_hashes
 from tuner.sim.vllm_metrics import (ITERATION_TOKENS_BUCKETS, ITL_BUCKETS, REQUEST_LATENCY_BUCKETS,
                                     TTFT_BUCKETS, tokens_buckets)
@@ -370,6 +371,7 @@ def build_app(loop: EngineLoop, *, served_names: Sequence[str], api_key: str | N
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/responses", responses_endpoint(loop, served, unauthorized, tokens=tokens), methods=["POST"]),
     ], lifespan=lifespan)
 
 
