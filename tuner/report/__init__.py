@@ -20,7 +20,11 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Repo
     from tuner.report.plots import all_plots
     from tuner.report.render import to_html, to_markdown
 
-    out = Path(out_dir) if out_dir is not None else Path(run_dir)
+    from tuner.inputs import check_out_dir
+    from tuner.report.storage import storage_url
+
+    storage_url(run_dir)  # a run directory of `tune`, checked before anything is created
+    out = check_out_dir(out_dir, "--out") if out_dir is not None else Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     if not (out / "gate.yaml").exists():  # before the report, which says whether there is one
         from tuner.gate import write_gate

@@ -15,15 +15,16 @@ import os
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import optuna
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from tuner import __version__
 from tuner.engine.base import Engine
 from tuner.errors import UserError
+from tuner.inputs import check_out_dir, option_error
 from tuner.search.capacity import KneeSettings
 from tuner.search.measure import LoadSettings, engine_load_settings
 from tuner.search.records import StudyInfo
@@ -33,6 +34,7 @@ from tuner.search.status import study_status
 from tuner.search.strategy import STRATEGIES, Budget, Outcome, guided, whole_space
 from tuner.search.worker import enqueue_grid, work
 from tuner.slo import SLO, load_slo
+from tuner.workload.arrivals import PROCESSES
 from tuner.workload.loader import load_workload
 from tuner.workload.model import Workload
 
@@ -40,36 +42,69 @@ STUDY_NAME = "slo-tuner"
 ENGINES = ("sim", "sim-http", "vllm")
 
 
-@dataclass
-class TuneOptions:
-    workload: Path
-    slo: Path
-    out: Path
+#: Option names of `TuneOptions` fields whose name is not the option's (`time_budget_s` is `--time-budget`).
+OPTION_NAMES = {"time_budget_s": "--time-budget", "vllm_args": "--vllm-arg", "json_out": "--json"}
+
+
+class TuneOptions(BaseModel):
+    """Every option of a tuning run, each bound declared once here. Built from the command line before
+    anything is created, so a bad value is one line naming its option (`--precision: must be > 0`), never
+    a traceback from deep inside the search or a run directory left behind."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    workload: Optional[Path]
+    slo: Optional[Path]
+    out: Optional[Path]
     engine: str = "sim"
     gpu: str | None = None
     model: str | None = None
     search_space: str = "default"
     strategy: str = "guided"
-    max_trials: int = 15
+    max_trials: int = Field(15, ge=1, strict=True)
     confirm: bool = True
-    time_budget_s: float | None = None
+    time_budget_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     storage: str | None = None
     resume: bool = False
-    seed: int = 0
-    precision: float = 0.05
-    noise_floor: float | None = None
-    plateau: int = 3
-    start_rate: float | None = None
-    requests_per_run: int | None = None
-    max_run_s: float | None = None
+    seed: int = Field(0, ge=0, strict=True)  # numpy's generators take no negative seed
+    precision: float = Field(0.05, gt=0, lt=1, allow_inf_nan=False)  # relative width of the knee bracket
+    noise_floor: float | None = Field(None, ge=0, lt=1, allow_inf_nan=False)
+    plateau: int = Field(3, ge=1, strict=True)
+    start_rate: float | None = Field(None, gt=0, allow_inf_nan=False)
+    requests_per_run: int | None = Field(None, ge=1, strict=True)
+    max_run_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     arrival: str = "poisson"
-    noise: float = 0.0
-    time_scale: float = 1.0
+    noise: float = Field(0.0, ge=0, allow_inf_nan=False)
+    time_scale: float = Field(1.0, gt=0, allow_inf_nan=False)
     vllm_python: str | None = None
     vllm_command: str | None = None
-    vllm_args: list[str] = field(default_factory=list)
+    vllm_args: list[str] = Field(default_factory=list)
     api_key: str | None = None
     write_outputs: bool = True
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as e:
+            raise option_error(e, OPTION_NAMES) from None
+
+    @field_validator("engine", "strategy", "arrival")
+    @classmethod
+    def _known(cls, v: str, info: ValidationInfo) -> str:
+        known = {"engine": ENGINES, "strategy": tuple(STRATEGIES), "arrival": PROCESSES}[info.field_name]
+        if v not in known:
+            raise ValueError(f"unknown {info.field_name} {v!r} (known: {', '.join(known)})")
+        return v
+
+    @field_validator("vllm_args")
+    @classmethod
+    def _one_argument_each(cls, v: list[str]) -> list[str]:
+        for a in v:
+            if a.startswith("-") and any(c.isspace() for c in a):
+                flag, _, value = a.strip().partition(" ")
+                raise ValueError(f"{a!r} is two arguments: write one per --vllm-arg, with '=' "
+                                 f"(--vllm-arg={flag}={value.strip()})")
+        return v
 
 
 def sha256(path: Path) -> str:
@@ -210,15 +245,33 @@ def study_info(opts: TuneOptions, workload: Workload, slo: SLO, space: SearchSpa
 
 
 def prepare(opts: TuneOptions) -> tuple[Workload, SLO, SearchSpace]:
-    if opts.strategy not in STRATEGIES:
-        raise UserError(f"unknown strategy {opts.strategy!r} (known: {', '.join(STRATEGIES)})",
-                        field="--strategy")
-    if not opts.workload.exists():
+    """Read and check every input, and every option that needs an input to be checked, before the run
+    creates anything: a mistake found later would leave a run directory (and a study) behind."""
+    if opts.out is not None:
+        check_out_dir(opts.out, "--out")
+    if opts.workload is None or not opts.workload.exists():
         raise UserError("no such file", file=str(opts.workload), field="--workload")
     workload = load_workload(opts.workload)
     if not workload.requests:
         raise UserError("the workload has no requests", file=str(opts.workload))
-    return workload, load_slo(opts.slo), load_space(opts.search_space)
+    if opts.arrival == "trace" and not workload.has_arrivals:
+        raise UserError(f"needs a workload with arrival times ({opts.workload} has none): use poisson or "
+                        "gamma", field="--arrival")
+    slo, space = load_slo(opts.slo), load_space(opts.search_space)
+    if opts.gpu:
+        from tuner.profiles.gpus import get_gpu
+
+        get_gpu(opts.gpu)
+    if opts.engine in ("sim", "sim-http"):
+        from tuner.search.space import simulated_engine_problem
+        from tuner.sim.cli import check_extra_args
+
+        problem = simulated_engine_problem(space)
+        if problem:
+            raise UserError(problem[1], file=opts.search_space if Path(opts.search_space).exists() else None,
+                            field=f"knobs.{problem[0]}" if Path(opts.search_space).exists() else "--search-space")
+        check_extra_args(opts.vllm_args, engine=opts.engine)
+    return workload, slo, space
 
 
 @contextmanager

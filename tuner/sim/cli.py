@@ -51,8 +51,11 @@ def human_readable_int(value: str) -> int:
 
 
 UNMODELLED_SWITCHES = ("--enforce-eager", "--disable-log-requests", "--disable-log-stats",
-                       "--trust-remote-code", "--disable-frontend-multiprocessing")
-UNMODELLED_VALUES = ("--dtype", "--uvicorn-log-level", "--generation-config", "--tokenizer-mode")
+                       "--trust-remote-code", "--disable-frontend-multiprocessing", "--enable-log-requests",
+                       "--disable-uvicorn-access-log")
+UNMODELLED_VALUES = ("--dtype", "--uvicorn-log-level", "--generation-config", "--tokenizer-mode", "--tokenizer",
+                     "--revision", "--tokenizer-revision", "--download-dir", "--load-format", "--chat-template",
+                     "--max-logprobs", "--response-role")
 
 
 def unmodelled(args: argparse.Namespace) -> list[str]:
@@ -98,6 +101,34 @@ def build_parser(prog: str = "tune sim serve") -> argparse.ArgumentParser:
     for flag in UNMODELLED_VALUES:
         u.add_argument(flag, default=None)
     return p
+
+
+def check_extra_args(extra: Sequence[str], engine: str = "sim") -> list[str]:
+    """The flags among `extra` (a study's `--vllm-arg`s) that the simulator accepts without modelling
+    them; a `UserError` naming `--vllm-arg` for any it would refuse, before a study starts (on sim-http
+    every launch would fail with it; the in-process simulator would silently ignore it). A knob's flag is
+    refused on both: the search sets the knobs, and the in-process simulator takes no server arguments."""
+    from tuner.engine.vllm import _check_extra_args
+    from tuner.errors import UserError
+    from tuner.knobs import Knobs
+
+    def refuse(message: str) -> None:
+        raise UserError(f"{message.replace('unrecognized arguments', 'not accepted')} by --engine {engine} "
+                        "(it accepts a few vLLM flags it does not model, e.g. --dtype, --enforce-eager, "
+                        "--trust-remote-code: see tune sim serve --help)", field="--vllm-arg")
+
+    try:
+        _check_extra_args(extra)
+    except UserError as e:
+        raise UserError(e.message, field="--vllm-arg") from None
+    for a in extra:
+        name = a.split("=", 1)[0].removeprefix("--").removeprefix("no-").replace("-", "_")
+        if name in Knobs.model_fields:
+            raise UserError(f"{a.split('=', 1)[0]} is a knob the search sets: put it in the search space "
+                            "(a knob with one value is fixed)", field="--vllm-arg")
+    parser = build_parser()
+    parser.error = refuse  # type: ignore[method-assign,assignment]  # argparse's own exit, as a UserError
+    return unmodelled(parser.parse_args(["--gpu", "-", "--model", "-", *extra]))
 
 
 def _knobs(args: argparse.Namespace):
