@@ -42,8 +42,8 @@ def plan(run_dir: Optional[Path] = typer.Argument(None, help="Run directory (opt
          tp: int = typer.Option(1, "--tp", help="Tensor-parallel GPUs per instance."),
          gpu: Optional[str] = typer.Option(None, "--gpu"),
          model: Optional[str] = typer.Option(None, "--model"),
-         slo_file: Optional[Path] = typer.Option(None, "--slo", help="SLO YAML (TPOT for feasibility, "
-                                                                    "peak rate, headroom, price)."),
+         slo_file: Optional[Path] = typer.Option(None, "--slo", help="SLO YAML (thresholds for the "
+                                                                    "floors, peak rate, headroom, price)."),
          price: Optional[float] = typer.Option(None, "--price-per-gpu-hour"),
          mean_prompt: Optional[float] = typer.Option(None, "--mean-prompt-tokens"),
          mean_output: Optional[float] = typer.Option(None, "--mean-output-tokens"),
@@ -52,7 +52,8 @@ def plan(run_dir: Optional[Path] = typer.Argument(None, help="Run directory (opt
          ) -> None:
     """Instances and GPUs for a peak rate: feasibility, memory gate, speed gate, N+1, cost.
 
-    Exit code 1 when the SLO is infeasible on the hardware (TPOT below the decode floor)."""
+    Exit code 1 when the SLO is infeasible on the hardware (a threshold below its single-stream floor, or
+    requests longer than the model's context); 3 or 4 for a run that measured no capacity (as `tune`)."""
     from tuner.knobs import Knobs
     from tuner.plan import format_plan, make_plan, plan_from_run
     from tuner.search.space import knob_value_error
@@ -71,10 +72,16 @@ def plan(run_dir: Optional[Path] = typer.Argument(None, help="Run directory (opt
                             field="--tokens-per-s")
         rate_per_instance = tokens_per_s / mean_output
     if run_dir is not None:
-        p = plan_from_run(str(run_dir), rate_per_instance=rate_per_instance, peak_rate=peak_rate,
-                          headroom=headroom, tp=tp if tp != 1 else None, gpu=gpu, model=model,
-                          price_per_gpu_hour=price, mean_prompt_tokens=mean_prompt,
-                          mean_output_tokens=mean_output)
+        from tuner.plan import NoCapacity
+
+        try:
+            p = plan_from_run(str(run_dir), rate_per_instance=rate_per_instance, peak_rate=peak_rate,
+                              headroom=headroom, tp=tp if tp != 1 else None, gpu=gpu, model=model,
+                              price_per_gpu_hour=price, mean_prompt_tokens=mean_prompt,
+                              mean_output_tokens=mean_output)
+        except NoCapacity as e:  # an empty result, not bad input: the study's own exit code (3 or 4)
+            print(f"error: {e.message}", file=sys.stderr)
+            sys.exit(e.exit_code)
     else:
         if rate_per_instance is None:
             raise UserError("give a run directory, or --rate-per-instance (or --tokens-per-s)",
