@@ -1,4 +1,4 @@
-"""Search spaces: which knobs the tuner may turn, to which values (`search_spaces/*.yaml`).
+"""Search spaces: which knobs the tuner may turn, to which values (`tuner/search/spaces/*.yaml`).
 
 A knob's value `null` means "leave vLLM's default". Constraints are simple comparisons between knobs or
 with numbers (`max_num_batched_tokens >= max_num_seqs`, which vLLM itself enforces), checked before a
@@ -24,7 +24,7 @@ KNOB_NAMES = tuple(Knobs.model_fields)
 _OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq,
         "!=": operator.ne}
 _CONSTRAINT = re.compile(r"^\s*(\w+)\s*(>=|<=|==|!=|>|<)\s*([\w.]+)\s*$")
-BUILTIN_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
+BUILTIN_DIR = Path(__file__).resolve().parent / "spaces"  # package data: a wheel ships it
 
 
 class KnobSpec(BaseModel):
