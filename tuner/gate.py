@@ -62,6 +62,10 @@ def load_settings(load: dict, where: str | Path | None = None):
         if k not in known:
             raise UserError(f"unknown key {k!r} (known: {', '.join(sorted(known))})", file=where,
                             field=f"load.{k}")
+    mc = load.get("max_concurrency")
+    if mc is not None and (isinstance(mc, bool) or not isinstance(mc, int) or mc < 1):
+        raise UserError(f"must be an integer >= 1 or null (open loop), got {mc!r}", file=where,
+                        field="load.max_concurrency")
     return LoadSettings(**load)
 
 
@@ -283,7 +287,7 @@ def _measure(gate: GateFile, engine_name: str, knobs: dict, workload_path: Path,
         # sized for virtual time (1000 requests a run) or for the wall clock (200 within 60 s): re-size
         # for the engine it runs on now, keeping the arrival process and seed
         load = load_settings({**default_load(engine_name, load.arrival), "seed": load.seed,
-                              "burstiness": load.burstiness})
+                              "burstiness": load.burstiness, "max_concurrency": load.max_concurrency})
     options = dict(engine_options or {})
     if not options.get("vllm_args"):  # the study's own server arguments, unless others were given
         options["vllm_args"] = list(gate.extra_args)

@@ -45,7 +45,10 @@ class Server(abc.ABC):
 
         `prompt_salt` changes the request-unique part of synthesised prompts (shared prefixes stay
         shared): a knee search replays the same requests at several rates, and without a fresh salt per
-        load run the server's prefix cache would remember every prompt of the previous run."""
+        load run the server's prefix cache would remember every prompt of the previous run.
+
+        Engines also take `max_concurrency=C` (a closed loop: at most C requests in flight, a due send
+        waits for a slot; `tuner.replay.client`); callers pass it only when set."""
 
     @abc.abstractmethod
     def stop(self) -> None:

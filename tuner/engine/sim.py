@@ -61,7 +61,8 @@ class SimServer(Server):
     def run_load(self, requests: Sequence[WorkloadRequest], send_times: Sequence[float], *,
                  offered_rate: float, request_timeout_s: float = 120.0, warmup_s: float = 0.0,
                  cooldown_s: float = 0.0, token_times: bool | None = None,
-                 prompt_salt: int | None = None, stop_when=None) -> LoadRun:
+                 prompt_salt: int | None = None, stop_when=None,
+                 max_concurrency: int | None = None) -> LoadRun:
         sims = []
         if prompt_salt is not None:
             self._shapes.clear()
@@ -76,7 +77,8 @@ class SimServer(Server):
         run = run_virtual(self.cfg, sims, engine=self.core, request_timeout_s=request_timeout_s,
                           sample_interval_s=min(0.5, max(0.01, span / 150)),
                           warmup_s=warmup_s, cooldown_s=cooldown_s,
-                          token_times=self.token_times if token_times is None else token_times)
+                          token_times=self.token_times if token_times is None else token_times,
+                          max_concurrency=max_concurrency)
         self._drain()
         out = LoadRun(offered_rate=offered_rate, duration_s=run.duration_s, records=run.records,
                       metrics=run.metrics, engine="sim", window_start_s=warmup_s,

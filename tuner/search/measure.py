@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tuner.engine.base import Server
+from tuner.replay.bench import run_span, sent_records
 from tuner.metrics.window import MetricsWindow, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES
-from tuner.replay.record import TOOL_CAUSES, LoadRun, RequestRecord
+from tuner.replay.record import LoadRun, RequestRecord
 from tuner.search.records import LatencyQuantiles, LoadRunSummary, MetricsDigest
 from tuner.search.verdict import SteadySettings, StopRule, Verdict, judge
 from tuner.slo import SLO, Score, badness, is_good, score
@@ -49,6 +50,10 @@ class LoadSettings:
     #: been up a while: without it a candidate's first run (its race) pays a cold cache the incumbent's
     #: later runs did not.
     warmup_requests: int = 50
+    #: Closed loop (`vllm bench serve --max-concurrency`): at most this many requests in flight, a due
+    #: send waits for a free slot. None (the default): open loop, the only honest capacity measurement
+    #: (REFERENCE.md section 1); set it to reproduce a published closed-loop measurement.
+    max_concurrency: int | None = None
 
 
 #: A real-time load run's request cap: it only bounds a very high rate (the run's duration bounds the rest).
@@ -213,11 +218,8 @@ def _goodput_bench(runs: list[LoadRun], slo: SLO) -> float | None:
     every request the run sent, warm-up and cool-down included."""
     good = dur = 0.0
     for run in runs:
-        sent = [r for r in run.records if r.sent_s is not None and r.cause not in TOOL_CAUSES]
-        if not sent:
-            continue
-        good += sum(1 for r in sent if is_good(r, slo))
-        dur += max((r.end_s or r.finish_s or r.sent_s or 0.0) for r in sent) - min(r.sent_s for r in sent)
+        good += sum(1 for r in sent_records(run.records) if is_good(r, slo))
+        dur += run_span(run.records)
     return good / dur if dur > 0 else None
 
 
@@ -289,9 +291,12 @@ def measure_run(server: Server, workload: Workload, slo: SLO, rate: float, setti
     rule = StopRule(slo, steady, warmup_s) if (settings.sequential if sequential is None else sequential) \
         else None
     t = time.perf_counter()
+    extra = {"stop_when": rule} if rule else {}
+    if settings.max_concurrency is not None:  # only then: an engine without a closed loop keeps working
+        extra["max_concurrency"] = settings.max_concurrency
     run = server.run_load(reqs, times, offered_rate=rate, request_timeout_s=settings.request_timeout_s,
-                          warmup_s=warmup_s, cooldown_s=settings.cooldown_frac * span,
-                          prompt_salt=salt, **({"stop_when": rule} if rule else {}))
+                          warmup_s=warmup_s, cooldown_s=settings.cooldown_frac * span, prompt_salt=salt,
+                          **extra)
     if run.interrupted:  # the HTTP replay returns a Ctrl-C'd run instead of raising: not a measurement
         raise KeyboardInterrupt
     wall = time.perf_counter() - t

@@ -8,6 +8,7 @@ takes a fraction of a second. Output is the same shape the HTTP replay client me
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -55,8 +56,12 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
                 cost_params: CostParams | None = None, noise: float = 0.0, seed: int = 0,
                 sample_interval_s: float = 0.5, request_timeout_s: float | None = None,
                 warmup_s: float = 0.0, cooldown_s: float = 0.0, token_times: bool = True,
-                engine: EngineCore | None = None) -> VirtualRun:
+                engine: EngineCore | None = None, max_concurrency: int | None = None) -> VirtualRun:
     """Replay `requests` (sorted or not) open-loop; every request arrives at its time whatever happens.
+
+    `max_concurrency=C` is the closed loop of `tuner.replay.client`: at most C requests in the engine, a
+    request due while all C are busy arrives when one finishes (the end of its step); its record's
+    `sent_s` is then that time, `scheduled_s` its due time.
 
     A request still unfinished `request_timeout_s` after its arrival counts as a timeout (as the replay
     client would abort it) and the run stops once nothing can still finish in time, so an overloaded
@@ -71,6 +76,10 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
     n = len(order)
     last_arrival = requests[order[-1]].arrival if n else 0.0
     deadline = last_arrival + request_timeout_s if request_timeout_s else float("inf")
+    # closed loop: when each of the C slots became free (run seconds); the deadline then runs from the
+    # last real send, once every request is sent
+    free_at: list[float] = [0.0] * max_concurrency if max_concurrency else []
+    sent_rel: dict[int, float] = {}
     t0 = core.step_end[-1] if core.step_end else 0.0  # this run's zero on the engine's clock
     now = t0
     i = 0
@@ -82,14 +91,21 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
           core.generation_tokens, core.requests_finished)
     while True:
         rel = now - t0
-        while i < n and requests[order[i]].arrival <= rel:
+        while i < n and requests[order[i]].arrival <= rel and (not max_concurrency or free_at):
             idx = order[i]
             r = requests[idx]
+            arrival = r.arrival
+            if max_concurrency:
+                arrival = sent_rel[idx] = max(arrival, heapq.heappop(free_at))
+                if i == n - 1 and request_timeout_s:
+                    deadline = arrival + request_timeout_s
             err = core.check(r.prompt_len, r.output_len)
             if err:
                 errors[idx] = err
+                if max_concurrency:  # refused at once: the slot is free again
+                    heapq.heappush(free_at, arrival)
             else:
-                seq = Seq(rid=idx + base_step * 1_000_003, arrival=t0 + r.arrival, prompt_len=r.prompt_len,
+                seq = Seq(rid=idx + base_step * 1_000_003, arrival=t0 + arrival, prompt_len=r.prompt_len,
                           output_len=r.output_len, hashes=list(r.hashes))
                 seqs[idx] = seq
                 core.add(seq)
@@ -97,17 +113,19 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
         if not core.has_work():
             if i >= n:
                 break
-            now = t0 + requests[order[i]].arrival
+            now = max(now, t0 + requests[order[i]].arrival)
             continue
         while next_sample <= rel:
             samples.append(GaugeSample(t=next_sample, running=core.num_running,
                                        waiting=core.num_waiting, kv_usage=pool.usage))
             next_sample += sample_interval_s
-        if rel > deadline:
+        if rel > deadline and (i >= n or not max_concurrency):
             break
-        dur, _ = core.step(now)
+        dur, finished = core.step(now)
         it_tokens.append(core.last_step_tokens)
         now += dur
+        for _ in finished if max_concurrency else ():
+            heapq.heappush(free_at, now - t0)
     end_rel = now - t0
     samples.append(GaugeSample(t=end_rel, running=core.num_running, waiting=core.num_waiting,
                                kv_usage=pool.usage))
@@ -116,11 +134,12 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
     ttfts, e2es, queues, prefills = [], [], [], []
     for idx, r in enumerate(requests):
         seq = seqs[idx]
+        sent = sent_rel.get(idx, r.arrival)
         rec = RequestRecord.model_construct(
-            index=idx, scheduled_s=r.arrival, sent_s=r.arrival, first_token_s=None, finish_s=None,
+            index=idx, scheduled_s=r.arrival, sent_s=sent, first_token_s=None, finish_s=None,
             token_times=None, prompt_tokens=r.prompt_len, output_tokens=0,
             expected_output_tokens=r.output_len, error=errors.get(idx), in_window=True,
-            end_s=r.arrival if idx in errors else None)
+            end_s=sent if idx in errors else None)
         if seq is not None:
             if seq.first_token is not None:
                 rec.first_token_s = seq.first_token - t0
@@ -134,7 +153,7 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
                 prefills.append(seq.prefill_done - (seq.first_scheduled or seq.arrival))
             else:
                 rec.error = "timeout"
-                rec.end_s = r.arrival + request_timeout_s if request_timeout_s else end_rel
+                rec.end_s = sent + request_timeout_s if request_timeout_s else end_rel
                 rec.output_tokens = seq.produced
             if token_times and seq.steps:
                 rec.token_times = [x - t0 for x in core.token_times(seq)]
