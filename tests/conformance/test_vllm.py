@@ -32,7 +32,7 @@ def vllm_engine(run_root: Path, *extra: str) -> VllmEngine:
 
 
 class TestVllmConformance(EngineConformance):
-    bad_flag_knobs = Knobs(kv_cache_dtype="not-a-dtype")
+    bad_flag_knobs = Knobs.model_construct(kv_cache_dtype="not-a-dtype")  # past the tool's own check: what the server says
 
     @pytest.fixture(scope="class")
     @classmethod

@@ -145,7 +145,7 @@ def test_launch_load_and_stop_agree_with_the_in_process_engine(engine):
 
 
 @pytest.mark.parametrize("knobs, kind, text", [
-    (Knobs(kv_cache_dtype="fp9"), "bad_flag", "invalid choice: 'fp9'"),
+    (Knobs.model_construct(kv_cache_dtype="fp9"), "bad_flag", "invalid choice: 'fp9'"),  # past the tool's own check
     (Knobs(gpu_memory_utilization=0.05), "no_cache_blocks", "No available memory for the cache blocks"),
     (Knobs(gpu_memory_utilization=0.7), "max_model_len", "max seq len (32768)"),
     (Knobs(gpu_memory_utilization=0.99), "memory_utilization", "Free memory on device"),
