@@ -24,10 +24,10 @@ import optuna
 
 from tuner.engine.sim import SimEngine
 from tuner.knobs import Knobs
-from tuner.search.capacity import KneeSettings, find_capacity
-from tuner.search.measure import LoadSettings
+from tuner.capacity.knee import KneeSettings, find_capacity
+from tuner.capacity.measure import LoadSettings
 from tuner.search.runner import TrialRunner, knobs_key
-from tuner.search.study import TuneOptions, engine_defaults
+from tuner.study import TuneOptions, engine_defaults
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 CACHE = Path(__file__).resolve().parent / ".cache"
@@ -75,7 +75,7 @@ def _code_digest() -> str:
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     for sub in ("tuner/sim", "tuner/profiles", "tuner/workload", "tuner/replay", "tuner/engine/sim.py",
-                "tuner/search/capacity.py", "tuner/search/measure.py", "tuner/search/verdict.py", "tuner/slo.py",
+                "tuner/capacity/knee.py", "tuner/capacity/measure.py", "tuner/capacity/verdict.py", "tuner/slo.py",
                 "tuner/knobs.py"):
         path = root / sub
         for f in sorted(path.rglob("*") if path.is_dir() else [path]):

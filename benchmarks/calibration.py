@@ -17,7 +17,7 @@ from tuner.knobs import Knobs
 from tuner.profiles.gpus import get_gpu
 from tuner.profiles.models import get_model
 from tuner.sim.config import resolve
-from tuner.sim.virtual import SimRequest, run_virtual
+from tuner.engine.virtual import SimRequest, run_virtual
 
 
 def sharegpt_like(n: int, mean_in: float, mean_out: float, seed: int, rate: float | None):

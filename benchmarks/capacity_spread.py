@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from tuner.engine.sim import SimEngine  # noqa: E402
 from tuner.knobs import Knobs  # noqa: E402
-from tuner.search.capacity import find_capacity  # noqa: E402
-from tuner.search.measure import LoadSettings  # noqa: E402
+from tuner.capacity.knee import find_capacity  # noqa: E402
+from tuner.capacity.measure import LoadSettings  # noqa: E402
 from tuner.slo import load_slo  # noqa: E402
 from tuner.workload.loader import load_workload  # noqa: E402
 

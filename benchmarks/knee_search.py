@@ -1,12 +1,12 @@
 """Load runs needed to measure one configuration's capacity: ours against the peers' rate searches.
 
-- ours: badness-interpolated bracketing with noise-aware re-measurement (tuner/search/capacity.py);
+- ours: badness-interpolated bracketing with noise-aware re-measurement (tuner/capacity/knee.py);
 - doubling + bisection (vLLM `bench sweep serve_sla`): double the rate from the start until the SLO
   fails, then bisect until the bracket is within the precision;
 - step-down (vLLM `auto_tune.sh`): one run at rate inf, then from int(throughput) + 1 down 1 req/s at a
   time until the SLO holds (its precision is 1 req/s, whatever the capacity).
 
-All three start from the same rate and use the same pass/fail rule (`tuner.search.verdict`), on every
+All three start from the same rate and use the same pass/fail rule (`tuner.capacity.verdict`), on every
 benchmark scenario's vLLM-default and FP8-KV configuration, with simulator noise on, over several seeds.
 The peers send each load run's whole fixed-length schedule; ours stops a run as soon as its sequential
 test decides. Printed: median load runs, median engine-seconds (the GPU time the runs take), and the
@@ -34,8 +34,8 @@ from _scenarios import SCENARIOS  # noqa: E402
 
 from tuner.engine.sim import SimEngine  # noqa: E402
 from tuner.knobs import Knobs  # noqa: E402
-from tuner.search.capacity import KneeSettings, find_capacity  # noqa: E402
-from tuner.search.measure import measure  # noqa: E402
+from tuner.capacity.knee import KneeSettings, find_capacity  # noqa: E402
+from tuner.capacity.measure import measure  # noqa: E402
 from tuner.search.runner import knobs_key  # noqa: E402
 
 PRECISION = 0.05

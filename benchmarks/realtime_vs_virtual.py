@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 from tuner.engine.sim import SimEngine  # noqa: E402
 from tuner.engine.sim_http import SimHTTPEngine  # noqa: E402
 from tuner.knobs import Knobs  # noqa: E402
-from tuner.search.capacity import KneeSettings, find_capacity  # noqa: E402
-from tuner.search.measure import LoadSettings, engine_load_settings  # noqa: E402
+from tuner.capacity.knee import KneeSettings, find_capacity  # noqa: E402
+from tuner.capacity.measure import LoadSettings, engine_load_settings  # noqa: E402
 from tuner.slo import SLO  # noqa: E402
 from tuner.workload.synth import synthesize  # noqa: E402
 

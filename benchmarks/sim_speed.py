@@ -18,7 +18,7 @@ from tuner.knobs import Knobs
 from tuner.profiles.gpus import get_gpu
 from tuner.profiles.models import get_model
 from tuner.sim.config import resolve
-from tuner.sim.virtual import SimRequest, run_virtual
+from tuner.engine.virtual import SimRequest, run_virtual
 
 
 def chat_requests(n: int, rate: float, seed: int = 0) -> list[SimRequest]:

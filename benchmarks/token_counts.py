@@ -9,7 +9,7 @@ Two kinds of prompt (issue 13, item 3):
   `gen_prompt_decode_to_target_len`), so the real count is N by construction.
 
 For each it prints the mean real count (the model's tokenizer.json, `tokenizers` library), the mean
-estimate (`tuner.sim.tokens.count_tokens`) and their ratio. Run:
+estimate (`tuner.tokens.count_tokens`) and their ratio. Run:
 `python benchmarks/token_counts.py --model $TUNER_TINY_MODEL` (after `. .ci/env`).
 """
 
@@ -23,7 +23,7 @@ import sys
 import numpy as np
 
 from tuner.sim.protocol import render_chat
-from tuner.sim.tokens import count_tokens, tokenizer_file
+from tuner.tokens import count_tokens, tokenizer_file
 from tuner.workload.prompts import render_messages, render_prompt
 from tuner.workload.synth import synthesize
 

@@ -2,6 +2,9 @@ from pathlib import Path
 
 import pytest
 
+# the shipped conformance suite's asserts explain themselves like a test file's
+pytest.register_assert_rewrite("tuner.testing.conformance")
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 FIXTURES = ROOT / "tests" / "fixtures"

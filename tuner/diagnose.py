@@ -24,7 +24,7 @@ attention bytes every step reads.
 from __future__ import annotations
 
 from tuner.replay.record import TOOL_CAUSES
-from tuner.search.records import Diagnosis, LoadRunSummary, MetricsDigest
+from tuner.storage.records import Diagnosis, LoadRunSummary, MetricsDigest
 
 KNOBS = {
     "kv_capacity": (["gpu_memory_utilization", "kv_cache_dtype", "quantization", "max_model_len"],

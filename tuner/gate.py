@@ -21,7 +21,6 @@ beyond the tolerance), 2 bad input.
 
 from __future__ import annotations
 
-import hashlib
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -31,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner import __version__
 from tuner.errors import UserError
+from tuner.inputs import file_sha256
 from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs
 
@@ -43,10 +43,10 @@ class FileRef(BaseModel):
 
 
 def default_load(engine: str, arrival: str = "poisson") -> dict:
-    """Load-run sizing as `tune` uses it for this engine (`tuner.search.measure.engine_load_settings`)."""
+    """Load-run sizing as `tune` uses it for this engine (`tuner.capacity.measure.engine_load_settings`)."""
     from dataclasses import asdict
 
-    from tuner.search.measure import engine_load_settings
+    from tuner.capacity.measure import engine_load_settings
 
     return asdict(engine_load_settings(engine == "sim", arrival=arrival))
 
@@ -55,7 +55,7 @@ def load_settings(load: dict, where: str | Path | None = None):
     """The gate's `load` mapping as the search's `LoadSettings` (unknown keys are a user error)."""
     from dataclasses import fields
 
-    from tuner.search.measure import LoadSettings
+    from tuner.capacity.measure import LoadSettings
 
     known = {f.name for f in fields(LoadSettings)}
     for k in load:
@@ -100,18 +100,14 @@ class GateFile(BaseModel):
         return self.capacity_rps * (1 - self.tolerance)
 
 
-def sha256_file(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def write_gate(run_dir: str | Path, *, path: str | Path | None = None,
                tolerance: float = DEFAULT_TOLERANCE, trial: int | None = None) -> Path | None:
     """Write `gate.yaml` for the tuned configuration of the study in `run_dir` (the study runner calls this
     at the end of a run; `tune report` writes one if it is missing). Returns the file's path, or None when
     no configuration met the SLO at any rate: there is no capacity to hold a configuration to.
     `trial` gates another trial than the tuned one (e.g. the baseline, to watch vLLM upgrades)."""
-    from tuner.report.select import pick_configs
-    from tuner.report.storage import load_study_data
+    from tuner.storage.select import pick_configs
+    from tuner.storage.reader import load_study_data
 
     data = load_study_data(run_dir)
     info = data.info
@@ -222,13 +218,15 @@ class GateResult(BaseModel):
 
 def make_engine(name: str, gate: GateFile, work_dir: Path, workload: Path, slo: Path,
                 options: dict | None = None):
-    """The engine, built exactly as `tune` builds it (`tuner.search.study.make_engine`); `options` are
+    """The engine, from the same registry as `tune` builds it (`tuner.engine.registry`); `options` are
     tune's engine options: `vllm_python`, `vllm_command`, `vllm_args`, `api_key`, `time_scale`."""
-    from tuner.search.study import TuneOptions, make_engine as tune_engine
+    from tuner.engine.registry import EngineSpec, create
 
-    opts = TuneOptions(workload=workload, slo=slo, out=work_dir, engine=name, gpu=gate.gpu, model=gate.model,
-                       **(options or {}))
-    return tune_engine(opts)
+    o = dict(options or {})
+    return create(EngineSpec(name=name, gpu=gate.gpu, model=gate.model, run_dir=work_dir / "servers",
+                             python=o.get("vllm_python"), command=o.get("vllm_command"),
+                             extra_args=list(o.get("vllm_args") or []), api_key=o.get("api_key"),
+                             time_scale=o.get("time_scale", 1.0)))
 
 
 GATE_SEED = 1000      # the gate's load runs draw fresh arrivals and requests, not the search's own
@@ -243,12 +241,12 @@ def check_rate(server, workload, slo, rate: float, load, *, max_runs: int = MAX_
     interval still reaches it: not a demonstrated regression) or "broken" (the whole interval is below).
     A regression gate must fail on a regression, not on one unlucky draw of a p99 from a few hundred
     requests, and must not pass on a lucky one either: hence pooling, then the interval."""
-    from tuner.search.measure import measure_run, summarize
+    from tuner.capacity.measure import measure_run, summarize
 
     target = float(slo.target)
     from dataclasses import replace
 
-    from tuner.search.measure import run_size
+    from tuner.capacity.measure import run_size
 
     runs = []
     longer = 0
@@ -276,8 +274,8 @@ def check_rate(server, workload, slo, rate: float, load, *, max_runs: int = MAX_
 
 def _measure(gate: GateFile, engine_name: str, knobs: dict, workload_path: Path, slo_path: Path,
              full: bool, work_dir: Path, engine_options: dict | None) -> tuple[list[Check], float | None]:
-    from tuner.search.capacity import find_capacity
-    from tuner.search.measure import measure
+    from tuner.capacity.knee import find_capacity
+    from tuner.capacity.measure import measure
     from tuner.slo import load_slo
     from tuner.workload.loader import load_workload
 
@@ -355,7 +353,7 @@ def run_gate(gate_path: str | Path, *, engine: str | None = None, overrides: lis
     changed = []
     for ref, given, what in [(gate.workload, workload, "workload"), (gate.slo, slo, "slo")]:
         p = _find_input(ref, gate_path.parent, given, what)
-        digest = sha256_file(p)
+        digest = file_sha256(p)
         same = digest == ref.sha256
         msg = (f"{what} {p} unchanged" if same else
                f"{what} {p} CHANGED since the gate was written (sha256 {digest[:12]} != {ref.sha256[:12]})")

@@ -9,6 +9,7 @@ before anything is written, so a bad `--out` ends in one line instead of a trace
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 from typing import Any, Iterable
@@ -105,8 +106,13 @@ def check_out_file(path: str | Path, field: str | None = None) -> Path:
 
 def option_error(e: ValidationError, names: dict[str, str]) -> UserError:
     """A `ValidationError` of a model of command-line options, as one line naming the option."""
-    from tuner.workload._validation import first_error
+    from tuner.validation import first_error
 
     field, msg = first_error(e)
     key = field.split(".")[0] if field else None
     return UserError(msg, field=names.get(key, f"--{key.replace('_', '-')}") if key else None)
+
+
+def file_sha256(path: str | Path) -> str:
+    """The digest a study and its gate record of each input file (a gate refuses a changed one)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

@@ -77,3 +77,22 @@ KnobName = Literal[
     "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "quantization",
     "kv_cache_dtype", "enable_prefix_caching", "max_model_len",
 ]
+
+
+#: Server flags the tool sets itself, or that must not be on a command line any user can read.
+TOOL_SET_FLAGS = ("--port", "--host")
+SECRET_FLAGS = ("--api-key",)
+
+
+def check_server_args(extra_args) -> None:
+    """Extra `vllm serve` arguments (`--vllm-arg`) that would fight the tool or leak a secret."""
+    from tuner.errors import UserError
+
+    for a in extra_args:
+        flag = a.split("=", 1)[0]
+        if flag in SECRET_FLAGS:
+            raise UserError("pass the API key with api_key= (it is sent as VLLM_API_KEY), not as --api-key "
+                            "on the command line, where any user can read it", field="extra_args")
+        if flag in TOOL_SET_FLAGS:
+            raise UserError(f"{flag} is set by the tuner; use the engine's host/port options",
+                            field="extra_args")

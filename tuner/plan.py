@@ -249,10 +249,10 @@ def make_plan(*, rate_per_instance: float, peak_rate: float, headroom: float = 0
 class NoCapacity(Exception):
     """A finished study that measured no capacity: there is nothing to size a cluster for. Not a user
     mistake (the input is fine, the result is empty): the CLI exits with the study's own code
-    (`tuner.search.status.EXIT_CODES`), as `tune` itself did for that study."""
+    (`tuner.storage.status.EXIT_CODES`), as `tune` itself did for that study."""
 
     def __init__(self, status: str, message: str):
-        from tuner.search.status import EXIT_CODES, EXIT_NO_PASS
+        from tuner.storage.status import EXIT_CODES, EXIT_NO_PASS
 
         super().__init__(message)
         self.status, self.message = status, message
@@ -262,8 +262,8 @@ class NoCapacity(Exception):
 def plan_from_run(run_dir: str, **overrides) -> Plan:
     """The plan for a finished run (see `plan_for_study`); `NoCapacity` when the study measured none
     and no --rate-per-instance stands in for it."""
-    from tuner.report.select import pick_configs
-    from tuner.report.storage import load_study_data
+    from tuner.storage.select import pick_configs
+    from tuner.storage.reader import load_study_data
 
     data = load_study_data(run_dir)
     _, tuned = pick_configs(data.trials, data.outcome)
@@ -276,7 +276,7 @@ def plan_from_run(run_dir: str, **overrides) -> Plan:
 def _why_no_capacity(data, run_dir: str) -> tuple[str, str]:
     """The study's status line (`study_status`), the knee search's own reason (stored per trial), and
     the SLO floors this hardware breaks, if any: why there is no capacity, not just that."""
-    from tuner.search.status import study_status
+    from tuner.storage.status import study_status
 
     done = [t.record for t in data.trials if t.state not in ("RUNNING", "WAITING")]
     status, text = study_status(done)
@@ -301,7 +301,7 @@ def _study_lengths(info) -> Lengths:
     the study recorded (the plan says which)."""
     from pathlib import Path
 
-    from tuner.search.study import sha256
+    from tuner.inputs import file_sha256 as sha256
     from tuner.workload.loader import load_workload
 
     path = Path(info.workload_path)

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from tuner.errors import UserError
 from tuner.inputs import parse_yaml, read_text, yaml_line
 from tuner.replay.record import TOOL_CAUSES, LoadRun, RequestRecord
-from tuner.workload._validation import first_error
+from tuner.validation import first_error
 
 METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")
 Z95 = 1.959963984540054

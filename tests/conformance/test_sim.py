@@ -13,7 +13,7 @@ import math
 
 import pytest
 
-from tests.conformance.base import EngineConformance
+from tuner.testing.conformance import EngineConformance
 from tuner.engine.sim import SimEngine
 from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs

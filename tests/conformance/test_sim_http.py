@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conformance.base import EngineConformance
+from tuner.testing.conformance import EngineConformance
 from tests.conformance.test_sim import impossible_memory_launches, make_tiny_kv_knobs
 from tuner.engine.sim_http import SimHTTPEngine
 from tuner.knobs import Knobs

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conformance.base import EngineConformance
+from tuner.testing.conformance import EngineConformance
 from tests.helpers.real_vllm import MODEL, PYTHON, needs_vllm
 from tuner.engine.vllm import VllmEngine
 from tuner.knobs import Knobs

@@ -86,7 +86,7 @@ def test_prompts_beyond_the_model_context_are_infeasible_not_fifteen_gpus():
 
 def test_a_run_with_no_capacity_says_why_with_the_study_exit_code(tmp_path):
     from tests.e2e.conftest import TUNE_FIX, WORKLOAD
-    from tuner.search.status import EXIT_NO_PASS
+    from tuner.storage.status import EXIT_NO_PASS
 
     run = tmp_path / "run"
     t = tune("--workload", WORKLOAD, "--slo", TUNE_FIX / "impossible.slo.yaml", "--engine", "sim", "--gpu",

@@ -14,7 +14,7 @@ import pytest
 from optuna.trial import TrialState
 
 from tests.e2e.conftest import SLO, TUNE_FIX, WORKLOAD, load_trials, record, sqlite_url, study_args, tune
-from tuner.search.status import EXIT_NO_LAUNCH, EXIT_NO_PASS
+from tuner.storage.status import EXIT_NO_LAUNCH, EXIT_NO_PASS
 
 pytestmark = pytest.mark.e2e
 

@@ -21,7 +21,7 @@ from tuner.engine.sim import SimEngine
 from tuner.engine.sim_http import SimHTTPEngine
 from tuner.knobs import Knobs
 from tuner.sim.protocol import render_chat
-from tuner.sim.tokens import ESTIMATE, count_tokens, token_counter_for
+from tuner.tokens import ESTIMATE, count_tokens, token_counter_for
 from tuner.workload.model import ChatMessage, Workload, WorkloadRequest
 from tuner.workload.stats import GIVEN_COUNTS, describe
 

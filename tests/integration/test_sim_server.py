@@ -32,7 +32,7 @@ from tuner.sim.cli import human_readable_int
 from tuner.sim.config import resolve
 from tuner.sim.engine import EngineCore, Seq
 from tuner.sim.protocol import WORDS
-from tuner.sim.tokens import count_tokens
+from tuner.tokens import count_tokens
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU, MODEL = "rtx4090", "Qwen/Qwen2.5-7B-Instruct"

@@ -2,7 +2,7 @@
 
 The regression this guards: capped real-time load runs at a high rate were short bursts the engine drained
 after the schedule ended, and a loose SLO passed them, so the tuner reported 2,048 req/s for a server that
-completed 12-15 req/s. A load run now passes only in steady state (`tuner.search.verdict`), so the
+completed 12-15 req/s. A load run now passes only in steady state (`tuner.capacity.verdict`), so the
 capacity the knee search reports is bounded by the engine's maximum throughput, measured here with a
 burst of the same requests (everything sent at once: what completes per second is the most it serves).
 """
@@ -14,8 +14,8 @@ import pytest
 from tests.conformance.test_vllm import MIB, vllm_engine
 from tests.helpers.real_vllm import needs_vllm
 from tuner.knobs import Knobs
-from tuner.search.capacity import KneeSettings, find_capacity
-from tuner.search.measure import LoadSettings, measure
+from tuner.capacity.knee import KneeSettings, find_capacity
+from tuner.capacity.measure import LoadSettings, measure
 from tuner.slo import SLO
 from tuner.workload.model import Workload, WorkloadRequest
 

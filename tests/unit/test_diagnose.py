@@ -8,12 +8,12 @@ import pytest
 from tuner.diagnose import KNOBS, diagnose
 from tuner.engine.sim import SimEngine
 from tuner.knobs import Knobs
-from tuner.search.capacity import KneeSettings
-from tuner.search.measure import LoadSettings
+from tuner.capacity.knee import KneeSettings
+from tuner.capacity.measure import LoadSettings
 from tuner.search.runner import TrialRunner
 from tuner.search.space import load_space
 from tuner.search.strategy import Budget, guided
-from tuner.search.study import TuneOptions, engine_defaults
+from tuner.study import TuneOptions, engine_defaults
 from tuner.slo import SLO
 from tuner.workload.model import Workload, WorkloadRequest
 
@@ -74,7 +74,7 @@ def test_each_constraint_is_diagnosed_and_its_knob_is_turned_next(kind):
 
 def test_diagnosis_reads_real_vllm_metrics_fixture_shapes():
     """The batch-cap and KV-bound captures of real vLLM read as such (digest fields as /metrics gives)."""
-    from tuner.search.records import LoadRunSummary, MetricsDigest
+    from tuner.storage.records import LoadRunSummary, MetricsDigest
 
     point = LoadRunSummary(rate=5, n=100, attainment=0.9, ci_low=0.85, ci_high=0.94, passed=False,
                            goodput=4.5, binding="ttft")

@@ -13,7 +13,7 @@ from tests.unit.test_report_fixtures import SLO_FILE, WORKLOAD, fixture_study
 from tuner.errors import UserError
 from tuner.gate import (apply_overrides, default_load, load_gate, run_gate, write_gate,
                         write_junit)
-from tuner.report.storage import load_study_data
+from tuner.storage.reader import load_study_data
 
 
 @pytest.fixture(scope="module")

@@ -15,16 +15,16 @@ from tuner.engine.classify import classify_failure
 from tuner.engine.sim import SimEngine
 from tuner.knobs import Knobs
 from tuner.profiles.gpus import get_gpu
-from tuner.search.capacity import KneeSettings
+from tuner.capacity.knee import KneeSettings
 from tuner.search.lessons import Lessons, learn
-from tuner.search.measure import LoadSettings
-from tuner.search.records import TrialRecord
+from tuner.capacity.measure import LoadSettings
+from tuner.storage.records import TrialRecord
 from tuner.search.runner import TrialRunner
 from tuner.search.space import SearchSpace
 from tuner.search.strategy import Budget, guided
-from tuner.search.study import engine_defaults, grid
+from tuner.study import engine_defaults, grid
 from tuner.slo import SLO
-from tuner.search.study import TuneOptions
+from tuner.study import TuneOptions
 from tuner.workload.model import Workload, WorkloadRequest
 
 # what vLLM's CPU attention backend raises for --kv-cache-dtype fp8 on a CPU without AVX-512 or AMX

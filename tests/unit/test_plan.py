@@ -14,7 +14,7 @@ from tuner.profiles.gpus import get_gpu
 from tuner.profiles.models import get_model
 from tuner.sim.config import resolve
 from tuner.sim.costs import CostModel
-from tuner.sim.virtual import SimRequest, run_virtual
+from tuner.engine.virtual import SimRequest, run_virtual
 from tuner.slo import SLO
 
 QWEN, GPU = "Qwen/Qwen2.5-7B-Instruct", "rtx4090"
@@ -233,8 +233,8 @@ def no_capacity_study(run, *, launched: bool) -> None:
     import optuna
 
     from tests.conftest import ROOT
-    from tuner.search.records import LoadRunSummary, StudyInfo, TrialRecord
-    from tuner.search.study import sha256
+    from tuner.storage.records import LoadRunSummary, StudyInfo, TrialRecord
+    from tuner.inputs import file_sha256 as sha256
 
     wl = ROOT / "tests" / "fixtures" / "tune" / "tiny.jsonl"
     info = StudyInfo(workload_path=str(wl), workload_sha256=sha256(wl), workload_requests=20,

@@ -2,7 +2,7 @@ import time
 
 import pytest
 
-from tuner.sim.tokens import block_hashes, block_hashes_from_ids, count_tokens, tokenize
+from tuner.tokens import block_hashes, block_hashes_from_ids, count_tokens, tokenize
 from tuner.workload.model import ChatMessage, WorkloadRequest
 from tuner.workload.prompts import WORDS, render_messages, render_prompt
 

@@ -26,9 +26,9 @@ GPU, MODEL = "rtx4090", "Qwen/Qwen2.5-7B-Instruct"
 
 def make_study(run_dir: Path) -> Path:
     """Run the chosen trials into `run_dir` (about 10 s of CPU); returns `run_dir`."""
-    from tuner.search.capacity import KneeSettings
+    from tuner.capacity.knee import KneeSettings
     from tuner.search.runner import TrialRunner
-    from tuner.search.study import (STUDY_NAME, TuneOptions, engine_defaults, load_settings, make_engine,
+    from tuner.study import (STUDY_NAME, TuneOptions, engine_defaults, load_settings, make_engine,
                                     open_study, prepare, storage_url, study_info)
 
     opts = TuneOptions(workload=WORKLOAD, slo=SLO_FILE, out=run_dir, gpu=GPU, model=MODEL,
@@ -76,7 +76,7 @@ def fixture_study(tmp_path_factory: pytest.TempPathFactory, dest: Path | None = 
 
 
 def test_fixture_study_has_every_trial_state(tmp_path_factory):
-    from tuner.report.storage import load_study_data
+    from tuner.storage.reader import load_study_data
 
     data = load_study_data(fixture_study(tmp_path_factory))
     states = [t.state for t in data.trials]

@@ -9,8 +9,8 @@ from tuner.knobs import Knobs
 from tuner.profiles.gpus import get_gpu
 from tuner.profiles.models import get_model
 from tuner.sim.config import resolve
-from tuner.sim.tokens import block_hashes_from_ids
-from tuner.sim.virtual import SimRequest, run_virtual
+from tuner.tokens import block_hashes_from_ids
+from tuner.engine.virtual import SimRequest, run_virtual
 
 GPU, MODEL = get_gpu("rtx4090"), get_model("qwen2.5-7b")
 

@@ -7,7 +7,7 @@ from tuner.profiles.gpus import get_gpu
 from tuner.profiles.models import get_model
 from tuner.sim.config import resolve
 from tuner.sim.engine import EngineCore, Seq
-from tuner.sim.virtual import SimRequest, run_virtual
+from tuner.engine.virtual import SimRequest, run_virtual
 
 
 def mixed(n=600, rate=20.0, seed=3, shared=True):

@@ -3,7 +3,7 @@
 import json
 
 from tuner.knobs import Knobs
-from tuner.search.records import LoadRunSummary, TrialRecord
+from tuner.storage.records import LoadRunSummary, TrialRecord
 from tuner.search.strategy import (Budget, LaunchNoise, _order, clearly_better_at_same_load, confirm_incumbent,
                                    normalize, replicate_baseline)
 
@@ -107,7 +107,7 @@ def test_no_confirmation_launch_on_a_deterministic_engine_nor_without_budget():
 
 def test_a_batch_cap_above_the_running_batch_is_not_proposed() -> None:
     """Decode-bound at 7 running sequences: max_num_seqs 128 or 64 changes nothing; 8 may."""
-    from tuner.search.records import Diagnosis
+    from tuner.storage.records import Diagnosis
     from tuner.search.strategy import _can_bind
 
     diag = Diagnosis(kind="decode", summary="", evidence={"running_p90": 7}, knobs=["max_num_seqs"],

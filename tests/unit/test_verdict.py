@@ -1,4 +1,4 @@
-"""The pass rule of a load run (tuner/search/verdict.py) and the one per-request SLO check (tuner/slo.py)."""
+"""The pass rule of a load run (tuner/capacity/verdict.py) and the one per-request SLO check (tuner/slo.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from tuner.engine.sim import SimEngine
 from tuner.knobs import Knobs
 from tuner.replay.record import RequestRecord, error_cause
-from tuner.search.capacity import find_capacity
-from tuner.search.measure import LoadSettings, measure
-from tuner.search.verdict import design_effect, judge
+from tuner.capacity.knee import find_capacity
+from tuner.capacity.measure import LoadSettings, measure
+from tuner.capacity.verdict import design_effect, judge
 from tuner.slo import SLO, badness, request_ratio, score
 from tuner.workload.model import Workload, WorkloadRequest
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import FIXTURES
 from tuner.errors import UserError
-from tuner.sim.tokens import count_tokens
+from tuner.tokens import count_tokens
 from tuner.workload.loader import detect_format, load_workload, save_workload
 
 WL = FIXTURES / "workloads"

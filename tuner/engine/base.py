@@ -41,7 +41,7 @@ class Server(abc.ABC):
         """Send `requests[i]` at `send_times[i]` seconds (open loop) and measure every one.
 
         `stop_when(records, now)` (see `tuner.replay.client.StopWhen`) may end the run early once its
-        verdict is certain: the sequential test of `tuner.search.verdict`.
+        verdict is certain: the sequential test of `tuner.capacity.verdict`.
 
         `prompt_salt` changes the request-unique part of synthesised prompts (shared prefixes stay
         shared): a knee search replays the same requests at several rates, and without a fresh salt per
@@ -67,6 +67,24 @@ class Engine(abc.ABC):
     name: ClassVar[str]
     #: True when load runs take virtual time (the in-process simulator): the tuner may run many.
     virtual_time: ClassVar[bool] = False
+
+    #: True when its numbers come from a simulator, not a real server (reports say SIMULATED).
+    simulated: ClassVar[bool] = False
+
+    @classmethod
+    def from_spec(cls, spec) -> "Engine":
+        """Build from an `tuner.engine.registry.EngineSpec`; an engine that `create` builds defines it."""
+        raise NotImplementedError(f"{cls.__name__} has no from_spec")
+
+    @classmethod
+    def unsupported_value(cls, values: dict[str, list]) -> tuple[str, str] | None:
+        """(knob, why) for a knob value in `values` (knob -> candidate values) this engine can never
+        launch, so a study is refused before it starts; None when it can try them all."""
+        return None
+
+    @classmethod
+    def check_extra_args(cls, args: Sequence[str]) -> None:
+        """Raise `UserError` naming `--vllm-arg` for extra server arguments this engine would refuse."""
 
     @abc.abstractmethod
     def launch(self, knobs: Knobs) -> Server:

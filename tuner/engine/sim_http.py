@@ -36,6 +36,26 @@ class SimHTTPEngine(Engine):
     """One `python -m tuner.sim` server per `launch`, each in its own run directory (log, pidfile)."""
 
     name: ClassVar[str] = "sim-http"
+    simulated: ClassVar[bool] = True
+
+    @classmethod
+    def unsupported_value(cls, values: dict[str, list]) -> tuple[str, str] | None:
+        from tuner.engine.sim import unmodelled_value
+
+        return unmodelled_value(values)
+
+    @classmethod
+    def check_extra_args(cls, args) -> None:
+        from tuner.sim.cli import check_extra_args
+
+        check_extra_args(args, engine=cls.name)
+
+    @classmethod
+    def from_spec(cls, spec) -> "SimHTTPEngine":
+        if not (spec.gpu and spec.model):
+            raise UserError("--engine sim-http needs --gpu and --model", field="--engine")
+        return cls(spec.gpu, spec.model, time_scale=spec.time_scale, run_dir=spec.run_dir,
+                   api_key=spec.api_key, noise=spec.noise, seed=spec.seed, extra_args=spec.extra_args)
 
     def __init__(self, gpu: str | GPUProfile, model: str | ModelProfile, *, time_scale: float = 1.0,
                  run_dir: str | Path | None = None, api_key: str | None = None,

@@ -29,10 +29,9 @@ from tuner.engine import launcher
 from tuner.engine.base import Engine, LaunchFailure
 from tuner.engine.http import HTTPServer
 from tuner.errors import UserError
-from tuner.knobs import Knobs
+from tuner.knobs import Knobs, check_server_args
 
 PLACEHOLDERS = ("{model}", "{port}", "{host}", "{args}")
-_SECRET_FLAGS = ("--api-key",)
 # Environment every launch gets: no usage reports, no hub access at serve time unless the user opts in.
 DEFAULT_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 
@@ -57,20 +56,17 @@ def render_command(template: str, *, model: str, host: str, port: int, args: Seq
     return argv
 
 
-def _check_extra_args(extra_args: Sequence[str]) -> None:
-    for a in extra_args:
-        if a.split("=", 1)[0] in _SECRET_FLAGS:
-            raise UserError("pass the API key with api_key= (it is sent as VLLM_API_KEY), not as --api-key "
-                            "on the command line, where any user can read it", field="extra_args")
-        if a.split("=", 1)[0] in ("--port", "--host"):
-            raise UserError(f"{a.split('=', 1)[0]} is set by the tuner; use the engine's host/port options",
-                            field="extra_args")
-
-
 class VllmEngine(Engine):
     """One `vllm serve` per `launch`, each in its own run directory with its log and pidfile."""
 
     name: ClassVar[str] = "vllm"
+
+    @classmethod
+    def from_spec(cls, spec) -> "VllmEngine":
+        if not spec.model:
+            raise UserError("--engine vllm needs --model (the model path or id to serve)", field="--model")
+        return cls(spec.model, run_root=spec.run_dir, python=spec.python, command=spec.command,
+                   extra_args=spec.extra_args, api_key=spec.api_key)
 
     def __init__(self, model: str, *, run_root: str | Path, served_model_name: str | None = None,
                  host: str = "127.0.0.1", port: int | None = None, extra_args: Sequence[str] = (),
@@ -84,7 +80,7 @@ class VllmEngine(Engine):
                             "or pass the fixed port it listens on", field="command")
         if not model:
             raise UserError("no model given", field="model")
-        _check_extra_args(extra_args)
+        check_server_args(extra_args)
         self.model = model
         self.served_model_name = served_model_name
         self.run_root = Path(run_root)

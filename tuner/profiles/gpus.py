@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner.errors import UserError
 from tuner.inputs import looks_like_path, parse_yaml, read_text, yaml_line
-from tuner.workload._validation import first_error
+from tuner.validation import first_error
 
 GIB = 1024 ** 3
 

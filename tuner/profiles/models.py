@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tuner.errors import UserError
 from tuner.inputs import read_text
-from tuner.workload._validation import first_error
+from tuner.validation import first_error
 
 # Bytes per weight of a quantized linear layer, and the extra GEMM work the dequantisation adds once the
 # batch is large enough to be compute-bound (Marlin-style W4A16 kernels lose their edge past ~32 tokens).

@@ -2,7 +2,9 @@
 
 `build_report(run_dir)` reads the study storage and returns the `Report` (Pydantic); `write_report(run_dir)`
 writes `report.md`, a self-contained `report.html`, `report.json`, `tuned-config.yaml` and `plots/*.svg`
-into the run directory (and `gate.yaml` if the run has none yet). `tune report RUN_DIR` calls it.
+into the run directory. The report never writes the gate (it reads the storage alone and imports no
+measurement code): `tune report RUN_DIR` and the study write `gate.yaml` first, and the report says
+whether there is one.
 """
 
 from __future__ import annotations
@@ -21,15 +23,11 @@ def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Repo
     from tuner.report.render import to_html, to_markdown
 
     from tuner.inputs import check_out_dir
-    from tuner.report.storage import storage_url
+    from tuner.storage.reader import storage_url
 
     storage_url(run_dir)  # a run directory of `tune`, checked before anything is created
     out = check_out_dir(out_dir, "--out") if out_dir is not None else Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
-    if not (out / "gate.yaml").exists():  # before the report, which says whether there is one
-        from tuner.gate import write_gate
-
-        write_gate(run_dir, path=out / "gate.yaml")
     rep = build_report(run_dir)
     rep.gate_written = (out / "gate.yaml").exists()
     svgs = all_plots(rep)

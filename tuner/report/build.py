@@ -17,30 +17,14 @@ from tuner.errors import UserError
 from tuner.knobs import Knobs
 from tuner.plan import format_plan, plan_for_study
 from tuner.report.model import (ConfigSummary, Headline, HeadlineRow, Report, TrialRow, WorkloadRef)
-from tuner.report.select import (attribution, closest_run, knee_curve, pick_configs,
+from tuner.storage.select import (attribution, closest_run, knee_curve, pick_configs,
                                   saturation_throughput)
-from tuner.report.storage import StudyData, TrialView, load_study_data
-from tuner.search.records import StudyInfo
-from tuner.search.status import study_status
+from tuner.storage.reader import StudyData, TrialView, load_study_data
+from tuner.storage.records import StudyInfo
+from tuner.storage.status import study_status
 from tuner.slo import SLO
 
 QUALITY_KNOBS = ("quantization", "kv_cache_dtype")
-
-
-def vllm_defaults(info: StudyInfo) -> dict | None:
-    """What vLLM resolves unset knobs to on this GPU (256 seqs on a 4090, 1024 on an H100), so the
-    report can say "default (256) -> 512" instead of "default -> 512"."""
-    if not info.gpu or not info.model:
-        return None
-    try:
-        from tuner.profiles.gpus import get_gpu
-        from tuner.profiles.models import get_model
-        from tuner.sim.config import resolve
-
-        cfg = resolve(get_gpu(info.gpu), get_model(info.model), Knobs())
-    except Exception:  # a model the profiles do not know, or defaults that would not launch
-        return None
-    return {k: getattr(cfg, k) for k in Knobs.model_fields}
 
 
 def serve_args(knobs: dict) -> list[str]:
@@ -232,7 +216,7 @@ def _storage_label(data: StudyData) -> str:
 
 
 def build_report(run_dir: str | Path) -> Report:
-    """The report of the study in `run_dir` (see `tuner.report.storage` for the layout)."""
+    """The report of the study in `run_dir` (see `tuner.storage.reader` for the layout)."""
     data = load_study_data(run_dir)
     info = data.info
     if not data.trials:
@@ -280,7 +264,7 @@ def build_report(run_dir: str | Path) -> Report:
                              token_count=info.workload_token_count),
         slo_path=info.slo_path, slo_sha256=info.slo_sha256, slo=info.slo, slo_text=slo.describe(),
         baseline=base, tuned=tuned, headline=head,
-        attribution=attribution(data.trials, base_t, tuned_t, vllm_defaults(info), data.outcome),
+        attribution=attribution(data.trials, base_t, tuned_t, info.vllm_defaults, data.outcome),
         trials=[_trial_row(t, (data.outcome or {}).get("incumbent_chain")) for t in data.trials],
         counts=counts,
         engine_s=sum(t.record.engine_s for t in data.trials),

@@ -18,8 +18,16 @@ def report(run_dir: Path = typer.Argument(..., help="Run directory of `tune` (st
            out: Optional[Path] = typer.Option(None, "--out", help="Write here instead of RUN_DIR."),
            ) -> None:
     """Rebuild report.md, report.html, report.json, tuned-config.yaml and plots from the study storage."""
+    from tuner.gate import write_gate
+    from tuner.inputs import check_out_dir
     from tuner.report import write_report
+    from tuner.storage.reader import storage_url
 
+    storage_url(run_dir)  # a run directory of `tune`, checked before anything is created
+    dest = check_out_dir(out, "--out") if out is not None else run_dir
+    if not (dest / "gate.yaml").exists():  # before the report, which says whether there is one
+        dest.mkdir(parents=True, exist_ok=True)
+        write_gate(run_dir, path=dest / "gate.yaml")
     rep = write_report(run_dir, out)
     where = out or run_dir
     t, b = rep.tuned.capacity_rps, rep.baseline.capacity_rps
@@ -124,10 +132,10 @@ def gate(gate_file: Path = typer.Argument(..., help="gate.yaml written by a tuni
     """Re-measure the gated configuration: exit 0 pass, 1 regression, 2 bad input."""
     from tuner.gate import apply_overrides, format_result, load_gate, run_gate
     from tuner.inputs import check_out_file
-    from tuner.search.study import ENGINES
+    from tuner.engine.registry import names as engine_names
 
-    if engine is not None and engine not in ENGINES:  # before the gate's inputs are read and hashed
-        raise UserError(f"unknown engine {engine!r} (known: {', '.join(ENGINES)})", field="--engine")
+    if engine is not None and engine not in engine_names():  # before the gate's inputs are read and hashed
+        raise UserError(f"unknown engine {engine!r} (known: {', '.join(engine_names())})", field="--engine")
     if not time_scale > 0 or time_scale == float("inf"):
         raise UserError(f"must be > 0, got {time_scale}", field="--time-scale")
     if junit is not None:

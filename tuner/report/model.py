@@ -10,8 +10,8 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from tuner.plan import Plan
-from tuner.report.select import KnobStep
-from tuner.search.records import Diagnosis, LatencyQuantiles, LoadRunSummary, MetricsDigest
+from tuner.storage.select import KnobStep
+from tuner.storage.records import Diagnosis, LatencyQuantiles, LoadRunSummary, MetricsDigest
 
 REPORT_SCHEMA_VERSION = 1
 

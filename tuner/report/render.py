@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from tuner.report.model import Report
-from tuner.report.select import fmt_value
+from tuner.storage.select import fmt_value
 
 FIGURES = [("knee", "Knee curves of the baseline and the tuned configuration"),
            ("capacity", "Capacity per trial"),

@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
         if workload is None or slo is None:
             raise UserError("give --workload and --slo (see tune --help)", field="--workload")
         from tuner.search.progress import RichReporter
-        from tuner.search.study import TuneOptions, run_tune
+        from tuner.study import TuneOptions, run_tune
 
         import time as _t
         run_dir = out or Path("runs") / _t.strftime("%Y%m%d-%H%M%S")
@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
             sys.exit(130)  # not typer.Exit: with standalone_mode=False its code is returned, not used
         _summary(outcome, run_dir, json_out)
         if outcome.status != "tuned":  # no result is not a result: a script or CI job must see it
-            from tuner.search.status import EXIT_CODES
+            from tuner.storage.status import EXIT_CODES
 
             print(f"error: {outcome.status_text}", file=sys.stderr)
             sys.exit(EXIT_CODES[outcome.status])
@@ -100,7 +100,7 @@ def register(app: typer.Typer) -> None:
         api_key: Optional[str] = typer.Option(None, envvar="VLLM_API_KEY"),
     ) -> None:
         """Work on a shared study: run the configurations queued in its storage until none are left."""
-        from tuner.search.study import run_worker
+        from tuner.study import run_worker
 
         _sigterm_to_interrupt()
         try:

@@ -21,7 +21,7 @@ import re
 from typing import Any, Iterable
 
 from tuner.knobs import Knobs
-from tuner.search.records import LearnedConstraint, TrialRecord
+from tuner.storage.records import LearnedConstraint, TrialRecord
 
 #: Taken off the free fraction vLLM reported: other processes' memory moves between two launches.
 FREE_MARGIN = 0.02

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from tuner.knobs import Knobs
-from tuner.search.records import LoadRunSummary, TrialRecord
+from tuner.storage.records import LoadRunSummary, TrialRecord
 
 
 def _knobs(k: dict) -> str:

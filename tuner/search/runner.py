@@ -23,10 +23,10 @@ from tuner.diagnose import diagnose
 from tuner.engine.base import Engine
 from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs
-from tuner.search.capacity import KneeSearch, KneeSettings
+from tuner.capacity.knee import KneeSearch, KneeSettings
 from tuner.search.lessons import Lessons, learn
-from tuner.search.measure import LoadSettings, latency_quantiles, measure
-from tuner.search.records import Diagnosis, LoadRunSummary, TrialRecord
+from tuner.capacity.measure import LoadSettings, latency_quantiles, measure
+from tuner.storage.records import Diagnosis, LoadRunSummary, TrialRecord
 from tuner.search.space import SearchSpace
 from tuner.slo import SLO
 from tuner.workload.model import Workload

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 from tuner.errors import UserError
 from tuner.inputs import looks_like_path, parse_yaml, read_text, yaml_line
 from tuner.knobs import Knobs
-from tuner.workload._validation import first_error
+from tuner.validation import first_error
 
 KNOB_NAMES = tuple(Knobs.model_fields)
 _OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq,
@@ -99,21 +99,6 @@ def knob_value_error(knob: str, value: Any) -> str | None:
         Knobs(**{knob: value})
     except ValidationError as e:
         return first_error(e)[1]
-    return None
-
-
-def simulated_engine_problem(space: SearchSpace) -> tuple[str, str] | None:
-    """(knob, message) for a value vLLM accepts but the simulator does not model: the simulated engines
-    would refuse every launch with it, so a study on them is refused before it starts."""
-    from tuner.knobs import KV_CACHE_DTYPES
-    from tuner.sim.config import QUANT_CHOICES
-
-    for knob, modelled in (("kv_cache_dtype", KV_CACHE_DTYPES), ("quantization", QUANT_CHOICES)):
-        spec = space.knobs.get(knob)
-        for v in spec.values if spec else []:
-            if v is not None and v not in modelled:
-                return knob, (f"{v!r} is not modelled by the simulated engines (modelled: "
-                              f"{', '.join(modelled)}); drop it or use --engine vllm")
     return None
 
 

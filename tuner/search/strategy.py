@@ -21,7 +21,7 @@ from typing import Any
 import optuna
 
 from tuner.knobs import Knobs
-from tuner.search.records import Diagnosis, TrialRecord
+from tuner.storage.records import Diagnosis, TrialRecord
 from tuner.search.runner import TrialRunner, knobs_key
 
 STRATEGIES = ("guided", "tpe", "random", "grid")
@@ -45,7 +45,7 @@ class Outcome:
     incumbent: TrialRecord | None
     stop_reason: str
     chain: list[int] | None = None  # trials that became the incumbent, in order (the baseline first)
-    status: str = "tuned"           # or "no_launch" / "no_pass" (tuner.search.status), set by run_tune
+    status: str = "tuned"           # or "no_launch" / "no_pass" (tuner.storage.status), set by run_tune
     status_text: str | None = None  # why there is no result, in one line
 
 

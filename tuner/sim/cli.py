@@ -108,7 +108,7 @@ def check_extra_args(extra: Sequence[str], engine: str = "sim") -> list[str]:
     them; a `UserError` naming `--vllm-arg` for any it would refuse, before a study starts (on sim-http
     every launch would fail with it; the in-process simulator would silently ignore it). A knob's flag is
     refused on both: the search sets the knobs, and the in-process simulator takes no server arguments."""
-    from tuner.engine.vllm import _check_extra_args
+    from tuner.knobs import check_server_args
     from tuner.errors import UserError
     from tuner.knobs import Knobs
 
@@ -118,7 +118,7 @@ def check_extra_args(extra: Sequence[str], engine: str = "sim") -> list[str]:
                         "--trust-remote-code: see tune sim serve --help)", field="--vllm-arg")
 
     try:
-        _check_extra_args(extra)
+        check_server_args(extra)
     except UserError as e:
         raise UserError(e.message, field="--vllm-arg") from None
     for a in extra:
@@ -182,7 +182,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "tune sim serve") -> int
     ignored = unmodelled(args)
     if ignored:
         print(f"INFO simulator: accepted, not modelled: {' '.join(ignored)}", flush=True)
-    from tuner.sim.tokens import token_counter_for
+    from tuner.tokens import token_counter_for
 
     tokens = token_counter_for(args.model)
     print(f"INFO simulator: token counts: {tokens.source}", flush=True)

@@ -3,7 +3,7 @@
 Kept apart from the engine loop (`tuner.sim.server`) so the loop reads as scheduling and nothing else.
 What matters to clients, and is therefore copied from vLLM rather than simplified:
 
-- Token counts: the prompt is tokenised with the server's `tuner.sim.tokens.TokenCounter` (the model's
+- Token counts: the prompt is tokenised with the server's `tuner.tokens.TokenCounter` (the model's
   tokenizer.json when it is local, else the estimate). Chat messages go through a small ChatML template
   first and are then encoded without the tokenizer's special tokens, as vLLM encodes a rendered chat
   template; the model's own `chat_template` is not applied (no Jinja here), so the count is exact for
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from starlette.responses import StreamingResponse
 
-from tuner.sim.tokens import RegexCounter, TokenCounter
+from tuner.tokens import RegexCounter, TokenCounter
 
 DEFAULT_MAX_TOKENS = 16
 DONE = b"data: [DONE]\n\n"

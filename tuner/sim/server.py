@@ -39,7 +39,7 @@ from tuner.sim.engine import EngineCore, Seq
 from tuner.sim.protocol import (UNAUTHORIZED, BadRequest, Renderer, WatchedStream, parse_request,
                                 sse_body, wait_done_or_gone)
 from tuner.sim.responses import responses_endpoint
-from tuner.sim.tokens import TokenCounter, block_hashes
+from tuner.tokens import TokenCounter, block_hashes
 from tuner.sim.vllm_metrics import (ITERATION_TOKENS_BUCKETS, ITL_BUCKETS, REQUEST_LATENCY_BUCKETS,
                                     TTFT_BUCKETS, tokens_buckets)
 

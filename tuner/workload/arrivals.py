@@ -51,7 +51,7 @@ def _to_nominal_span(times: list[float], rate: float, block: int = NOMINAL_BLOCK
 
     Unscaled, one draw of 200 Poisson gaps offered 11.5% less load than its label (vLLM's `bench
     serve` rescales the whole run for that). Rescaling the whole run is not enough once load runs stop
-    early (`tuner.search.verdict`): the first 300 requests of a 1,200-request schedule offered 6% less
+    early (`tuner.capacity.verdict`): the first 300 requests of a 1,200-request schedule offered 6% less
     than the label, and a prefix that happens to be slow is more likely to pass. Within a block the
     arrivals keep their Poisson (or Gamma) shape; fluctuations of the count over more than a block are
     what is given up."""

@@ -94,7 +94,7 @@ def inspect(
                                         "with tokenizer.json: count prompt text with its tokenizer."),
 ) -> None:
     """Counts, length percentiles, prefix sharing and arrival rate of a workload file."""
-    from tuner.sim.tokens import token_counter_for
+    from tuner.tokens import token_counter_for
 
     w = load_workload(file, format=format, skip_invalid=skip_invalid)
     checked = load_slo(slo) if slo is not None else None

@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tuner.sim.tokens import count_tokens
-from tuner.workload._validation import first_error
+from tuner.tokens import count_tokens
+from tuner.validation import first_error
 from tuner.workload.model import WorkloadRequest
 
 MOONCAKE_BLOCK = 512

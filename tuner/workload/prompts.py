@@ -4,7 +4,7 @@ Most traces give only token counts, so text must be synthesised. Two properties 
 
 - Length: a real server must see about `prompt_tokens` tokens. Text is built from common English words
   with a leading space (" the", " people"), which GPT-2, Llama-3 and Qwen BPE vocabularies keep as one
-  token each and never merge across words, and which `tuner.sim.tokens.count_tokens` (the estimate)
+  token each and never merge across words, and which `tuner.tokens.count_tokens` (the estimate)
   counts as exactly one token each. The text does not adapt to a tokenizer: it hits N exactly for one that
   keeps every word whole, and is longer for one that splits some. Measured with
   `benchmarks/token_counts.py` on the CI tiny model's tokenizer.json (vocabulary 3,274, trained on these
@@ -12,7 +12,7 @@ Most traces give only token counts, so text must be synthesised. Two properties 
   completions text and 520.3 (estimate 523.3) as ChatML chat messages. The estimate is far off on other
   text: vLLM-bench random prompts of 128 / 512 / 2048 real tokens (decoded random token ids) estimate
   to 52 / 302 / 1008. With `--model` a local folder holding tokenizer.json, the simulators count the
-  text with that tokenizer (`tuner.sim.tokens.token_counter_for`), so they see what vLLM would.
+  text with that tokenizer (`tuner.tokens.token_counter_for`), so they see what vLLM would.
 - Reuse: a trace's `prefix_hash_ids` say which `hash_block_size`-token blocks are shared. Block k's words
   are drawn from a generator seeded by its id, so equal ids render equal text at equal positions and a
   prefix cache (vLLM's or the simulator's, both hashing chained 16-token blocks) hits exactly as the trace

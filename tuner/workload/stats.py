@@ -5,8 +5,8 @@ Prompt lengths drive prefill and KV demand, output lengths drive decode time and
 own rate and burstiness say how hard it pushes. `describe` computes them once for `tune workload inspect`
 and for anyone (reports, the search) that wants them.
 
-Prompt text is counted with a `tuner.sim.tokens.TokenCounter`: the model's own tokenizer.json when one is
-known, else an estimate whose error depends on the text (see `tuner.sim.tokens`); `token_count` says which.
+Prompt text is counted with a `tuner.tokens.TokenCounter`: the model's own tokenizer.json when one is
+known, else an estimate whose error depends on the text (see `tuner.tokens`); `token_count` says which.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections import Counter
 import numpy as np
 from pydantic import BaseModel
 
-from tuner.sim.tokens import RegexCounter, TokenCounter, block_hashes
+from tuner.tokens import RegexCounter, TokenCounter, block_hashes
 from tuner.workload.model import Workload, WorkloadRequest
 from tuner.workload.prompts import request_text
 

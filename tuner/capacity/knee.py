@@ -17,9 +17,9 @@ from typing import Callable
 
 from tuner.engine.base import Server
 from tuner.replay.record import RequestRecord
-from tuner.search.measure import (LoadSettings, Measured, Measurement, digest, measure_run, run_size,
+from tuner.capacity.measure import (LoadSettings, Measured, Measurement, digest, measure_run, run_size,
                                   summarize)
-from tuner.search.records import LoadRunSummary, MetricsDigest
+from tuner.storage.records import LoadRunSummary, MetricsDigest
 from tuner.slo import SLO
 from tuner.workload.model import Workload
 

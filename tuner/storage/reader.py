@@ -4,7 +4,7 @@ The report, the capacity plan and the regression gate are all rebuilt from the s
 directory copied to another machine, or a PostgreSQL study shared by a team, reports the same way as the
 run that wrote it. Layout of a run directory: `study.db` (SQLite) or `storage.txt` (any Optuna storage
 URL), and `study_name.txt` (default `slo-tuner`). The study attribute `info` is a `StudyInfo`, each
-trial's attribute `record` a `TrialRecord` (see `tuner.search.records`).
+trial's attribute `record` a `TrialRecord` (see `tuner.storage.records`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from tuner.errors import UserError
-from tuner.search.records import StudyInfo, TrialRecord
+from tuner.storage.records import StudyInfo, TrialRecord
 
 DEFAULT_STUDY_NAME = "slo-tuner"
 

@@ -18,8 +18,8 @@ from tuner.engine.base import Server
 from tuner.replay.bench import run_span, sent_records
 from tuner.metrics.window import MetricsWindow, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES
 from tuner.replay.record import LoadRun, RequestRecord
-from tuner.search.records import LatencyQuantiles, LoadRunSummary, MetricsDigest
-from tuner.search.verdict import SteadySettings, StopRule, Verdict, judge
+from tuner.storage.records import LatencyQuantiles, LoadRunSummary, MetricsDigest
+from tuner.capacity.verdict import SteadySettings, StopRule, Verdict, judge
 from tuner.slo import SLO, Score, badness, is_good, score
 from tuner.workload.arrivals import gamma_times, poisson_times
 from tuner.workload.model import Workload, WorkloadRequest
@@ -34,7 +34,7 @@ class LoadSettings:
 
     requests: int = 1000               # per load run at most; the same at every rate (common random numbers)
     max_duration_s: float | None = None  # real-time engines: cap the schedule's span (fewer requests)
-    #: Stop a load run as soon as its verdict is certain (`tuner.search.verdict`): the run is sized
+    #: Stop a load run as soon as its verdict is certain (`tuner.capacity.verdict`): the run is sized
     #: to the SLO's percentile by the data, up to `requests` and `max_duration_s`.
     sequential: bool = True
     steady_tolerance: float = 0.05     # served may fall short of offered by this fraction
@@ -66,7 +66,7 @@ def engine_load_settings(virtual_time: bool, *, requests: int | None = None, max
                          arrival: str = "poisson", seed: int = 0) -> LoadSettings:
     """The load runs `tune` and `tune gate` size for an engine: 1,000 requests in virtual time (free);
     in real time each run is bounded by `max_run_s` and ends as soon as the sequential test decides
-    (`tuner.search.verdict`), so the request cap only bounds a very high rate."""
+    (`tuner.capacity.verdict`), so the request cap only bounds a very high rate."""
     if virtual_time:
         return LoadSettings(requests=requests or 1000, arrival=arrival, seed=seed)
     return LoadSettings(requests=requests or REALTIME_MAX_REQUESTS, max_duration_s=max_run_s or REALTIME_MAX_RUN_S,
@@ -277,7 +277,7 @@ class Measured:
 
 def measure_run(server: Server, workload: Workload, slo: SLO, rate: float, settings: LoadSettings, *,
                 seed: int, salt: int | None = None, sequential: bool | None = None) -> Measured:
-    """One open-loop load run at `rate`, judged (`tuner.search.verdict`). The same `seed` gives the same
+    """One open-loop load run at `rate`, judged (`tuner.capacity.verdict`). The same `seed` gives the same
     requests and the same arrival pattern stretched to the rate, so points of one knee curve, and
     configurations, are compared on common random numbers: their differences are the engine's, not
     the sampling's. `salt` makes the request-unique prompt text fresh (each load run of one server

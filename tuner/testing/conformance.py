@@ -1,7 +1,10 @@
 """What every engine must do for the tuner to trust it, as one test suite run against each engine.
 
-In the style of Optuna's storage test suite: `EngineConformance` holds the tests; each engine (real vLLM,
-the in-process simulator, the HTTP simulator) has a subclass that provides fixtures. The base class never
+In the style of Optuna's storage test suite (`optuna.testing`), it ships inside the package, so an engine
+written outside it (registered with `tuner.engine.registry.register`) runs the same suite: subclass
+`EngineConformance` in a pytest file and provide the fixtures below (it needs pytest and httpx).
+`EngineConformance` holds the tests; each engine (real vLLM, the in-process simulator, the HTTP
+simulator, `tests/conformance/`) has a subclass that provides fixtures. The base class never
 names an engine: HTTP tests talk to `server.info.base_url` with httpx, load tests go through
 `Server.run_load`, process tests look at `server.process` (pid, pgid, port). A virtual-time engine sets
 `http = False` and `subprocess = False` and its HTTP- and process-only tests skip.

@@ -9,7 +9,6 @@ one is re-run, and a server orphaned by a SIGKILLed tool is found by its pidfile
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import inspect
 import os
 import time
@@ -23,14 +22,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from tuner import __version__
 from tuner.engine.base import Engine
+from tuner.engine.registry import EngineSpec, create as create_engine, engine_class, names as engine_names
 from tuner.errors import UserError
-from tuner.inputs import check_out_dir, option_error
-from tuner.search.capacity import KneeSettings
-from tuner.search.measure import LoadSettings, engine_load_settings
-from tuner.search.records import StudyInfo
+from tuner.inputs import check_out_dir, file_sha256, option_error
+from tuner.capacity.knee import KneeSettings
+from tuner.capacity.measure import LoadSettings, engine_load_settings
+from tuner.storage.records import StudyInfo
 from tuner.search.runner import NullReporter, Reporter, TrialRunner, stored_role
 from tuner.search.space import SearchSpace, load_space
-from tuner.search.status import study_status
+from tuner.storage.status import study_status
 from tuner.search.strategy import STRATEGIES, Budget, Outcome, guided, whole_space
 from tuner.search.worker import enqueue_grid, work
 from tuner.slo import SLO, load_slo
@@ -39,7 +39,6 @@ from tuner.workload.loader import load_workload
 from tuner.workload.model import Workload
 
 STUDY_NAME = "slo-tuner"
-ENGINES = ("sim", "sim-http", "vllm")
 
 
 #: Option names of `TuneOptions` fields whose name is not the option's (`time_budget_s` is `--time-budget`).
@@ -91,7 +90,7 @@ class TuneOptions(BaseModel):
     @field_validator("engine", "strategy", "arrival")
     @classmethod
     def _known(cls, v: str, info: ValidationInfo) -> str:
-        known = {"engine": ENGINES, "strategy": tuple(STRATEGIES), "arrival": PROCESSES}[info.field_name]
+        known = {"engine": engine_names(), "strategy": tuple(STRATEGIES), "arrival": PROCESSES}[info.field_name]
         if v not in known:
             raise ValueError(f"unknown {info.field_name} {v!r} (known: {', '.join(known)})")
         return v
@@ -105,10 +104,6 @@ class TuneOptions(BaseModel):
                 raise ValueError(f"{a!r} is two arguments: write one per --vllm-arg, with '=' "
                                  f"(--vllm-arg={flag}={value.strip()})")
         return v
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def storage_url(opts: TuneOptions) -> str:
@@ -167,7 +162,7 @@ def close_orphans(study: optuna.Study) -> int:
     them out; on a shared database a RUNNING trial may be another worker's (heartbeats handle those)."""
     from optuna.trial import TrialState
 
-    from tuner.search.records import TrialRecord
+    from tuner.storage.records import TrialRecord
 
     n = 0
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -193,28 +188,16 @@ def engine_defaults(opts: TuneOptions) -> dict[str, Any]:
             "quantization": None}
 
 
+def engine_spec(opts: TuneOptions, slo: SLO | None = None) -> EngineSpec:
+    """The run settings an engine is built from (`tuner.engine.registry`)."""
+    return EngineSpec(name=opts.engine, gpu=opts.gpu, model=opts.model, run_dir=opts.out / "servers",
+                      noise=opts.noise, seed=opts.seed, time_scale=opts.time_scale, python=opts.vllm_python,
+                      command=opts.vllm_command, extra_args=list(opts.vllm_args), api_key=opts.api_key,
+                      token_times=slo is None or "itl" in slo.thresholds)
+
+
 def make_engine(opts: TuneOptions, slo: SLO | None = None) -> Engine:
-    if opts.engine in ("sim", "sim-http") and not (opts.gpu and opts.model):
-        raise UserError(f"--engine {opts.engine} needs --gpu and --model", field="--engine")
-    if opts.engine == "sim":
-        from tuner.engine.sim import SimEngine
-
-        return SimEngine(opts.gpu, opts.model, noise=opts.noise, seed=opts.seed,
-                         token_times=slo is None or "itl" in slo.thresholds)
-    if opts.engine == "sim-http":
-        from tuner.engine.sim_http import SimHTTPEngine
-
-        return SimHTTPEngine(opts.gpu, opts.model, time_scale=opts.time_scale, run_dir=opts.out / "servers",
-                             api_key=opts.api_key, noise=opts.noise, seed=opts.seed,
-                             extra_args=opts.vllm_args)
-    if opts.engine == "vllm":
-        from tuner.engine.vllm import VllmEngine
-
-        if not opts.model:
-            raise UserError("--engine vllm needs --model (the model path or id to serve)", field="--model")
-        return VllmEngine(opts.model, run_root=opts.out / "servers", python=opts.vllm_python,
-                          command=opts.vllm_command, extra_args=opts.vllm_args, api_key=opts.api_key)
-    raise UserError(f"unknown engine {opts.engine!r} (known: {', '.join(ENGINES)})", field="--engine")
+    return create_engine(engine_spec(opts, slo))
 
 
 def load_settings(opts: TuneOptions, engine: Engine) -> LoadSettings:
@@ -222,26 +205,42 @@ def load_settings(opts: TuneOptions, engine: Engine) -> LoadSettings:
                                 arrival=opts.arrival, seed=opts.seed)
 
 
+def resolved_defaults(opts: TuneOptions) -> dict | None:
+    """What vLLM resolves every unset knob to for this GPU and model (None where either is unknown)."""
+    if not opts.gpu or not opts.model:
+        return None
+    try:
+        from tuner.knobs import Knobs
+        from tuner.profiles.gpus import get_gpu
+        from tuner.profiles.models import get_model
+        from tuner.sim.config import resolve
+
+        cfg = resolve(get_gpu(opts.gpu), get_model(opts.model), Knobs())
+    except Exception:  # a model the profiles do not know (a real vLLM run), or defaults that do not fit
+        return None
+    return {k: getattr(cfg, k) for k in Knobs.model_fields}
+
+
 def study_info(opts: TuneOptions, workload: Workload, slo: SLO, space: SearchSpace,
                load: LoadSettings | None = None) -> StudyInfo:
-    from tuner.sim.tokens import token_counter_for
+    from tuner.tokens import token_counter_for
     from tuner.workload.stats import prompt_length, token_count_source
 
     reqs = workload.requests
     tokens = token_counter_for(opts.model)  # the model's tokenizer.json when --model is a local folder
     return StudyInfo(
-        workload_path=str(opts.workload), workload_sha256=sha256(opts.workload),
+        workload_path=str(opts.workload), workload_sha256=file_sha256(opts.workload),
         workload_requests=len(reqs),
         workload_mean_prompt_tokens=sum(prompt_length(r, tokens) for r in reqs) / max(len(reqs), 1),
         workload_token_count=token_count_source(workload, tokens),
         workload_mean_output_tokens=sum(r.output_tokens for r in reqs) / max(len(reqs), 1),
-        slo_path=str(opts.slo), slo_sha256=sha256(opts.slo), slo=slo.model_dump(mode="json"),
-        engine=opts.engine, simulated=opts.engine != "vllm", gpu=opts.gpu, model=opts.model,
+        slo_path=str(opts.slo), slo_sha256=file_sha256(opts.slo), slo=slo.model_dump(mode="json"),
+        engine=opts.engine, simulated=engine_class(opts.engine).simulated, gpu=opts.gpu, model=opts.model,
         search_space=space.model_dump(mode="json"), strategy=opts.strategy, precision=opts.precision,
         noise_floor=opts.noise_floor if opts.noise_floor is not None else opts.precision,
         arrival=opts.arrival, load=dataclasses.asdict(load) if load else {}, start_rate=opts.start_rate,
         time_scale=opts.time_scale, noise=opts.noise, seed=opts.seed, created_unix=time.time(),
-        tool_version=__version__, extra_args=list(opts.vllm_args))
+        tool_version=__version__, extra_args=list(opts.vllm_args), vllm_defaults=resolved_defaults(opts))
 
 
 def prepare(opts: TuneOptions) -> tuple[Workload, SLO, SearchSpace]:
@@ -262,15 +261,12 @@ def prepare(opts: TuneOptions) -> tuple[Workload, SLO, SearchSpace]:
         from tuner.profiles.gpus import get_gpu
 
         get_gpu(opts.gpu)
-    if opts.engine in ("sim", "sim-http"):
-        from tuner.search.space import simulated_engine_problem
-        from tuner.sim.cli import check_extra_args
-
-        problem = simulated_engine_problem(space)
-        if problem:
-            raise UserError(problem[1], file=opts.search_space if Path(opts.search_space).exists() else None,
-                            field=f"knobs.{problem[0]}" if Path(opts.search_space).exists() else "--search-space")
-        check_extra_args(opts.vllm_args, engine=opts.engine)
+    engine = engine_class(opts.engine)
+    problem = engine.unsupported_value({k: list(v.values) for k, v in space.knobs.items()})
+    if problem:
+        raise UserError(problem[1], file=opts.search_space if Path(opts.search_space).exists() else None,
+                        field=f"knobs.{problem[0]}" if Path(opts.search_space).exists() else "--search-space")
+    engine.check_extra_args(opts.vllm_args)
     return workload, slo, space
 
 

@@ -13,8 +13,8 @@ import math
 from pydantic import BaseModel
 
 from tuner.knobs import Knobs
-from tuner.report.storage import TrialView
-from tuner.search.records import Diagnosis, LoadRunSummary
+from tuner.storage.reader import TrialView
+from tuner.storage.records import Diagnosis, LoadRunSummary
 
 KNOB_NAMES = tuple(Knobs.model_fields)
 

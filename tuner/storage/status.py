@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterable, Literal
 
-from tuner.search.records import TrialRecord
+from tuner.storage.records import TrialRecord
 
 EXIT_NO_LAUNCH = 3
 EXIT_NO_PASS = 4
