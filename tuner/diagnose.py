@@ -23,22 +23,12 @@ attention bytes every step reads.
 
 from __future__ import annotations
 
+from tuner.knobs import answering
 from tuner.replay.record import TOOL_CAUSES
 from tuner.storage.records import Diagnosis, LoadRunSummary, MetricsDigest
 
-KNOBS = {
-    "kv_capacity": (["gpu_memory_utilization", "kv_cache_dtype", "quantization", "max_model_len"],
-                    {"gpu_memory_utilization": "up", "kv_cache_dtype": "any", "quantization": "any",
-                     "max_model_len": "down"}),
-    "batch_cap": (["max_num_seqs"], {"max_num_seqs": "up"}),
-    "decode": (["kv_cache_dtype", "max_num_seqs", "max_num_batched_tokens", "quantization"],
-               {"max_num_seqs": "down", "max_num_batched_tokens": "down", "quantization": "any",
-                "kv_cache_dtype": "any"}),
-    "prefill": (["max_num_batched_tokens", "enable_prefix_caching", "kv_cache_dtype", "quantization"],
-                {"max_num_batched_tokens": "up", "enable_prefix_caching": "on", "kv_cache_dtype": "any",
-                 "quantization": "any"}),
-    "queue": (["quantization", "kv_cache_dtype"], {"quantization": "any", "kv_cache_dtype": "any"}),
-}
+#: Which knobs answer each diagnosis, in order, and which way to turn each: from the knobs' own table.
+KNOBS = {kind: answering(kind) for kind in ("kv_capacity", "batch_cap", "decode", "prefill", "queue")}
 
 
 def diagnose(fail: LoadRunSummary | None, fail_metrics: MetricsDigest | None,

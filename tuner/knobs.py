@@ -6,9 +6,10 @@ flag entirely, so the baseline trial is exactly what a user gets from a bare `vl
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass, field as dataclass_field
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
 VLLM_VERSION = "0.32"  # the vLLM whose flags and choices the tuner knows
 
@@ -27,43 +28,88 @@ VLLM_QUANTIZATIONS = (
     "experts_int8", "quark", "moe_wna16", "torchao", "inc", "mxfp4", "gpt_oss_mxfp4", "deepseek_v4_fp8",
     "online", "fp8_per_tensor", "fp8_per_block", "fp8_per_channel", "int8_per_channel_weight_only",
     "nvfp4_per_token", "mxfp8")
-_CHOICES = {"kv_cache_dtype": VLLM_KV_CACHE_DTYPES, "quantization": VLLM_QUANTIZATIONS}
 
 
-class Knobs(BaseModel):
+@dataclass(frozen=True)
+class KnobSpec:
+    """Everything the tool knows about one `vllm serve` knob, written once.
+
+    Adding a knob is one entry in `KNOB_SPECS` (plus the simulator's support for it and tests): the
+    `Knobs` record, its validation, its `vllm serve` spelling, the diagnoses it answers, the simulator's
+    flag parser and the report's quality caveat all read this table."""
+
+    name: str                      # vLLM's EngineArgs name; the flag is --name-with-dashes
+    kind: str                      # int | tokens (vLLM's human-readable int: 8k) | fraction | choice | switch
+    help: str
+    choices: tuple[str, ...] | None = None   # every value vLLM accepts (a `choice` knob)
+    changes_outputs: bool = False  # quantisation: the report says quality is not measured
+    neutral: Any = None            # a value that is the same as leaving it unset (kv_cache_dtype auto)
+    #: The diagnoses this knob answers: kind -> (rank in that diagnosis's list, direction to turn it)
+    answers: dict[str, tuple[int, str]] = dataclass_field(default_factory=dict)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def render(self, value: Any) -> list[str]:
+        """`vllm serve` arguments for `value` (a switch set off is --no-<flag>)."""
+        if isinstance(value, bool):
+            return [self.flag if value else "--no-" + self.flag[2:]]
+        return [self.flag, str(value)]
+
+    def annotation(self) -> tuple[Any, Any]:
+        """The `Knobs` field: strict (a number is a number: `true` is not 1, "64" is not 64)."""
+        if self.kind in ("int", "tokens"):
+            return int | None, Field(default=None, ge=1, strict=True, description=self.help)
+        if self.kind == "fraction":
+            return float | None, Field(default=None, gt=0.0, le=1.0, strict=True, description=self.help)
+        if self.kind == "switch":
+            return bool | None, Field(default=None, strict=True, description=self.help)
+        return str | None, Field(default=None, strict=True, description=self.help)
+
+
+KNOB_SPECS: dict[str, KnobSpec] = {s.name: s for s in (
+    KnobSpec("max_num_seqs", "int", "sequences in one batch at most",
+             answers={"batch_cap": (0, "up"), "decode": (1, "down")}),
+    KnobSpec("max_num_batched_tokens", "tokens", "tokens one engine step schedules at most (chunked prefill)",
+             answers={"decode": (2, "down"), "prefill": (0, "up")}),
+    KnobSpec("gpu_memory_utilization", "fraction", "share of GPU memory vLLM may take (weights + KV cache)",
+             answers={"kv_capacity": (0, "up")}),
+    KnobSpec("quantization", "choice", "weight quantisation method", choices=VLLM_QUANTIZATIONS,
+             changes_outputs=True,
+             answers={"kv_capacity": (2, "any"), "decode": (3, "any"), "prefill": (3, "any"), "queue": (0, "any")}),
+    KnobSpec("kv_cache_dtype", "choice", "KV cache element type", choices=VLLM_KV_CACHE_DTYPES,
+             changes_outputs=True, neutral="auto",
+             answers={"kv_capacity": (1, "any"), "decode": (0, "any"), "prefill": (2, "any"), "queue": (1, "any")}),
+    KnobSpec("enable_prefix_caching", "switch", "reuse the KV of shared prompt prefixes",
+             answers={"prefill": (1, "on")}),
+    KnobSpec("max_model_len", "tokens", "longest prompt + output a request may have",
+             answers={"kv_capacity": (3, "down")}),
+)}
+
+
+def answering(kind: str) -> tuple[list[str], dict[str, str]]:
+    """The knobs that answer a diagnosis, in the order to try them, and the direction of each."""
+    specs = sorted((s for s in KNOB_SPECS.values() if kind in s.answers), key=lambda s: s.answers[kind][0])
+    return [s.name for s in specs], {s.name: s.answers[kind][1] for s in specs}
+
+
+class _KnobsBase(BaseModel):
     """Serve-time knobs. Field names are vLLM's EngineArgs names; `flags()` gives the CLI spelling."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # strict: a number is a number (`true` is not 1, "64" is not 64), a switch is true or false
-    max_num_seqs: int | None = Field(default=None, ge=1, strict=True)
-    max_num_batched_tokens: int | None = Field(default=None, ge=1, strict=True)
-    gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0, strict=True)
-    quantization: str | None = Field(default=None, strict=True)
-    kv_cache_dtype: str | None = Field(default=None, strict=True)
-    enable_prefix_caching: bool | None = Field(default=None, strict=True)
-    max_model_len: int | None = Field(default=None, ge=1, strict=True)
-
-    @field_validator("quantization", "kv_cache_dtype")
+    @field_validator(*[n for n, s in KNOB_SPECS.items() if s.choices], check_fields=False)
     @classmethod
     def _vllm_choice(cls, v: str | None, info: ValidationInfo) -> str | None:
-        choices = _CHOICES[info.field_name]  # type: ignore[index]
+        choices = KNOB_SPECS[info.field_name].choices or ()  # type: ignore[index]
         if v is not None and v not in choices:
             raise ValueError(f"not a vLLM {VLLM_VERSION} choice (choose from {', '.join(choices)})")
         return v
 
     def flags(self) -> list[str]:
         """`vllm serve` arguments for the knobs that are set (unset ones keep vLLM's default)."""
-        out: list[str] = []
-        for name, value in self.model_dump().items():
-            if value is None:
-                continue
-            flag = "--" + name.replace("_", "-")
-            if isinstance(value, bool):
-                out.append(flag if value else "--no-" + flag[2:])
-            else:
-                out += [flag, str(value)]
-        return out
+        return [a for name, value in self.set_only().items() for a in KNOB_SPECS[name].render(value)]
 
     def set_only(self) -> dict:
         """The knobs that differ from vLLM's defaults, for labels and reports."""
@@ -73,10 +119,10 @@ class Knobs(BaseModel):
         return self.model_copy(update=changes)
 
 
-KnobName = Literal[
-    "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "quantization",
-    "kv_cache_dtype", "enable_prefix_caching", "max_model_len",
-]
+#: One `vllm serve` launch's knobs, a field per `KNOB_SPECS` entry.
+Knobs = create_model("Knobs", __base__=_KnobsBase, __module__=__name__,
+                     **{name: spec.annotation() for name, spec in KNOB_SPECS.items()})
+Knobs.__doc__ = _KnobsBase.__doc__
 
 
 #: Server flags the tool sets itself, or that must not be on a command line any user can read.

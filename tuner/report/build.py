@@ -14,7 +14,7 @@ import yaml
 
 from tuner import __version__
 from tuner.errors import UserError
-from tuner.knobs import Knobs
+from tuner.knobs import KNOB_SPECS, Knobs
 from tuner.plan import format_plan, plan_for_study
 from tuner.report.model import (ConfigSummary, Headline, HeadlineRow, Report, TrialRow, WorkloadRef)
 from tuner.storage.select import (attribution, closest_run, knee_curve, pick_configs,
@@ -24,7 +24,7 @@ from tuner.storage.records import StudyInfo
 from tuner.storage.status import study_status
 from tuner.slo import SLO
 
-QUALITY_KNOBS = ("quantization", "kv_cache_dtype")
+QUALITY_KNOBS = tuple(k for k, spec in KNOB_SPECS.items() if spec.changes_outputs)
 
 
 def serve_args(knobs: dict) -> list[str]:
@@ -147,7 +147,7 @@ def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: 
                       else "check them with `tune --engine vllm` on the real hardware."))
     else:
         out.append(f"Measured on real vLLM (engine `{info.engine}`) on {info.gpu or 'the local GPU'}.")
-    quality = {k: tuned.knobs[k] for k in QUALITY_KNOBS if tuned.knobs.get(k) not in (None, "auto")}
+    quality = {k: tuned.knobs[k] for k in QUALITY_KNOBS if tuned.knobs.get(k) not in (None, KNOB_SPECS[k].neutral)}
     if status != "tuned":
         pass  # no tuned configuration to say anything about
     elif quality:

@@ -20,7 +20,7 @@ from typing import Any
 
 import optuna
 
-from tuner.knobs import Knobs
+from tuner.knobs import KNOB_SPECS, Knobs
 from tuner.storage.records import Diagnosis, TrialRecord
 from tuner.search.runner import TrialRunner, knobs_key
 
@@ -78,7 +78,7 @@ def _can_bind(knob: str, values: list[Any], direction: str, diag: Diagnosis | No
 
 def normalize(knobs: Knobs, defaults: dict[str, Any]) -> Knobs:
     """Unset the knobs whose value is vLLM's default: `--kv-cache-dtype auto` is the baseline."""
-    always = {"kv_cache_dtype": "auto"}
+    always = {k: spec.neutral for k, spec in KNOB_SPECS.items() if spec.neutral is not None}
     keep = {k: v for k, v in knobs.set_only().items() if {**always, **defaults}.get(k, object()) != v}
     return Knobs(**keep)
 

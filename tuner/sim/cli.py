@@ -20,7 +20,7 @@ from typing import Sequence
 
 import typer
 
-from tuner.knobs import KV_CACHE_DTYPES
+from tuner.knobs import KNOB_SPECS, KV_CACHE_DTYPES
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="The simulated vLLM engine (no GPU needed).")
@@ -85,13 +85,13 @@ def build_parser(prog: str = "tune sim serve") -> argparse.ArgumentParser:
     v.add_argument("--port", type=int, default=8000)
     v.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 (or VLLM_API_KEY)")
     v.add_argument("--served-model-name", nargs="+", default=None)
-    v.add_argument("--max-num-seqs", type=int, default=None)
-    v.add_argument("--max-num-batched-tokens", type=human_readable_int, default=None)
-    v.add_argument("--gpu-memory-utilization", type=float, default=None)
-    v.add_argument("--quantization", "-q", choices=QUANT_CHOICES, default=None)
-    v.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default=None)
-    v.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
-    v.add_argument("--max-model-len", type=human_readable_int, default=None)
+    modelled = {"quantization": QUANT_CHOICES, "kv_cache_dtype": KV_CACHE_DTYPES}  # the simulated subsets
+    for spec in KNOB_SPECS.values():  # every knob, spelled and parsed as vLLM does
+        kw: dict = {"int": {"type": int}, "tokens": {"type": human_readable_int}, "fraction": {"type": float},
+                    "switch": {"action": argparse.BooleanOptionalAction},
+                    "choice": {"choices": modelled.get(spec.name, spec.choices)}}[spec.kind]
+        v.add_argument(spec.flag, *(["-q"] if spec.name == "quantization" else []), default=None,
+                       help=spec.help, **kw)
     # vLLM flags a study may pass with --vllm-arg that change nothing the simulator models: accepted (a
     # study and its gate run the same command line on every engine), named in the launch log as such;
     # any other flag is refused, as vLLM refuses an unknown one
