@@ -9,10 +9,7 @@ one is re-run, and a server orphaned by a SIGKILLed tool is found by its pidfile
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import os
 import time
-import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -22,13 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from tuner import __version__
 from tuner.engine.base import Engine
+from tuner.storage.optuna_study import STUDY_NAME, close_orphans, open_study  # noqa: F401  (re-exported)
 from tuner.engine.registry import EngineSpec, create as create_engine, engine_class, names as engine_names
 from tuner.errors import UserError
 from tuner.inputs import check_out_dir, file_sha256, option_error
 from tuner.capacity.knee import KneeSettings
 from tuner.capacity.measure import LoadSettings, engine_load_settings
 from tuner.storage.records import StudyInfo
-from tuner.search.runner import NullReporter, Reporter, TrialRunner, stored_role
+from tuner.search.runner import NullReporter, Reporter, TrialRunner
 from tuner.search.space import SearchSpace, load_space
 from tuner.storage.status import study_status
 from tuner.search.strategy import STRATEGIES, Budget, Outcome, guided, whole_space
@@ -38,7 +36,6 @@ from tuner.workload.arrivals import PROCESSES
 from tuner.workload.loader import load_workload
 from tuner.workload.model import Workload
 
-STUDY_NAME = "slo-tuner"
 
 
 #: Option names of `TuneOptions` fields whose name is not the option's (`time_budget_s` is `--time-budget`).
@@ -113,66 +110,6 @@ def storage_url(opts: TuneOptions) -> str:
     if saved.exists():
         return saved.read_text().strip()
     return f"sqlite:///{(opts.out / 'study.db').resolve()}"
-
-
-def _env_seconds(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise UserError(f"must be a whole number of seconds >= 1, got {raw!r}", field=name)
-    return value
-
-
-def open_study(url: str, *, create: bool, resume: bool) -> optuna.Study:
-    """Shared databases get heartbeats: a trial silent for the grace period (its worker died) is failed
-    and retried. Interval and grace: env TUNER_HEARTBEAT_S (30) and TUNER_HEARTBEAT_GRACE_S (3x)."""
-    heartbeat = None if url.startswith("sqlite") else _env_seconds("TUNER_HEARTBEAT_S", 30)
-    grace = _env_seconds("TUNER_HEARTBEAT_GRACE_S", 3 * heartbeat) if heartbeat else None
-    # Heartbeats, stale trials and their retry are all "experimental" in Optuna, and ask/tell with
-    # heartbeats "should use optimize": warnings on every run that a user can do nothing about.
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with")
-    retry: dict[str, Any] = {}
-    if heartbeat:  # Optuna 4.9 renamed the retry callback and its argument; the old names go in 6.0
-        cls = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
-        new_arg = "heartbeat_stale_trial_callback" in inspect.signature(optuna.storages.RDBStorage).parameters
-        retry = {("heartbeat_stale_trial_callback" if new_arg else "failed_trial_callback"):
-                 (cls or optuna.storages.RetryFailedTrialCallback)(max_retry=2)}
-    storage = optuna.storages.RDBStorage(
-        url, heartbeat_interval=heartbeat, grace_period=grace, **retry,
-        engine_kwargs={"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {})
-    names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
-    if STUDY_NAME in names and create and not resume:
-        raise UserError("a study already exists here: pass --resume to continue it, or another --out",
-                        field="--out")
-    if STUDY_NAME not in names and not create:
-        raise UserError("no study in this storage", field="--storage")
-    return optuna.create_study(study_name=STUDY_NAME, storage=storage, direction="maximize",
-                               load_if_exists=True)
-
-
-def close_orphans(study: optuna.Study) -> int:
-    """Mark trials left RUNNING by a killed tool as interrupted (FAIL), so they are re-run, not shown as
-    running forever. Only for SQLite, which one tool uses at a time and which has no heartbeats to time
-    them out; on a shared database a RUNNING trial may be another worker's (heartbeats handle those)."""
-    from optuna.trial import TrialState
-
-    from tuner.storage.records import TrialRecord
-
-    n = 0
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        knobs = {**{k: v for k, v in t.params.items() if v is not None}, **t.user_attrs.get("extra_knobs", {})}
-        rec = TrialRecord(number=t.number, role=stored_role(t.user_attrs, knobs), knobs=knobs, interrupted=True)
-        trial = optuna.Trial(study, t._trial_id)
-        trial.set_user_attr("record", rec.model_dump(mode="json"))
-        study.tell(trial, state=TrialState.FAIL)
-        n += 1
-    return n
 
 
 def engine_defaults(opts: TuneOptions) -> dict[str, Any]:

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import contextmanager
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Protocol
 
 import optuna
 from optuna.trial import TrialState
@@ -26,6 +25,7 @@ from tuner.knobs import Knobs
 from tuner.capacity.knee import KneeSearch, KneeSettings
 from tuner.search.lessons import Lessons, learn
 from tuner.capacity.measure import LoadSettings, latency_quantiles, measure
+from tuner.storage.optuna_study import frozen_trial, heartbeats, stored_role
 from tuner.storage.records import Diagnosis, LoadRunSummary, TrialRecord
 from tuner.search.space import SearchSpace
 from tuner.slo import SLO
@@ -59,26 +59,8 @@ class NullReporter:
     def incumbent_changed(self, record): pass
 
 
-@contextmanager
-def _heartbeats(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
-    """Optuna sends a trial's heartbeats only inside `Study.optimize`; trials run through ask/tell (all of
-    ours) got none, and a trial without heartbeats is never found stale, so a dead worker's trial stayed
-    RUNNING forever and was never retried. A no-op for storages without a heartbeat (SQLite)."""
-    from optuna.storages._heartbeat import get_heartbeat_thread
-
-    with get_heartbeat_thread(trial._trial_id, study._storage):
-        yield
-
-
 def knobs_key(knobs: Knobs) -> str:
     return json.dumps(knobs.set_only(), sort_keys=True)
-
-
-def stored_role(user_attrs: dict, knobs: dict) -> str:
-    """The role a trial was asked in (a user attribute), for a trial whose record was never written."""
-    roles = TrialRecord.model_fields["role"].annotation.__args__
-    role = user_attrs.get("role")
-    return role if role in roles else ("baseline" if not knobs else "candidate")
 
 
 def counts_as_launch(rec: TrialRecord) -> bool:
@@ -208,7 +190,7 @@ class TrialRunner:
         trial, self.current = self.current, None
         if trial is None:
             return False
-        frozen = self.study._storage.get_trial(trial._trial_id)
+        frozen = frozen_trial(self.study, trial)
         if frozen.state != TrialState.RUNNING:
             return False
         knobs = {**{k: v for k, v in frozen.params.items() if v is not None},
@@ -223,7 +205,7 @@ class TrialRunner:
         """Run `trial` (see `_run_trial`), sending heartbeats meanwhile where the storage wants them."""
         self.current = trial
         signals.check()
-        with _heartbeats(self.study, trial):
+        with heartbeats(self.study, trial):
             return self._run_trial(trial, role=role, **kw)
 
     def _run_trial(self, trial: optuna.Trial, *, role: str, changed_knob: str | None = None,

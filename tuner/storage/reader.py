@@ -14,9 +14,9 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from tuner.errors import UserError
+from tuner.storage.optuna_study import STUDY_NAME
 from tuner.storage.records import StudyInfo, TrialRecord
 
-DEFAULT_STUDY_NAME = "slo-tuner"
 
 
 class TrialView(BaseModel):
@@ -63,7 +63,7 @@ def storage_url(run_dir: str | Path) -> str:
 def study_name(run_dir: str | Path) -> str:
     f = Path(run_dir) / "study_name.txt"
     name = f.read_text(encoding="utf-8").strip() if f.exists() else ""
-    return name or DEFAULT_STUDY_NAME
+    return name or STUDY_NAME
 
 
 def _record(t) -> TrialRecord:
