@@ -100,11 +100,16 @@ def test_bench_goodput_against_an_slo(server, workload, tmp_path):
     slo.write_text("ttft_ms: 60000\ntpot_ms: 60000\n")  # every request is good
     out = tmp_path / "r.json"
     p = tune_bench("--url", server, "--workload", str(workload), "--num-prompts", "6", "--request-rate", "20",
-                   "--slo", str(slo), "--json", str(out))
+                   "--slo", str(slo), "--json", str(out), "--save-run", str(tmp_path / "run"))
     assert p.returncode == 0, p.stderr
     res = json.loads(out.read_text())
     assert "Request goodput (req/s):" in p.stdout and "Request rate configured (RPS):" in p.stdout
     assert res["request_goodput"] == pytest.approx(res["request_throughput"])
+    # --save-run keeps every request's record, loadable as the same load run
+    from tuner.replay.store import load_load_run
+
+    kept = load_load_run(tmp_path / "run")
+    assert len(kept.records) == 6 and all(r.ok for r in kept.records)
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -43,7 +43,13 @@ class PrometheusSource:
 
     def __init__(self, url: str, *, selector: str = "", headers: dict[str, str] | None = None,
                  timeout_s: float = 30.0, retries: int = 3):
-        from prometheus_api_client import PrometheusConnect  # heavy import, only when used
+        try:
+            from prometheus_api_client import PrometheusConnect  # heavy import, only when used
+        except ImportError:
+            from tuner.errors import UserError
+
+            raise UserError("reading engine metrics from Prometheus needs the optional dependency: "
+                            "pip install 'slo-tuner[prometheus]'", field="prometheus") from None
         from urllib3.util.retry import Retry
 
         retry = Retry(total=retries, backoff_factor=0.2, status_forcelist=[408, 429, 500, 502, 503, 504],

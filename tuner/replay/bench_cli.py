@@ -86,6 +86,8 @@ def bench(
     seed: int = typer.Option(0, help="Seed of the arrival draws."),
     slo: Optional[Path] = typer.Option(None, help="SLO YAML: also report goodput (good requests / duration)."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the result here (vLLM's key names)."),
+    save_run: Optional[Path] = typer.Option(None, "--save-run", help="Keep every request's record in this new "
+                                            "folder (records.jsonl + summary.json: re-score it later)."),
     metric_percentiles: str = typer.Option("99", help="Comma-separated percentiles to report (vLLM's default 99)."),
     request_timeout: float = typer.Option(600.0, help="Seconds before a request counts as failed."),
     api_key: Optional[str] = typer.Option(None, envvar="VLLM_API_KEY", help="API key (env VLLM_API_KEY)."),
@@ -99,6 +101,8 @@ def bench(
     if api not in ("completions", "chat"):
         raise UserError(f"must be completions or chat, got {api!r}", field="--api")
     rate = _check(request_rate, arrival, burstiness, max_concurrency, json_out)
+    if save_run is not None and save_run.exists():
+        raise UserError("already exists: give a new folder", file=save_run, field="--save-run")
     percentiles = _percentiles(metric_percentiles)
     the_slo = load_slo(slo) if slo is not None else None
     wl = load_workload(workload)
@@ -120,6 +124,10 @@ def bench(
     print(format_table(res, percentiles))
     if json_out is not None:
         json_out.write_text(json.dumps(res.model_dump(mode="json"), indent=2) + "\n")
+    if save_run is not None:  # an interrupted run too: what was measured is kept
+        from tuner.replay.store import save_load_run
+
+        save_load_run(run, save_run)
     if run.interrupted:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
