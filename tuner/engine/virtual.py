@@ -130,6 +130,19 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
     samples.append(GaugeSample(t=end_rel, running=core.num_running, waiting=core.num_waiting,
                                kv_usage=pool.usage))
 
+    records, lat = _records(requests, seqs, errors, sent_rel, core, t0, end_rel, request_timeout_s,
+                            token_times)
+    _mark_window(records, warmup_s, cooldown_s)
+    metrics = _window_metrics(cfg, core, c0, samples, it_tokens, lat)
+    return VirtualRun(records=records, metrics=metrics, duration_s=end_rel,
+                      steps=core.step_idx - base_step, engine=core)
+
+
+def _records(requests: Sequence[SimRequest], seqs: list, errors: dict[int, str], sent_rel: dict[int, float],
+             core: EngineCore, t0: float, end_rel: float, request_timeout_s: float | None,
+             token_times: bool) -> tuple[list[RequestRecord], tuple[list, list, list, list]]:
+    """Each request's record as the replay client would have measured it, and the latencies the
+    engine's histograms see (TTFT, E2E, queue, prefill of the requests that finished in time)."""
     records: list[RequestRecord] = []
     ttfts, e2es, queues, prefills = [], [], [], []
     for idx, r in enumerate(requests):
@@ -158,13 +171,18 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
             if token_times and seq.steps:
                 rec.token_times = [x - t0 for x in core.token_times(seq)]
         records.append(rec)
-    _mark_window(records, warmup_s, cooldown_s)
+    return records, (ttfts, e2es, queues, prefills)
 
+
+def _window_metrics(cfg: ResolvedConfig, core: EngineCore, c0: tuple, samples: list[GaugeSample],
+                    it_tokens: list[int], lat: tuple[list, list, list, list]) -> MetricsWindow:
+    """What vLLM's /metrics would have shown over the run: counter deltas, histograms, cache config."""
+    ttfts, e2es, queues, prefills = lat
     c1 = (core.preemptions, core.prefix_queries, core.prefix_hits, core.prompt_tokens,
           core.generation_tokens, core.requests_finished)
     d = [b - a for a, b in zip(c0, c1)]
     cc = cfg
-    metrics = MetricsWindow(
+    return MetricsWindow(
         samples=samples,
         counters={PREEMPTIONS: d[0], PREFIX_QUERIES: d[1], PREFIX_HITS: d[2], PROMPT_TOKENS: d[3],
                   GENERATION_TOKENS: d[4], REQUEST_SUCCESS: d[5]},
@@ -180,8 +198,6 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
                       "enable_prefix_caching": str(cc.enable_prefix_caching),
                       "num_gpu_blocks": str(cc.num_gpu_blocks)},
     )
-    return VirtualRun(records=records, metrics=metrics, duration_s=end_rel,
-                      steps=core.step_idx - base_step, engine=core)
 
 
 def _mark_window(records: list[RequestRecord], warmup_s: float, cooldown_s: float) -> None:
