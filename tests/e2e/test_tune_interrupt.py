@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from tests.e2e.conftest import (group_members, knobs_of, load_trials, port_is_free, processes_mentioning,
+from tests.e2e.conftest import (TUNE_FIX, group_members, knobs_of, load_trials, port_is_free, processes_mentioning,
                                 record, server_gone, server_pidfiles, session_members, sqlite_states,
                                 sqlite_url, study_args, tune, wait_for)
 
@@ -174,7 +174,8 @@ def test_resume_keeps_the_studys_trial_budget(tmp_path: Path) -> None:
     its budget launches nothing more; a larger --max-trials extends it."""
     out = tmp_path / "run"
     def args(n: int) -> list[str]:
-        return study_args(out, "sim", "--requests-per-run", "300", max_trials=n)
+        return study_args(out, "sim", "--requests-per-run", "300", max_trials=n,
+                          space=TUNE_FIX / "space_budget.yaml")
 
     def launched() -> list:
         return [t for t in load_trials(sqlite_url(out)) if record(t).get("launched")]
