@@ -224,12 +224,17 @@ class KneeSearch:
         return p.rate / min(2.0, 1.0 + max(self.knee.precision * 2, (g - 1.0)))
 
     def _interpolate(self, lo: float, hi: float) -> float:
-        glo = max(self._point(lo).badness or 1e-3, 1e-3)
+        """Where log-badness crosses 0 between the highest pass `lo` and the lowest fail `hi`, kept strictly
+        inside the bracket. A pass's badness can read infinite (the target quantile falls between a good
+        request and a timed-out one: 5 bad of 599 at p99): it is then taken as just under 1, not as a
+        NaN rate."""
+        g = self._point(lo).badness
+        glo = min(max(g if g is not None and math.isfinite(g) else 1.0, 1e-3), 0.999)
         ghi = self._point(hi).badness or BADNESS_CAP
         ghi = min(ghi if math.isfinite(ghi) else BADNESS_CAP, BADNESS_CAP)
         a, b = math.log(glo), math.log(max(ghi, glo * 1.0001))
         x = lo + (hi - lo) * (0.0 - a) / (b - a)
-        return x
+        return min(max(x, lo + 1e-3 * (hi - lo)), hi - 1e-3 * (hi - lo))
 
     def _requests_fail(self, s: LoadRunSummary) -> bool:
         """Nearly every request of a run at a finite rate failed for the server's own reasons. Timeouts
