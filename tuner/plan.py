@@ -297,19 +297,12 @@ def _why_no_capacity(data, run_dir: str) -> tuple[str, str]:
 
 
 def _study_lengths(info) -> Lengths:
-    """The workload's own per-request lengths when its file is still there unchanged, else the means
-    the study recorded (the plan says which)."""
-    from pathlib import Path
-
-    from tuner.inputs import file_sha256 as sha256
-    from tuner.workload.loader import load_workload
-
-    path = Path(info.workload_path)
-    try:
-        if path.is_file() and sha256(path) == info.workload_sha256:
-            return Lengths.of_workload(load_workload(path))
-    except (UserError, OSError):
-        pass
+    """The workload's per-request lengths as the study recorded them at its start, else (a study from
+    before they were recorded) its mean lengths; the plan says which."""
+    got = info.workload_lengths
+    if got and got.get("prompt"):
+        return Lengths(tuple(got["prompt"]), tuple(got["output"]), tuple(got["cached"]),
+                       f"the workload's {len(got['prompt'])} requests")
     return Lengths.means(info.workload_mean_prompt_tokens, info.workload_mean_output_tokens)
 
 

@@ -158,6 +158,13 @@ def resolved_defaults(opts: TuneOptions) -> dict | None:
     return {k: getattr(cfg, k) for k in Knobs.model_fields}
 
 
+def _lengths(workload: Workload) -> dict:
+    from tuner.floors import Lengths
+
+    ls = Lengths.of_workload(workload)
+    return {"prompt": list(ls.prompt), "output": list(ls.output), "cached": list(ls.cached)}
+
+
 def study_info(opts: TuneOptions, workload: Workload, slo: SLO, space: SearchSpace,
                load: LoadSettings | None = None) -> StudyInfo:
     from tuner.tokens import token_counter_for
@@ -177,7 +184,8 @@ def study_info(opts: TuneOptions, workload: Workload, slo: SLO, space: SearchSpa
         noise_floor=opts.noise_floor if opts.noise_floor is not None else opts.precision,
         arrival=opts.arrival, load=dataclasses.asdict(load) if load else {}, start_rate=opts.start_rate,
         time_scale=opts.time_scale, noise=opts.noise, seed=opts.seed, created_unix=time.time(),
-        tool_version=__version__, extra_args=list(opts.vllm_args), vllm_defaults=resolved_defaults(opts))
+        tool_version=__version__, extra_args=list(opts.vllm_args), vllm_defaults=resolved_defaults(opts),
+        workload_lengths=_lengths(workload))
 
 
 def prepare(opts: TuneOptions) -> tuple[Workload, SLO, SearchSpace]:

@@ -227,6 +227,15 @@ def test_bad_numbers_are_user_errors(kwargs, field):
 
 # --- a run with no measured capacity -------------------------------------------------------------------
 
+def _recorded_lengths(path) -> dict:
+    """The per-request lengths a study records at its start (`tuner.study`)."""
+    from tuner.floors import Lengths
+    from tuner.workload.loader import load_workload
+
+    ls = Lengths.of_workload(load_workload(path))
+    return {"prompt": list(ls.prompt), "output": list(ls.output), "cached": list(ls.cached)}
+
+
 def no_capacity_study(run, *, launched: bool) -> None:
     """A stored study whose only trial measured no capacity: launched and failed the SLO at every rate
     (its knee search's reason stored), or never launched."""
@@ -240,7 +249,7 @@ def no_capacity_study(run, *, launched: bool) -> None:
     info = StudyInfo(workload_path=str(wl), workload_sha256=sha256(wl), workload_requests=20,
                      workload_mean_prompt_tokens=200, workload_mean_output_tokens=100, slo_path="s.yaml",
                      slo_sha256="0", slo=SLO(tpot=1, peak_rate=5).model_dump(mode="json"), engine="sim",
-                     simulated=True, gpu=GPU, model=QWEN)
+                     simulated=True, gpu=GPU, model=QWEN, workload_lengths=_recorded_lengths(wl))
     fail = LoadRunSummary(rate=1.0, n=50, attainment=0.0, ci_low=0.0, ci_high=0.07, passed=False, goodput=0.0)
     rec = (TrialRecord(role="baseline", launched=True, load_runs=[fail],
                        no_capacity_reason="p99 TPOT 1 ms is below this engine's single-stream TPOT of 23.1 ms")

@@ -174,5 +174,8 @@ class StudyInfo(BaseModel):
     #: What vLLM resolves unset knobs to on this GPU (256 seqs on a 4090, 1024 on an H100), recorded when
     #: the study starts so the report says "default (256) -> 512" from storage alone (None: not known).
     vllm_defaults: dict | None = None
+    #: Each request's prompt, output and cacheable-prefix tokens ({"prompt": [...], "output": [...],
+    #: "cached": [...]}), recorded at the start so the plan's latency floors read storage alone.
+    workload_lengths: dict | None = None
     #: Server arguments the study passed after the knobs (`--vllm-arg`), for the gate and workers.
     extra_args: list[str] = Field(default_factory=list)
