@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from tuner.engine.base import Engine, LaunchInfo, Server
-from tuner.errors import UserError
+from tuner.engine.simulated import SimulatedEngineChecks
 from tuner.knobs import Knobs
 from tuner.profiles.gpus import GPUProfile, get_gpu
 from tuner.profiles.models import ModelProfile, get_model
@@ -133,40 +133,15 @@ def replay_stop_rule(run: LoadRun, stop_when, span: float, max_checks: int = 400
     run.duration_s = t if action == "cut" else max(ends, default=t)
 
 
-def unmodelled_value(values: dict[str, list]) -> tuple[str, str] | None:
-    """A value vLLM accepts but the simulator does not model: every simulated launch would refuse it."""
-    from tuner.knobs import KV_CACHE_DTYPES
-    from tuner.sim.config import QUANT_CHOICES
-
-    for knob, modelled in (("kv_cache_dtype", KV_CACHE_DTYPES), ("quantization", QUANT_CHOICES)):
-        for v in values.get(knob, []):
-            if v is not None and v not in modelled:
-                return knob, (f"{v!r} is not modelled by the simulated engines (modelled: "
-                              f"{', '.join(modelled)}); drop it or use --engine vllm")
-    return None
-
-
-class SimEngine(Engine):
+class SimEngine(SimulatedEngineChecks, Engine):
     """`--engine sim`: the simulator in this process, in virtual time."""
 
     name = "sim"
     virtual_time = True
-    simulated = True
-
-    @classmethod
-    def unsupported_value(cls, values: dict[str, list]) -> tuple[str, str] | None:
-        return unmodelled_value(values)
-
-    @classmethod
-    def check_extra_args(cls, args) -> None:
-        from tuner.sim.cli import check_extra_args
-
-        check_extra_args(args, engine=cls.name)
 
     @classmethod
     def from_spec(cls, spec) -> "SimEngine":
-        if not (spec.gpu and spec.model):
-            raise UserError("--engine sim needs --gpu and --model", field="--engine")
+        cls.needs_gpu_and_model(spec)
         return cls(spec.gpu, spec.model, noise=spec.noise, seed=spec.seed, token_times=spec.token_times)
 
     def __init__(self, gpu: str | GPUProfile, model: str | ModelProfile, *,

@@ -24,6 +24,7 @@ from typing import ClassVar, Sequence
 from tuner.engine import launcher
 from tuner.engine.base import Engine
 from tuner.engine.http import HTTPServer
+from tuner.engine.simulated import SimulatedEngineChecks
 from tuner.errors import UserError
 from tuner.knobs import Knobs
 from tuner.profiles.gpus import GPUProfile, get_gpu
@@ -32,28 +33,14 @@ from tuner.profiles.models import ModelProfile, get_model
 HOST = "127.0.0.1"
 
 
-class SimHTTPEngine(Engine):
+class SimHTTPEngine(SimulatedEngineChecks, Engine):
     """One `python -m tuner.sim` server per `launch`, each in its own run directory (log, pidfile)."""
 
     name: ClassVar[str] = "sim-http"
-    simulated: ClassVar[bool] = True
-
-    @classmethod
-    def unsupported_value(cls, values: dict[str, list]) -> tuple[str, str] | None:
-        from tuner.engine.sim import unmodelled_value
-
-        return unmodelled_value(values)
-
-    @classmethod
-    def check_extra_args(cls, args) -> None:
-        from tuner.sim.cli import check_extra_args
-
-        check_extra_args(args, engine=cls.name)
 
     @classmethod
     def from_spec(cls, spec) -> "SimHTTPEngine":
-        if not (spec.gpu and spec.model):
-            raise UserError("--engine sim-http needs --gpu and --model", field="--engine")
+        cls.needs_gpu_and_model(spec)
         return cls(spec.gpu, spec.model, time_scale=spec.time_scale, run_dir=spec.run_dir,
                    api_key=spec.api_key, noise=spec.noise, seed=spec.seed, extra_args=spec.extra_args)
 
