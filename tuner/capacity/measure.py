@@ -60,6 +60,9 @@ class LoadSettings:
 REALTIME_MAX_REQUESTS = 4000
 #: A real-time load run's default span (`tune --max-run-s`).
 REALTIME_MAX_RUN_S = 60.0
+#: A real-time run is stopped early as overloaded only after this many sends in the in-flight fit (a
+#: real server's throughput jitters over seconds: `tuner.capacity.verdict.SteadySettings`)
+REALTIME_EARLY_OVERLOAD_SENDS = 300
 
 
 def engine_load_settings(virtual_time: bool, *, requests: int | None = None, max_run_s: float | None = None,
@@ -196,7 +199,9 @@ def digest(metrics: MetricsWindow | None, rate: float, max_num_seqs: int | None,
 
 
 def steady_settings(settings: LoadSettings) -> SteadySettings:
-    return SteadySettings(tolerance=settings.steady_tolerance, latency_spans=settings.latency_spans)
+    return SteadySettings(tolerance=settings.steady_tolerance, latency_spans=settings.latency_spans,
+                          early_overload_sends=100 if settings.max_duration_s is None else
+                          REALTIME_EARLY_OVERLOAD_SENDS)
 
 
 def _throughput(records: list[RequestRecord]) -> float | None:
