@@ -63,7 +63,7 @@ class TuneOptions(BaseModel):
     storage: str | None = None
     resume: bool = False
     seed: int = Field(0, ge=0, strict=True)  # numpy's generators take no negative seed
-    precision: float = Field(0.05, gt=0, lt=1, allow_inf_nan=False)  # relative width of the knee bracket
+    precision: float = Field(0.05, gt=0, le=1, allow_inf_nan=False)  # bracket hi/lo - 1: at most a factor 2
     noise_floor: float | None = Field(None, ge=0, lt=1, allow_inf_nan=False)
     plateau: int = Field(3, ge=1, strict=True)
     start_rate: float | None = Field(None, gt=0, allow_inf_nan=False)

@@ -71,7 +71,7 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("out-is-a-file", tune_with(out="afile"), ["afile", "--out", "is a file, not a directory"]),
     ("out-under-a-file", tune_with(out="afile/run"), ["--out", "afile is a file"]),
     ("precision-negative", tune_with(precision="-1"), ["--precision: must be > 0"]),
-    ("precision-above-1", tune_with(precision="1.5"), ["--precision: must be < 1"]),
+    ("precision-above-1", tune_with(precision="1.5"), ["--precision: must be <= 1"]),
     ("precision-nan", tune_with(precision="nan"), ["--precision: must be a finite number"]),
     ("requests-per-run-negative", tune_with(requests_per_run="-5"), ["--requests-per-run: must be >= 1"]),
     ("max-trials-zero", tune_with(max_trials="0"), ["--max-trials: must be >= 1"]),
