@@ -22,9 +22,9 @@ def _register() -> None:
     for module, name in [
         ("tuner.workload.cli", "workload"),
         ("tuner.sim.cli", "sim"),
-        ("tuner.search.cli", None),
+        ("tuner.study_cli", None),
         ("tuner.report.cli", None),
-        ("tuner.replay.bench_cli", None),
+        ("tuner.bench.cli", None),
     ]:
         try:
             mod = importlib.import_module(module)

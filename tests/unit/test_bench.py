@@ -9,7 +9,7 @@ import pytest
 
 from tuner.engine.sim import SimEngine
 from tuner.knobs import Knobs
-from tuner.replay.bench import bench_result, bench_schedule, format_table, max_in_flight, run_span
+from tuner.bench.result import bench_result, bench_schedule, format_table, max_in_flight, run_span
 from tuner.replay.record import LoadRun, RequestRecord
 from tuner.slo import SLO
 from tuner.workload.model import Workload, WorkloadRequest

@@ -101,7 +101,8 @@ def _under(module: str, prefix: str) -> bool:
 def _is_cli(module: str) -> bool:
     """A command line module: the top of the tool, over every layer (thin: parse options, call one entry
     point). The rules below are for everything else."""
-    return module.rpartition(".")[2] in ("cli", "bench_cli", "__main__")
+    last = module.rpartition(".")[2]
+    return last == "__main__" or last == "cli" or last.endswith("_cli")
 
 
 #: (layer, what it must never import, why)
@@ -130,6 +131,8 @@ RULES = [
      "the plan is arithmetic over stored measurements"),
     ("tuner.diagnose", ["tuner.search", "tuner.study", "tuner.report", "tuner.gate", "tuner.engine"],
      "a diagnosis reads a load run's measurements"),
+    ("tuner.replay", ["tuner.slo", "tuner.bench"], "the load client records; scoring against an SLO is above it"),
+    ("tuner.search", ["tuner.study"], "the study runner is above the search"),
     ("tuner.slo", ["tuner.workload", "tuner.search", "tuner.capacity", "tuner.report", "tuner.sim"],
      "the SLO is a bottom-layer schema"),
 ]

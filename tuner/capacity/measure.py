@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tuner.engine.base import Server
-from tuner.replay.bench import run_span, sent_records
+from tuner.bench.result import run_span, sent_records
 from tuner.metrics.window import MetricsWindow, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES
 from tuner.replay.record import LoadRun, RequestRecord
 from tuner.storage.records import LatencyQuantiles, LoadRunSummary, MetricsDigest

@@ -1,7 +1,7 @@
 """`tune bench --url URL --workload W`: one `vllm bench serve`-style load run against a running server.
 
 Option parsing and printing only; the run is `tuner.replay.client.run_load_http`, the statistics
-`tuner.replay.bench`. Every input is checked before the first request goes out, so a mistake costs no
+`tuner.bench.result`. Every input is checked before the first request goes out, so a mistake costs no
 load on the server and leaves no `--json` file behind.
 """
 
@@ -93,7 +93,7 @@ def bench(
     api_key: Optional[str] = typer.Option(None, envvar="VLLM_API_KEY", help="API key (env VLLM_API_KEY)."),
 ) -> None:
     """One load run against a running server, printed as `vllm bench serve` prints it."""
-    from tuner.replay.bench import bench_result, bench_schedule, format_table
+    from tuner.bench.result import bench_result, bench_schedule, format_table
     from tuner.replay.client import run_load_http
     from tuner.slo import load_slo
     from tuner.workload.loader import load_workload
