@@ -52,7 +52,8 @@ def measure_truth(sc, knobs: Knobs, workload, slo, memo: dict) -> dict:
     from tuner.failures import LaunchFailure
 
     try:
-        server = SimEngine(sc.gpu, sc.model, token_times="itl" in slo.thresholds).launch(knobs)
+        server = SimEngine(sc.gpu, sc.model, cost_params=sc.truth,
+                           token_times="itl" in slo.thresholds).launch(knobs)
     except LaunchFailure:
         memo[key] = {"cap": 0.0, "runs": 0, "mu": 0.0, "launch_failed": True}
         return memo[key]
@@ -88,7 +89,8 @@ def _code_digest() -> str:
 def _cache_path(sc) -> Path:
     h = hashlib.sha256(json.dumps([sc.name, sc.gpu, sc.model, sc.workload_path, sc.slo_path,
                                    sc.space.model_dump(mode="json"), sc.arrival,
-                                   load_settings(sc).requests, _code_digest()],
+                                   load_settings(sc).requests, _code_digest(),
+                                   None if sc.truth is None else repr(sc.truth)],
                                   sort_keys=True).encode()).hexdigest()[:12]
     return CACHE / f"{sc.name}-{h}.json"
 
@@ -155,8 +157,8 @@ def noisy_runner(sc, seed: int, workload, slo, sampler=None, noise: float = NOIS
         n = launches[key]
         return zlib.crc32(f"{seed}:{key}".encode() if n == 1 else f"{seed}:{key}:{n}".encode())
 
-    engine = SimEngine(sc.gpu, sc.model, noise=noise, seed=seed, token_times="itl" in slo.thresholds,
-                       launch_seed=launch_seed)
+    engine = SimEngine(sc.gpu, sc.model, cost_params=sc.truth, noise=noise, seed=seed,
+                       token_times="itl" in slo.thresholds, launch_seed=launch_seed)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     opts = TuneOptions(workload=None, slo=None, out=None, gpu=sc.gpu, model=sc.model)
     return TrialRunner(study=study, engine=engine, workload=workload, slo=slo, space=sc.space,

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.search.space import SearchSpace
+from tuner.sim.costs import CostParams
 from tuner.slo import SLO, load_slo
 from tuner.workload.loader import load_workload
 from tuner.workload.model import Workload
@@ -22,6 +23,9 @@ class Scenario:
     slo_path: str
     space: SearchSpace
     arrival: str = "poisson"
+    #: The engine's true cost parameters (None: the simulator's nominal ones). A hidden truth
+    #: (`benchmarks/twin_hidden_truth.py`) sets numbers and terms the twin is not told.
+    truth: CostParams | None = None
 
     def workload(self) -> Workload:
         return load_workload(ROOT / self.workload_path)

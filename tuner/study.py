@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 import optuna
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from tuner import __version__
 from tuner.engine.base import Engine
@@ -91,6 +92,14 @@ class TuneOptions(BaseModel):
         if v not in known:
             raise ValueError(f"unknown {info.field_name} {v!r} (known: {', '.join(known)})")
         return v
+
+    @model_validator(mode="after")
+    def _twin_needs_profiles(self) -> "TuneOptions":
+        if self.strategy == "twin" and not (self.gpu and self.model):
+            raise ValueError("--strategy twin needs --gpu and --model: the twin is the simulator of that GPU "
+                             "and model, fitted to this engine's launches (a GPU profile YAML describes "
+                             "any other host)")
+        return self
 
     @field_validator("vllm_args")
     @classmethod
@@ -271,6 +280,8 @@ def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outco
                              confirm=opts.confirm)
         elif opts.strategy == "grid":
             outcome = grid(runner, opts.max_trials)
+        elif opts.strategy == "twin":
+            outcome = twin_strategy(runner, budget, opts, workload, slo, load, noise_floor, reporter)
         else:
             outcome = whole_space(runner, budget, sampler=opts.strategy, noise_floor=noise_floor,
                                   seed=opts.seed)
@@ -284,6 +295,16 @@ def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outco
     if opts.write_outputs:
         write_outputs(opts.out)
     return outcome, opts.out
+
+
+def twin_strategy(runner: TrialRunner, budget: Budget, opts: TuneOptions, workload, slo: SLO,
+                  load: LoadSettings, noise_floor: float, reporter) -> Outcome:
+    from tuner.search.twin import twin_search
+    from tuner.twin.twin import Twin
+
+    twin = Twin.build(opts.gpu, opts.model, workload, slo, load, seed=opts.seed)
+    say = getattr(reporter, "note", None)
+    return twin_search(runner, budget, twin, noise_floor=noise_floor, on_fit=say)
 
 
 def grid(runner: TrialRunner, max_trials: int) -> Outcome:

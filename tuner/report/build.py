@@ -17,6 +17,7 @@ from tuner.errors import UserError
 from tuner.knobs import KNOB_SPECS, Knobs
 from tuner.plan import format_plan, plan_for_study
 from tuner.report.model import (ConfigSummary, Headline, HeadlineRow, Report, TrialRow, WorkloadRef)
+from tuner.report.twin import twin_section
 from tuner.storage.select import (attribution, closest_run, knee_curve, pick_configs,
                                   saturation_throughput)
 from tuner.storage.reader import StudyData, TrialView, load_study_data
@@ -272,4 +273,5 @@ def build_report(run_dir: str | Path) -> Report:
         caveats=caveats(info, tuned, base, counts, head.capacity_gain_pct, status),
         status=status, status_text=status_text, gate_written=gate.exists(),
         learned=[f"{c.text()}: {' '.join(c.message.split())[:240]}"
-                 for t in sorted(data.trials, key=lambda t: t.number) for c in t.record.learned])
+                 for t in sorted(data.trials, key=lambda t: t.number) for c in t.record.learned],
+        twin=twin_section(data))

@@ -125,3 +125,50 @@ class Report(BaseModel):
     #: what failed launches taught about the host (`tuner.search.lessons`), one line each with vLLM's words
     learned: list[str] = Field(default_factory=list)
     gate_written: bool | None = None       # whether the run wrote gate.yaml (None: not known)
+    twin: "TwinSection | None" = None      # `--strategy twin` only
+
+
+class TwinVerified(BaseModel):
+    """One configuration the twin sent to the engine: what it predicted before the launch, and what the
+    launch measured."""
+
+    trial: int
+    knobs: dict
+    predicted_rps: float | None
+    measured_rps: float | None                  # None: raced out or no rate met the SLO
+    raced_out: bool = False
+    error: float | None = None                  # predicted / measured - 1
+    predicted_curve: list[tuple[float, float | None]] = Field(default_factory=list)   # (rate, badness)
+    measured_curve: list[tuple[float, float | None]] = Field(default_factory=list)
+
+
+class TwinFitRow(BaseModel):
+    after_trial: int
+    trials: list[int]
+    loss: float
+    nominal_loss: float
+    params: dict
+    residuals: dict[str, float]
+    wall_s: float
+
+
+class TwinRankRow(BaseModel):
+    knobs: dict
+    predicted_rps: float | None
+    binding: str | None = None
+    launched_trial: int | None = None
+    measured_rps: float | None = None
+
+
+class TwinSection(BaseModel):
+    """`--strategy twin`: the fits, the whole-space ranking and the prediction error of every verified trial."""
+
+    configurations: int = 0
+    fits: list[TwinFitRow] = Field(default_factory=list)
+    verified: list[TwinVerified] = Field(default_factory=list)
+    ranking: list[TwinRankRow] = Field(default_factory=list)      # top ten of the latest ranking
+    median_abs_error: float | None = None                          # over verified trials with a capacity
+    stop_reason: str | None = None
+
+
+Report.model_rebuild()

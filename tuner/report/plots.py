@@ -229,6 +229,33 @@ PLOTS = {"knee": knee_curves, "capacity": capacity_per_trial, "knobs": knob_traj
          "latency_cdf": latency_cdfs, "timeseries": timeseries}
 
 
+def twin_curves(rep: Report) -> str | None:
+    """Each verified trial's knee curve as the twin predicted it (dashed) and as the launch measured it."""
+    tw = rep.twin
+    if tw is None or not tw.verified:
+        return None
+    with plt.rc_context(RC):
+        fig, ax = plt.subplots(figsize=(6.4, 3.6))
+        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        for i, v in enumerate(tw.verified):
+            c = colors[i % len(colors)]
+            for pts, style, lab in ((v.predicted_curve, "--", "predicted"), (v.measured_curve, "-", "measured")):
+                pts = sorted((x, y) for x, y in pts if y is not None and math.isfinite(y))
+                if pts:
+                    ax.plot(*zip(*pts), style, color=c, marker="o", ms=3, lw=1.2,
+                            label=f"trial {v.trial} {lab}")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("offered rate (req/s)")
+        ax.set_ylabel("SLO badness (1 = on the SLO)")
+        ax.legend(fontsize=7, ncol=2)
+        return _svg(fig)
+
+
+PLOTS["twin"] = twin_curves
+
+
 def all_plots(rep: Report) -> dict[str, str]:
     out = {}
     for name, f in PLOTS.items():

@@ -140,6 +140,43 @@ def _trials(rep: Report) -> list[Block]:
     return out
 
 
+def _twin(rep: Report, figures: set[str]) -> list[Block]:
+    tw = rep.twin
+    if tw is None:
+        return []
+    out = [Block("h2", "The twin: predicted against measured"),
+           Block("p", f"The simulator was fitted to this engine's own launches ({len(tw.fits)} fits) and "
+                      f"predicted all {tw.configurations} configurations of the space; launches only "
+                      f"verified its best. Each prediction below was stored before its launch."
+                      + (f" Median prediction error on verified trials: {tw.median_abs_error:.1%}."
+                         if tw.median_abs_error is not None else "")
+                      + (f" Stopped: {tw.stop_reason}." if tw.stop_reason else ""))]
+    rows = [["trial", "knobs", "predicted (req/s)", "measured (req/s)", "error"]]
+    for v in tw.verified:
+        meas = "raced out" if v.raced_out else _n(v.measured_rps)
+        rows.append([str(v.trial), _knobs(v.knobs), _n(v.predicted_rps), meas,
+                     "n/a" if v.error is None else f"{v.error:+.1%}"])
+    if len(rows) > 1:
+        out.append(Block("table", rows=rows))
+    if "twin" in figures:
+        out.append(Block("fig", "Predicted (dashed) and measured knee curves of the verified trials", lang="twin"))
+    rows = [["rank", "knobs", "predicted (req/s)", "binds (twin)", "measured (req/s)"]]
+    for i, r in enumerate(tw.ranking, 1):
+        meas = "not launched" if r.launched_trial is None else (
+            f"{_n(r.measured_rps)} (trial {r.launched_trial})" if r.measured_rps else f"trial {r.launched_trial}: no capacity")
+        rows.append([str(i), _knobs(r.knobs), _n(r.predicted_rps), r.binding or "", meas])
+    out += [Block("h2", "The twin's ranking of the whole space (top ten, latest fit)"), Block("table", rows=rows)]
+    if tw.fits:
+        rows = [["after trial", "fitted to", "loss (nominal)", "fitted parameters", "residuals (median |sim/measured - 1|)"]]
+        for f in tw.fits:
+            params = ", ".join(f"{k}={_n(v)}" for k, v in f.params.items())
+            res = ", ".join(f"{k} {v:.0%}" for k, v in f.residuals.items())
+            rows.append([str(f.after_trial), ", ".join(map(str, f.trials)), f"{f.loss:.3g} ({f.nominal_loss:.3g})",
+                         params, res])
+        out += [Block("h2", "Twin fits"), Block("table", rows=rows)]
+    return out
+
+
 def blocks(rep: Report, figures: set[str]) -> list[Block]:
     c = rep.counts
     w = rep.workload
@@ -164,6 +201,7 @@ def blocks(rep: Report, figures: set[str]) -> list[Block]:
     for name, caption in FIGURES:
         if name in figures:
             out.append(Block("fig", caption, lang=name))
+    out += _twin(rep, figures)
     out += _trials(rep)
     if rep.status != "tuned" or rep.gate_written is False:
         out += [Block("h2", "Reproduce"),

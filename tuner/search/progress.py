@@ -71,6 +71,10 @@ class RichReporter:
             beat = " [green]beats the incumbent[/]" if rec.accepted and rec.role == "candidate" else ""
             self.console.print(f"   capacity {cap}{beat}{diag}")
 
+    def note(self, text: str) -> None:
+        """A line about the search itself (the twin's fits and rankings), between trials."""
+        self.console.print(f"   [cyan]{text}[/]")
+
     def incumbent_changed(self, rec: TrialRecord) -> None:
         cap = f"{rec.capacity_rps:.2f} req/s" if rec.capacity_rps else "none"
         self.console.print(f"   [green]incumbent[/]: trial {rec.number}, {_knobs(rec.knobs)}, {cap}")

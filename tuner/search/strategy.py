@@ -6,6 +6,9 @@ only when its capacity beats the old one by more than the noise floor, re-diagno
 `plateau` knobs in a row gave nothing. Candidates race the incumbent: one load run at the incumbent's
 capacity decides whether a full knee search is worth it.
 
+`twin` (`tuner.search.twin`) ranks the whole space in a simulator fitted to this engine's launches and
+spends launches only on verifying its best.
+
 `tpe`, `random` and `grid` search the whole space blind (what peer tools do), for comparison and for users
 who want them; they share the same trial runner and storage.
 """
@@ -24,7 +27,7 @@ from tuner.knobs import KNOB_SPECS, Knobs
 from tuner.storage.records import Diagnosis, TrialRecord
 from tuner.search.runner import TrialRunner, knobs_key
 
-STRATEGIES = ("guided", "tpe", "random", "grid")
+STRATEGIES = ("guided", "twin", "tpe", "random", "grid")
 
 
 @dataclass

@@ -39,6 +39,7 @@ class StudyData(BaseModel):
     info: StudyInfo
     trials: list[TrialView]
     outcome: dict = {}           # the runner's `outcome` attribute: stop reason, baseline and tuned trial
+    twin: dict = {}              # `--strategy twin`: its fits, ranking and predictions (`tuner.twin.log`)
 
 
 def storage_url(run_dir: str | Path) -> str:
@@ -108,4 +109,5 @@ def load_study_data(run_dir: str | Path) -> StudyData:
               for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)]
     outcome = study.user_attrs.get("outcome")
     return StudyData(run_dir=str(run_dir), storage_url=url, study_name=name, info=info, trials=trials,
-                     outcome=outcome if isinstance(outcome, dict) else {})
+                     outcome=outcome if isinstance(outcome, dict) else {},
+                     twin=study.user_attrs.get("twin") or {})

@@ -1,0 +1,189 @@
+"""The twin against engines it is not told about: hidden-truth simulators.
+
+Each scenario's engine is the simulator with cost parameters drawn well away from nominal (efficiencies
+and overheads x e^{+-0.3..0.7}, up to 3x) and two cost terms the twin's parameterisation does not have: a
+per-request engine cost (`CostParams.per_request_s`) and decode attention that slows faster than
+linearly with the batch (`CostParams.attn_superlinear`). Launches carry 3% noise. The twin is fitted
+only to what its launches measure (`tuner.twin.fit`).
+
+For each scenario the truth's exhaustive grid is measured noise-free (cached); then `twin`, `guided` and
+TPE (replayed from the table, as in search_efficiency.py) run over ten seeds. Printed: launches to
+90/95% of the truth's grid optimum (the baseline's launches included), the true capacity each ends
+with, and the twin's prediction error on every verified trial (prediction made before the launch, against
+the capacity that launch measured; and against the truth).
+
+Run: python benchmarks/twin_hidden_truth.py [--seeds 10] [--scenarios ...] [--jobs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import time
+import zlib
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import Trace, TraceReporter, ground_truth, load_settings, noisy_runner, true_capacity  # noqa: E402
+from _replayed import replay_whole_space  # noqa: E402
+from _scenarios import SCENARIOS  # noqa: E402
+
+from tuner.knobs import Knobs  # noqa: E402
+from tuner.search.strategy import Budget, guided  # noqa: E402
+from tuner.search.twin import twin_search  # noqa: E402
+from tuner.sim.costs import CostParams  # noqa: E402
+from tuner.storage.twin import TwinLog  # noqa: E402
+from tuner.twin.twin import Twin  # noqa: E402
+
+LEVELS = (0.90, 0.95)
+CAPS = {"twin": 8, "guided": 15, "tpe": 40}
+OUT = Path(__file__).resolve().parent / "results"
+
+
+def hidden_truth(name: str) -> CostParams:
+    """The scenario's engine: nominal numbers moved by a factor drawn from the name, plus two terms the
+    twin lacks."""
+    rng = random.Random(zlib.crc32(name.encode()))
+    nom = CostParams()
+
+    def moved(v: float, lo: float, hi: float, cap: float | None = None) -> float:
+        x = v * math.exp(rng.choice((-1, 1)) * rng.uniform(lo, hi))
+        return min(x, cap) if cap else x
+
+    return CostParams(bw_eff=moved(nom.bw_eff, 0.2, 0.5, 0.95), gemm_eff=moved(nom.gemm_eff, 0.3, 0.6, 0.95),
+                      attn_eff=moved(nom.attn_eff, 0.3, 0.7, 0.95),
+                      step_overhead_s=moved(nom.step_overhead_s, 0.5, 1.1),
+                      per_seq_overhead_s=moved(nom.per_seq_overhead_s, 0.5, 1.1),
+                      per_request_s=rng.uniform(0.5e-3, 3e-3), attn_superlinear=rng.uniform(0.2, 0.8))
+
+
+def scenarios(names: list[str]):
+    return [replace(sc, name=f"{sc.name}-hidden", truth=hidden_truth(sc.name))
+            for sc in SCENARIOS if sc.name in names]
+
+
+def _knobs(key: str) -> Knobs:
+    return Knobs(**json.loads(key))
+
+
+def run_one(args) -> dict:
+    sc, strategy, seed, gt = args
+    workload, slo = sc.workload(), sc.slo()
+    trace = Trace(strategy, seed)
+    memo = dict(gt)
+    t0 = time.perf_counter()
+    errors: list[dict] = []
+    if strategy == "tpe":
+        replay_whole_space(sc, memo, workload, slo, seed, "tpe", CAPS["tpe"], trace)
+    else:
+        runner = noisy_runner(sc, seed, workload, slo)
+        runner.reporter = TraceReporter(runner, trace, by_measured=False)
+        if strategy == "guided":
+            guided(runner, Budget(max_trials=CAPS[strategy]), noise_floor=0.05)
+        else:
+            twin = Twin.build(sc.gpu, sc.model, workload, slo, load_settings(sc, seed), seed=seed)
+            twin_search(runner, Budget(max_trials=CAPS[strategy]), twin, noise_floor=0.05)
+            log = TwinLog.read(runner.study.user_attrs)
+            for t in runner.study.trials:
+                rec = t.user_attrs.get("record") or {}
+                key = json.dumps(rec.get("knobs", {}), sort_keys=True)
+                pred = log.predicted_before_launch.get(key) if log else None
+                if pred and rec.get("capacity_rps") and not rec.get("raced_out") and pred.capacity_rps:
+                    truth = true_capacity(sc, _knobs(key), workload, slo, memo)
+                    errors.append({"trial": t.number, "predicted": pred.capacity_rps,
+                                   "measured": rec["capacity_rps"], "truth": truth})
+            errors.append({"fit_wall_s": [f.wall_s for f in log.fits] if log else [],
+                           "rank_wall_s": log.first_ranking.wall_s if log and log.first_ranking else None,
+                           "configurations": log.configurations if log else 0})
+    opt = gt["__grid_optimum__"]["cap"]
+    curve = [(l, r, true_capacity(sc, _knobs(k), workload, slo, memo) / opt) for l, r, k in trace.points]
+    return {"scenario": sc.name, "strategy": strategy, "seed": seed, "curve": curve, "errors": errors,
+            "wall_s": time.perf_counter() - t0}
+
+
+def first_reaching(curve, level):
+    return next((launches for launches, _, q in curve if q >= level - 1e-9), None)
+
+
+def fmt(values):
+    vals = [v for v in values if v is not None]
+    ordered = sorted(values, key=lambda v: math.inf if v is None else v)
+    med = ordered[(len(ordered) - 1) // 2]
+    return f"{'-' if med is None else med} [{min(vals) if vals else '-'}-{max(vals) if vals else '-'}]" + (
+        "" if len(vals) == len(values) else f" ({len(vals)}/{len(values)})")
+
+
+def _gt(sc):
+    return ground_truth(sc, True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS))
+    ap.add_argument("--strategies", default="twin,guided,tpe")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    args = ap.parse_args(argv)
+    scs = scenarios(args.scenarios.split(","))
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        gts = dict(zip([s.name for s in scs], pool.map(_gt, scs)))
+        print(f"ground truth ready in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        jobs = [(sc, st, seed, gts[sc.name]) for sc in scs for st in args.strategies.split(",")
+                for seed in range(args.seeds)]
+        results = list(pool.map(run_one, jobs))
+    summary: dict = {"seeds": args.seeds, "cores": os.cpu_count(), "scenarios": {}}
+    all_err_meas, all_err_truth = [], []
+    for sc in scs:
+        gt = gts[sc.name]
+        opt = gt["__grid_optimum__"]["cap"]
+        base = gt.get("{}", {}).get("cap", 0.0)
+        print(f"\n## {sc.name}: truth's grid optimum {opt:.2f} req/s, vLLM defaults {base:.2f} ({base / opt:.0%})")
+        print(f"   hidden truth: {sc.truth}")
+        print(f"{'strategy':8s} {'launches to 90%':>18s} {'launches to 95%':>18s} {'final (median, min)':>22s}")
+        rows = {}
+        for st in args.strategies.split(","):
+            rs = [r for r in results if r["scenario"] == sc.name and r["strategy"] == st]
+            reach = {lv: [first_reaching(r["curve"], lv) for r in rs] for lv in LEVELS}
+            finals = [r["curve"][-1][2] if r["curve"] else 0.0 for r in rs]
+            rows[st] = {"launches": {str(lv): reach[lv] for lv in LEVELS}, "final": finals}
+            print(f"{st:8s} {fmt(reach[0.90]):>18s} {fmt(reach[0.95]):>18s} "
+                  f"{statistics.median(finals):>13.1%} {min(finals):>7.1%}")
+            if st == "twin":
+                errs = [e for r in rs for e in r["errors"] if "predicted" in e]
+                em = [abs(e["predicted"] / e["measured"] - 1) for e in errs]
+                et = [abs(e["predicted"] / e["truth"] - 1) for e in errs if e["truth"]]
+                all_err_meas += em
+                all_err_truth += et
+                walls = [w for r in rs for e in r["errors"] if "fit_wall_s" in e for w in e["fit_wall_s"]]
+                ranks = [e["rank_wall_s"] for r in rs for e in r["errors"] if e.get("rank_wall_s")]
+                confs = [e["configurations"] for r in rs for e in r["errors"] if "configurations" in e]
+                if em:
+                    print(f"   twin prediction error on {len(em)} verified trials: median {statistics.median(em):.1%} "
+                          f"of measured (max {max(em):.0%}), {statistics.median(et):.1%} of truth")
+                if walls:
+                    print(f"   fit {statistics.median(walls):.1f} s median; whole-space ranking "
+                          f"({statistics.median(confs):.0f} configurations) {statistics.median(ranks):.1f} s median")
+                rows[st]["prediction_error_measured"] = em
+                rows[st]["prediction_error_truth"] = et
+        summary["scenarios"][sc.name] = {"optimum": opt, "baseline": base, "truth": repr(sc.truth),
+                                         "strategies": rows}
+    if all_err_meas:
+        print(f"\ntwin prediction error over all verified trials: median {statistics.median(all_err_meas):.1%} "
+              f"of measured, {statistics.median(all_err_truth):.1%} of truth")
+    OUT.mkdir(exist_ok=True)
+    (OUT / "twin_hidden_truth.json").write_text(json.dumps(summary, indent=1))
+    print(f"total {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,127 @@
+"""The self-calibrating twin: its fit recovers an engine it was not told about, its predictions are the
+knee search on the fitted simulator, and what it stores is what the report reads.
+
+Every engine here is the in-process simulator (virtual time, deterministic): the "real" one runs cost
+parameters moved away from nominal, the twin starts from nominal and sees only the measured load runs.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from tuner.capacity.knee import KneeSettings, find_capacity
+from tuner.capacity.measure import LoadSettings, measure
+from tuner.engine.sim import SimEngine
+from tuner.knobs import Knobs
+from tuner.sim.costs import CostParams
+from tuner.slo import load_slo
+from tuner.storage.records import TrialRecord
+from tuner.storage.twin import TwinLog, TwinParams
+from tuner.twin.engine import TwinEngine
+from tuner.twin.fit import FitContext, Observation, fit, kv_scale
+from tuner.twin.params import FREE_PARAMS, cost_params, nominal, value
+from tuner.twin.twin import Twin
+from tuner.workload.loader import load_workload
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU, MODEL = "rtx4090", "qwen2.5-7b"
+#: A GPU 35% slower at streaming weights and with a heavier scheduler than the profile says.
+TRUTH = CostParams(bw_eff=0.45, step_overhead_s=0.004)
+LOAD = LoadSettings(requests=200, seed=0, warmup_requests=20)
+
+
+@pytest.fixture(scope="module")
+def chat():
+    return load_workload(ROOT / "workloads" / "chat.jsonl"), load_slo(ROOT / "workloads" / "chat.slo.yaml")
+
+
+def _launch_record(engine, knobs: Knobs, workload, slo, number: int = 0) -> TrialRecord:
+    """What a study stores for one launch: its knee search's load runs and the metrics at the knee."""
+    server = engine.launch(knobs)
+    with server:
+        r = find_capacity(server, workload, slo, start_rate=1.0, load=LOAD, knee=KneeSettings(precision=0.05),
+                          max_num_seqs=server.cfg.max_num_seqs)
+    return TrialRecord(number=number, knobs=knobs.set_only(), launched=True, kv_cache_tokens=server.info.kv_cache_tokens,
+                       load_runs=sorted(r.points, key=lambda p: p.rate), capacity_rps=r.capacity,
+                       knee_metrics=r.fail_digest or r.pass_digest)
+
+
+@pytest.fixture(scope="module")
+def truth_baseline(chat):
+    wl, slo = chat
+    return _launch_record(SimEngine(GPU, MODEL, cost_params=TRUTH, token_times=False), Knobs(), wl, slo)
+
+
+def test_nominal_twin_is_the_simulator():
+    """Unset parameters are the simulator's own: the nominal twin prices a step exactly as the engine."""
+    p = cost_params(nominal())
+    assert p == CostParams()
+    assert value(TwinParams(), "bw_eff") == CostParams().bw_eff
+    assert [f.name for f in FREE_PARAMS][:5] == ["bw_eff", "gemm_eff", "attn_eff", "step_overhead_s",
+                                                 "per_seq_overhead_s"]
+
+
+def test_client_overhead_adds_to_ttft_and_e2e_not_to_tpot(chat):
+    wl, slo = chat
+    runs = {}
+    for o in (0.0, 0.1):
+        eng = TwinEngine(GPU, MODEL, nominal().model_copy(update={"client_overhead_s": o}))
+        with eng.launch(Knobs()) as server:
+            m, _ = measure(server, wl, slo, 2.0, LoadSettings(requests=100, sequential=False), seed=0, salt=1)
+        runs[o] = m.summary
+    assert runs[0.1].p50_ms["ttft"] - runs[0.0].p50_ms["ttft"] == pytest.approx(100.0, abs=1.0)
+    assert runs[0.1].p50_ms["e2el"] - runs[0.0].p50_ms["e2el"] == pytest.approx(100.0, abs=1.0)
+    assert runs[0.1].p50_ms["tpot"] == pytest.approx(runs[0.0].p50_ms["tpot"], rel=1e-6)
+
+
+def test_kv_scale_is_what_the_host_reserved(chat):
+    wl, slo = chat
+    ctx = FitContext(GPU, MODEL, wl, slo, LOAD)
+    from tuner.profiles.gpus import get_gpu
+    from tuner.profiles.models import get_model
+    from tuner.sim.config import resolve
+
+    full = resolve(get_gpu(GPU), get_model(MODEL), Knobs()).kv_cache_tokens
+    obs = Observation(trial=0, knobs=Knobs(), points=[], kv_cache_tokens=full // 2)
+    assert kv_scale(ctx, [obs]) == pytest.approx(0.5, rel=0.01)
+    eng = TwinEngine(GPU, MODEL, nominal(kv_scale=0.5))
+    assert eng.launch(Knobs()).cfg.kv_cache_tokens == pytest.approx(full / 2, rel=0.01)
+
+
+def test_fit_recovers_an_engine_it_was_not_told_about(chat, truth_baseline):
+    """Fitted to one launch of the slower engine, the twin's loss falls well below the nominal one, its
+    decode floor moves toward the truth's, and it predicts that launch's capacity within 10%."""
+    wl, slo = chat
+    twin = Twin.build(GPU, MODEL, wl, slo, LOAD, fit_trials=30)
+    res = twin.refit([truth_baseline])
+    assert res is not None and res.trials == [0]
+    assert res.loss < 0.5 * res.nominal_loss
+    assert set(res.residuals) >= {"p50_tpot", "p99_ttft"}
+    fitted_bw = value(res.params, "bw_eff")
+    assert abs(math.log(fitted_bw / TRUTH.bw_eff)) < abs(math.log(CostParams().bw_eff / TRUTH.bw_eff))
+    pred = twin.predict(Knobs(), start_rate=truth_baseline.capacity_rps)
+    nominal_pred = Twin.build(GPU, MODEL, wl, slo, LOAD).predict(Knobs(), start_rate=1.0)
+    assert pred.capacity_rps == pytest.approx(truth_baseline.capacity_rps, rel=0.10)
+    # the nominal simulator is the faster GPU: it overestimates, the fit corrects most of that
+    assert nominal_pred.capacity_rps > truth_baseline.capacity_rps * 1.1
+    assert pred.curve and pred.binding
+
+
+def test_a_launch_without_load_runs_is_no_observation():
+    assert Observation.from_record(TrialRecord(number=3, launched=False)) is None
+    assert Observation.from_record(TrialRecord(number=3, launched=True)) is None
+
+
+def test_twin_log_round_trips_and_keeps_only_the_top_of_a_ranking():
+    from tuner.storage.twin import Prediction, Ranking
+
+    preds = [Prediction(knobs={"max_num_seqs": i}, capacity_rps=float(100 - i)) for i in range(60)]
+    log = TwinLog(ranking=Ranking(after_trial=0, predictions=preds),
+                  predicted_before_launch={preds[1].key: preds[1]})
+    back = TwinLog.read({"twin": log.dump()})
+    assert len(back.ranking.predictions) == 40
+    assert back.predicted_before_launch[preds[1].key].capacity_rps == 99.0
+    assert back.ranking.get({"max_num_seqs": 0}).capacity_rps == 100.0

@@ -1,0 +1,122 @@
+"""`--strategy twin`: search the whole space in the self-calibrating twin, spend real launches on verifying.
+
+1. vLLM's defaults are launched (the baseline, as every strategy does) and the twin is fitted to that
+   launch's load runs (`tuner.twin.fit`).
+2. Every configuration of the space gets a predicted capacity from the knee search on the twin, in
+   virtual time; they are ranked.
+3. The best one not yet launched is verified on the engine: it races the incumbent at the incumbent's
+   capacity, and only a survivor gets the full knee search. The twin is refitted with that launch too
+   and the top of the ranking predicted again.
+4. That repeats while the twin still predicts a configuration that beats the incumbent by more than the
+   noise floor (the gain the incumbent's own measurement could hide); it stops once the verified best is
+   within noise of the twin's best, or the budget is spent.
+
+The twin compares configurations by their predicted ratio to the incumbent's prediction, not by absolute
+numbers: a twin that is 20% optimistic everywhere still ranks them right.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from tuner.knobs import Knobs
+from tuner.search.runner import TrialRunner
+from tuner.search.strategy import (Budget, Outcome, accept_floor, clearly_better_at_same_load,
+                                   fitted_baseline, normalize)
+from tuner.storage.records import TrialRecord
+from tuner.storage.twin import ATTR, Prediction, TwinLog
+from tuner.twin.twin import Twin
+
+
+def _launched(runner: TrialRunner) -> list[TrialRecord]:
+    return [r for recs in runner.finished_all().values() for r in recs if r.launched and r.load_runs]
+
+
+def _save(runner: TrialRunner, log: TwinLog) -> None:
+    runner.study.set_user_attr(ATTR, log.dump())
+
+
+def twin_search(runner: TrialRunner, budget: Budget, twin: Twin, *, noise_floor: float,
+                on_fit: Callable[[str], None] | None = None) -> Outcome:
+    say = on_fit or (lambda msg: None)
+    log = TwinLog(gpu=twin.gpu.key or twin.gpu.name, model=twin.model.name)
+    stored = TwinLog.read(runner.study.user_attrs)
+    if stored is not None:  # a resumed study: the predictions made before its launches stand
+        log.predicted_before_launch = stored.predicted_before_launch
+    base = fitted_baseline(runner, budget)
+    if base.launch_failure_kind == "requests_failed" and not (base.diagnosis and base.diagnosis.knobs):
+        return Outcome(base, None, f"the baseline failed its requests: {base.launch_failure_message}")
+    fitres = twin.refit(_launched(runner))
+    if fitres is None:
+        return Outcome(base, None, "the baseline measured no load run: nothing to fit the twin to")
+    log.fits.append(fitres)
+    say(f"twin fitted to trial {fitres.after_trial}: loss {fitres.loss:.3g} (nominal {fitres.nominal_loss:.3g})")
+    space = runner.space
+    choices = {k: list(dict.fromkeys(space.knobs[k].values)) for k in space.knobs}  # vLLM's defaults: `extra`
+
+    lessons = [runner.lessons()]  # read from storage again after every launch (they come from failures)
+
+    def allowed(k: Knobs) -> bool:
+        return space.allows(k, runner.defaults) is None and lessons[0].broken_by(k, runner.defaults) is None
+
+    start = base.capacity_rps or runner.start_rate
+    ranking = twin.rank(choices, allowed, extra=[Knobs()], start_rate=start,
+                        canonical=lambda k: normalize(k, runner.defaults))
+    log.first_ranking = log.ranking = ranking
+    log.configurations = len(ranking.predictions)
+    say(f"twin ranked {len(ranking.predictions)} configurations in {ranking.wall_s:.1f} s")
+    _save(runner, log)
+    inc = base if base.capacity_rps else None
+    chain = [base.number] if inc else []
+    if inc:
+        runner.reporter.incumbent_changed(inc)
+
+    def skip(p: Prediction) -> bool:
+        # evaluated by this process (a resumed study reads each stored launch back where it was made)
+        k = Knobs(**p.knobs)
+        return runner.seen(k) or not allowed(k)
+
+    reason = "budget spent"
+    while budget.left(runner):
+        ranking = twin.freshen(ranking, skip, start_rate=inc.capacity_rps if inc else start)
+        cand = next((p for p in ranking.predictions if p.capacity_rps and not skip(p)), None)
+        if cand is None:
+            reason = "the twin predicts no configuration left to try that meets the SLO"
+            break
+        knobs = Knobs(**cand.knobs)
+        floor = accept_floor(inc, noise_floor) if inc else None
+        mine = ranking.get(normalize(Knobs(**inc.knobs), runner.defaults).set_only()) if inc else None
+        if inc and mine and mine.capacity_rps:
+            ratio = cand.capacity_rps / mine.capacity_rps
+            if inc.capacity_rps * ratio <= floor:
+                reason = (f"the verified best is within noise of the twin's best: the twin's best untried "
+                          f"predicts {ratio - 1:+.1%} over the incumbent, inside its "
+                          f"{floor / inc.capacity_rps - 1:.1%} noise floor")
+                break
+            expect = inc.capacity_rps * ratio
+        else:
+            expect = cand.capacity_rps
+        log.predicted_before_launch.setdefault(cand.key, cand)  # a resumed study keeps the first one
+        _save(runner, log)
+        rec = runner.evaluate(knobs, role="candidate", incumbent=inc.capacity_rps if inc else None,
+                              race_rate=inc.capacity_rps if inc else None, start_rate=expect,
+                              accept_above=floor,
+                              accept=(lambda r, b=inc: clearly_better_at_same_load(r, b)) if inc else None)
+        lessons[0] = runner.lessons()
+        if rec.accepted:
+            inc = rec
+            chain.append(rec.number)
+            runner.reporter.incumbent_changed(rec)
+        if not rec.launched:
+            continue  # a launch failure: its lesson (if any) is in storage; `allowed` reads it
+        fitres = twin.refit(_launched(runner))
+        if fitres is not None:
+            log.fits.append(fitres)
+            say(f"twin refitted with trial {rec.number}: loss {fitres.loss:.3g}")
+        always = [Knobs(**inc.knobs)] if inc else []
+        ranking = twin.rerank(ranking, always=always, start_rate=inc.capacity_rps if inc else start)
+        log.ranking = ranking
+        _save(runner, log)
+    log.stop_reason = reason
+    _save(runner, log)
+    return Outcome(base, inc, reason, chain)

@@ -1,0 +1,81 @@
+"""The twin as an engine: the in-process simulator under fitted parameters.
+
+Two things a fitted `TwinParams` changes beyond the cost model's numbers: a client-side latency per
+request (HTTP, tokenisation and detokenisation happen outside vLLM's steps, so they add to TTFT and E2E
+and not to the engine's load), and the KV pool, scaled by what the host's launches actually reserved.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from tuner.engine.sim import SimEngine, SimServer, replay_stop_rule
+from tuner.knobs import Knobs
+from tuner.profiles.gpus import GPUProfile
+from tuner.profiles.models import ModelProfile
+from tuner.replay.record import LoadRun
+from tuner.sim.config import resolve
+from tuner.storage.twin import TwinParams
+from tuner.twin.params import cost_params, value
+from tuner.workload.model import WorkloadRequest
+
+
+class TwinServer(SimServer):
+    def __init__(self, *args, client_overhead_s: float = 0.0, shapes: dict | None = None, **kw):
+        super().__init__(*args, **kw)
+        self.client_overhead_s = client_overhead_s
+        self._shared_shapes = {} if shapes is None else shapes
+
+    def _shape(self, req: WorkloadRequest, index: int) -> tuple[int, list[int]]:
+        """Request shapes shared by every launch of the twin: the k-th load run of each configuration
+        replays the same requests under the same salt (common random numbers), so their prompt block
+        hashes are computed once per study, not once per configuration."""
+        ids = req.prefix_hash_ids
+        key = (index, req.prompt_tokens, ids[-1]) if ids else (index, id(req))
+        hit = self._shared_shapes.get(key)
+        if hit is None:
+            hit = super()._shape(req, index)
+            if len(self._shared_shapes) > 200_000:
+                self._shared_shapes.clear()
+            self._shared_shapes[key] = hit
+        return hit
+
+    def run_load(self, requests: Sequence[WorkloadRequest], send_times: Sequence[float], *,
+                 stop_when=None, **kw) -> LoadRun:
+        run = super().run_load(requests, send_times, **kw)
+        o = self.client_overhead_s
+        if o:
+            for r in run.records:
+                if r.first_token_s is not None:
+                    r.first_token_s += o
+                if r.finish_s is not None:
+                    r.finish_s += o
+                    if r.end_s is not None:
+                        r.end_s += o
+                if r.token_times:
+                    r.token_times = [t + o for t in r.token_times]
+        if stop_when is not None:  # judged on what the client would have seen
+            replay_stop_rule(run, stop_when, max(send_times, default=0.0))
+        return run
+
+
+class TwinEngine(SimEngine):
+    """`SimEngine` with a fitted cost model, client latency and KV scale; deterministic (no noise)."""
+
+    name = "twin"
+
+    def __init__(self, gpu: str | GPUProfile, model: str | ModelProfile, params: TwinParams, *,
+                 token_times: bool = False, shapes: dict | None = None):
+        """`shapes`: a cache of request shapes to share with other twin engines of the same study."""
+        super().__init__(gpu, model, cost_params=cost_params(params), token_times=token_times)
+        self.params = params
+        self.shapes: dict = {} if shapes is None else shapes
+
+    def launch(self, knobs: Knobs) -> TwinServer:
+        self.launches += 1
+        cfg = resolve(self.gpu, self.model, knobs)
+        if self.params.kv_scale != 1.0:
+            blocks = max(1, int(cfg.num_gpu_blocks * self.params.kv_scale))
+            cfg = cfg.model_copy(update={"num_gpu_blocks": blocks})
+        return TwinServer(cfg, self.cost_params, 0.0, 0, self.token_times, self.tokens,
+                          client_overhead_s=value(self.params, "client_overhead_s"), shapes=self.shapes)

@@ -1,0 +1,210 @@
+"""Fit the twin to what real launches measured.
+
+An observation is one launch's knee curve as the study stored it (`TrialRecord.load_runs`: each load
+run's rate, latency percentiles and served rate; `knee_metrics`: vLLM's gauges at the knee). The fit
+replays the same load runs on the twin (same requests, same send times: the schedule is a function of
+the workload, the rate and the seed) and compares, per run:
+
+- p50 and p99 of TTFT and TPOT (and E2E) on runs the engine kept up with (the latency distribution),
+- the served rate on every run (the engine's throughput: what an overloaded run and the rate-inf probe
+  measure),
+- the running batch (p90 of `vllm:num_requests_running`) at the knee.
+
+The loss is the mean squared log ratio, each term clipped at a factor of e^2 so one pathological run
+cannot dominate. Optuna's CMA-ES sampler searches the log-scaled box of `tuner.twin.params`, warm
+started from the previous fit (a study refits after every launch), a few dozen replays in all.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+import warnings
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import optuna
+from tuner.capacity.knee import KneeSearch
+from tuner.capacity.measure import LoadSettings, measure, run_size
+from tuner.failures import LaunchFailure
+from tuner.knobs import Knobs
+from tuner.slo import SLO
+from tuner.storage.records import LoadRunSummary, TrialRecord
+from tuner.storage.twin import FitResult, TwinParams
+from tuner.twin.engine import TwinEngine
+from tuner.twin.params import FREE_PARAMS, from_values, nominal, value
+from tuner.workload.model import Workload
+
+STEADY = ("meets", "misses", "inconclusive")
+LATENCY_METRICS = ("ttft", "tpot", "e2el")
+CLIP = 2.0                 # |log ratio| beyond this counts as this (a factor of e^2 = 7.4)
+REPLAY_REQUESTS = 400      # a replayed run's requests at most (its first ones: the same sends)
+POINTS_PER_LAUNCH = 5      # load runs replayed per launch: the knee's neighbours and the throughput runs
+
+
+@dataclass
+class Observation:
+    """One launch the twin is fitted to."""
+
+    trial: int
+    knobs: Knobs
+    points: list[LoadRunSummary]
+    kv_cache_tokens: int | None = None
+    running_p90: float | None = None     # at `digest_rate`
+    digest_rate: float | None = None
+
+    @classmethod
+    def from_record(cls, rec: TrialRecord) -> "Observation | None":
+        pts = [p for p in rec.load_runs if p.n > 0]
+        if not rec.launched or not pts:
+            return None
+        km = rec.knee_metrics
+        return cls(trial=rec.number, knobs=Knobs(**rec.knobs), points=_informative(pts, km.rate if km else None),
+                   kv_cache_tokens=rec.kv_cache_tokens,
+                   running_p90=km.running_p90 if km and km.running_p90 > 0 else None,
+                   digest_rate=km.rate if km else None)
+
+
+def _informative(points: list[LoadRunSummary], digest_rate: float | None = None) -> list[LoadRunSummary]:
+    """The runs that say most: the rate-inf probe and the first overloaded run (throughput), the run whose
+    metrics the record keeps (the knee), and the steady runs nearest the SLO (the knee's latencies)."""
+    probe = [p for p in points if p.rate >= 1e5][:1]
+    over = sorted((p for p in points if p.rate < 1e5 and p.verdict == "overloaded"), key=lambda p: p.rate)[:1]
+    knee = [p for p in points if digest_rate and abs(p.rate / digest_rate - 1) < 1e-6][:1]
+    steady = sorted((p for p in points if p.rate < 1e5 and p.verdict in STEADY and p.badness),
+                    key=lambda p: abs(math.log(p.badness)))
+    keep = list({id(p): p for p in probe + over + knee}.values())
+    keep += [p for p in steady if p not in keep][:max(1, POINTS_PER_LAUNCH - len(keep))]
+    return sorted(keep, key=lambda p: p.rate)
+
+
+@dataclass
+class FitContext:
+    gpu: object
+    model: object
+    workload: Workload
+    slo: SLO
+    load: LoadSettings                      # the study's load settings (the runs' schedules)
+    token_times: bool = False
+    shapes: dict | None = None              # request shapes shared by the study's twin launches
+
+
+def replay_settings(load: LoadSettings, rate: float) -> LoadSettings:
+    """The measured run's schedule, in virtual time and whole (the real run may have stopped early, its
+    first sends are the same), at most `REPLAY_REQUESTS`."""
+    n = min(run_size(rate, load), REPLAY_REQUESTS)
+    return replace(load, requests=max(n, 2), max_duration_s=None, sequential=False)
+
+
+def _terms(measured: LoadRunSummary, sim: LoadRunSummary) -> list[tuple[str, float]]:
+    out: list[tuple[str, float]] = []
+
+    def add(name: str, a: float | None, b: float | None) -> None:
+        if a and b and a > 0 and b > 0:
+            out.append((name, math.log(b / a)))
+
+    if measured.verdict in STEADY and sim.verdict in STEADY:
+        add("badness", measured.badness, sim.badness)  # the SLO's own quantile: what the capacity rests on
+        for m in LATENCY_METRICS:
+            add(f"p50_{m}", measured.p50_ms.get(m), sim.p50_ms.get(m))
+            add(f"p99_{m}", measured.p99_ms.get(m), sim.p99_ms.get(m))
+    if measured.rate >= 1e5:
+        add("throughput", measured.throughput_rps, sim.throughput_rps)
+    else:
+        add("served", measured.served_rps or measured.throughput_rps, sim.served_rps or sim.throughput_rps)
+    return out
+
+
+def replay(ctx: FitContext, params: TwinParams, obs: Observation) -> list[tuple[str, float]]:
+    """The (metric, log(simulated / measured)) terms of one launch replayed on the twin."""
+    engine = TwinEngine(ctx.gpu, ctx.model, params, token_times=ctx.token_times, shapes=ctx.shapes)
+    try:
+        server = engine.launch(obs.knobs)
+    except LaunchFailure:
+        return [("launch", CLIP)]  # the twin cannot launch what the engine did: as bad as it gets
+    terms: list[tuple[str, float]] = []
+    with server:
+        KneeSearch(server, ctx.workload, ctx.slo, ctx.load).warm_up(obs.points[0].rate)
+        for i, p in enumerate(obs.points):
+            m, _ = measure(server, ctx.workload, ctx.slo, p.rate, replay_settings(ctx.load, p.rate),
+                           seed=ctx.load.seed, salt=10_000 + i, sequential=False)
+            terms += _terms(p, m.summary)
+            if obs.running_p90 and obs.digest_rate and abs(p.rate / obs.digest_rate - 1) < 1e-6 \
+                    and m.digest.running_p90 > 0:
+                terms.append(("running_p90", math.log(m.digest.running_p90 / obs.running_p90)))
+    return terms
+
+
+def loss_of(terms: Sequence[tuple[str, float]]) -> float:
+    if not terms:
+        return float("inf")
+    return statistics.fmean(min(abs(v), CLIP) ** 2 for _, v in terms)
+
+
+def residuals(terms: Sequence[tuple[str, float]]) -> dict[str, float]:
+    by: dict[str, list[float]] = {}
+    for name, v in terms:
+        by.setdefault(name, []).append(abs(math.exp(v) - 1.0))
+    return {k: round(statistics.median(v), 4) for k, v in sorted(by.items())}
+
+
+def kv_scale(ctx: FitContext, observations: Sequence[Observation]) -> float:
+    """Measured / simulated KV-cache tokens (geometric mean over launches that reported theirs)."""
+    from tuner.profiles.gpus import get_gpu
+    from tuner.profiles.models import get_model
+    from tuner.sim.config import resolve
+
+    gpu = get_gpu(ctx.gpu) if isinstance(ctx.gpu, str) else ctx.gpu
+    model = get_model(ctx.model) if isinstance(ctx.model, str) else ctx.model
+    logs = []
+    for o in observations:
+        if not o.kv_cache_tokens:
+            continue
+        try:
+            cfg = resolve(gpu, model, o.knobs)
+        except LaunchFailure:
+            continue
+        logs.append(math.log(o.kv_cache_tokens / cfg.kv_cache_tokens))
+    return math.exp(statistics.fmean(logs)) if logs else 1.0
+
+
+def fit(ctx: FitContext, observations: Sequence[Observation], *, start: TwinParams | None = None,
+        n_trials: int = 40, seed: int = 0) -> FitResult:
+    """Fit `TwinParams` to `observations` (see the module docstring); `start` warm-starts the search."""
+    t0 = time.perf_counter()
+    obs = [o for o in observations if o.points]
+    scale = kv_scale(ctx, obs)
+    warm = start
+    start = (start or nominal()).model_copy(update={"kv_scale": scale})
+    replays = 0
+
+    def evaluate(p: TwinParams) -> tuple[float, list[tuple[str, float]]]:
+        nonlocal replays
+        terms = [t for o in obs for t in replay(ctx, p, o)]
+        replays += sum(len(o.points) for o in obs)
+        return loss_of(terms), terms
+
+    nominal_loss, _ = evaluate(nominal(scale))
+    x0 = {p.name: p.clip(value(start, p.name)) for p in FREE_PARAMS}
+    with warnings.catch_warnings():  # x0 and sigma0: deprecated in Optuna 4.9, still what a warm start needs
+        warnings.simplefilter("ignore", FutureWarning)
+        # sigma0 in the box scaled to [0, 1] per parameter: a first fit looks wide, a refit near the last
+        sampler = optuna.samplers.CmaEsSampler(x0=x0, sigma0=0.25 if warm is None else 0.12, seed=seed,
+                                               warn_independent_sampling=False)
+    study = optuna.create_study(direction="minimize", sampler=sampler)
+    study.enqueue_trial(x0)
+    best: tuple[float, TwinParams, list] | None = None
+    dists = {p.name: optuna.distributions.FloatDistribution(p.low, p.high, log=True) for p in FREE_PARAMS}
+    for _ in range(n_trials):
+        trial = study.ask(dists)
+        params = from_values(trial.params, kv_scale=scale)
+        loss, terms = evaluate(params)
+        study.tell(trial, loss)
+        if best is None or loss < best[0]:
+            best = (loss, params, terms)
+    assert best is not None
+    return FitResult(after_trial=max((o.trial for o in obs), default=-1), trials=[o.trial for o in obs],
+                     params=best[1], loss=round(best[0], 6), nominal_loss=round(nominal_loss, 6),
+                     residuals=residuals(best[2]), replays=replays,
+                     wall_s=round(time.perf_counter() - t0, 3))

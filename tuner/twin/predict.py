@@ -1,0 +1,174 @@
+"""Predictions: the knee search run on the twin, for one configuration or the whole search space.
+
+A prediction is what a real launch would measure if the twin were right: the capacity, the knee curve
+(rate, badness) the search walked, and the binding constraint the twin's own metrics show at its knee
+(`tuner.diagnose`, the same reading a real launch gets). The whole space is a grid where it is small,
+and Optuna's TPE sampler on the twin where it is not (the twin is cheap, not free).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import optuna
+from tuner.capacity.knee import KneeSettings, find_capacity
+from tuner.capacity.measure import LoadSettings
+from tuner.diagnose import diagnose
+from tuner.failures import LaunchFailure
+from tuner.knobs import Knobs
+from tuner.slo import SLO
+from tuner.twin.engine import TwinEngine
+from tuner.storage.twin import Prediction, Ranking, TwinParams
+from tuner.workload.model import Workload
+
+@dataclass(frozen=True)
+class Fidelity:
+    """How hard the twin's knee search looks: requests per load run and the bracket's precision. The
+    knee search's own rules apply, lengthening a run whose verdict is inside the noise included (without
+    it a p99 over a few hundred requests is decided by its third-worst request, and the ranking jumps)."""
+
+    requests: int
+    precision: float
+
+    @property
+    def knee(self) -> KneeSettings:
+        return KneeSettings(precision=self.precision)
+
+
+#: Every configuration of the space is screened quickly, then the best `REFINE` are predicted again
+#: carefully: 100 configurations in well under 30 s on one core.
+SCREEN = Fidelity(requests=150, precision=0.08)
+FULL = Fidelity(requests=400, precision=0.03)
+REFINE = 10
+GRID_LIMIT = 160   # spaces up to this many configurations are predicted exhaustively
+
+
+def twin_load(load: LoadSettings, fidelity: Fidelity = FULL) -> LoadSettings:
+    """The study's arrival process and seed, in virtual time; whole runs (the twin is deterministic and
+    judging a run once is cheaper than the sequential test's many looks)."""
+    return LoadSettings(requests=fidelity.requests, arrival=load.arrival, burstiness=load.burstiness,
+                        seed=load.seed, sequential=False, warmup_requests=load.warmup_requests,
+                        max_concurrency=load.max_concurrency, request_timeout_s=load.request_timeout_s)
+
+
+def predict(params: TwinParams, gpu, model, knobs: Knobs, workload: Workload, slo: SLO, load: LoadSettings,
+            *, start_rate: float = 1.0, after_trial: int = -1, fidelity: Fidelity = FULL,
+            shapes: dict | None = None) -> Prediction:
+    engine = TwinEngine(gpu, model, params, token_times="itl" in slo.thresholds, shapes=shapes)
+    try:
+        server = engine.launch(knobs)
+    except LaunchFailure as e:
+        return Prediction(knobs=knobs.set_only(), launch_failure=f"{e.kind}: {e.message[:200]}",
+                          params_after_trial=after_trial)
+    with server:
+        r = find_capacity(server, workload, slo, start_rate=start_rate, load=twin_load(load, fidelity),
+                          knee=fidelity.knee, max_num_seqs=server.cfg.max_num_seqs)
+    passing = next((p for p in r.points if p.rate == r.capacity), None)
+    d = diagnose(r.fail_summary, r.fail_digest or r.pass_digest, passing)
+    curve = [(round(p.rate, 4), None if p.badness is None else round(p.badness, 4))
+             for p in sorted(r.points, key=lambda p: p.rate) if p.rate < 1e5]
+    return Prediction(knobs=knobs.set_only(), capacity_rps=r.capacity, binding=d.kind if d else None,
+                      curve=curve, params_after_trial=after_trial, screened=fidelity != FULL)
+
+
+def _ordered(preds: list[Prediction]) -> list[Prediction]:
+    return sorted(preds, key=lambda p: -(p.capacity_rps or 0.0))
+
+
+def rank_space(params: TwinParams, gpu, model, choices: dict[str, list], allowed: Callable[[Knobs], bool],
+               workload: Workload, slo: SLO, load: LoadSettings, *, after_trial: int = -1,
+               start_rate: float = 1.0, extra: Iterable[Knobs] = (), budget: int = GRID_LIMIT,
+               seed: int = 0, canonical: Callable[[Knobs], Knobs] = lambda k: k,
+               shapes: dict | None = None) -> Ranking:
+    """Every configuration of the space (`choices`: each knob's values; `allowed`: its constraints),
+    plus `extra` (vLLM's defaults), predicted and ranked; `canonical` maps a configuration to its one
+    name (vLLM's default value written out is the default), so none is predicted twice."""
+    import itertools
+
+    t0 = time.perf_counter()
+    out: dict[str, Prediction] = {}
+
+    def one(k: Knobs) -> Prediction:
+        k = canonical(k)
+        p = Prediction(knobs=k.set_only())
+        if p.key not in out:
+            out[p.key] = predict(params, gpu, model, k, workload, slo, load, start_rate=start_rate,
+                                 after_trial=after_trial, shapes=shapes, fidelity=SCREEN)
+        return out[p.key]
+
+    extra = [canonical(k) for k in extra]
+    for k in extra:
+        one(k)
+    names = list(choices)
+    size = 1
+    for n in names:
+        size *= len(choices[n])
+    if size <= budget:
+        for combo in itertools.product(*(choices[n] for n in names)):
+            k = Knobs(**{n: v for n, v in zip(names, combo) if v is not None})
+            if allowed(k):
+                one(k)
+        method = "grid"
+    else:
+        method = "tpe"
+        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(20, budget // 4))
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+        for _ in range(budget * 3):
+            if len(out) >= budget:
+                break
+            t = study.ask()
+            k = Knobs(**{n: v for n, v in ((n, t.suggest_categorical(n, list(choices[n]))) for n in names)
+                         if v is not None})
+            if not allowed(k):
+                study.tell(t, state=optuna.trial.TrialState.PRUNED)
+                continue
+            study.tell(t, one(k).capacity_rps or 0.0)
+    screened = Ranking(after_trial=after_trial, predictions=_ordered(list(out.values())), method=method)
+    ranked = rerank(params, gpu, model, screened, workload, slo, load, top=REFINE, after_trial=after_trial,
+                    start_rate=start_rate, shapes=shapes, always=extra)
+    return ranked.model_copy(update={"wall_s": round(time.perf_counter() - t0, 3)})
+
+
+def rerank(params: TwinParams, gpu, model, previous: Ranking, workload: Workload, slo: SLO,
+           load: LoadSettings, *, top: int, after_trial: int, start_rate: float = 1.0,
+           always: Iterable[Knobs] = (), shapes: dict | None = None) -> Ranking:
+    """After a refit: the previous ranking's `top` configurations (and `always`) predicted again; the rest
+    keep their older predictions, scaled by the median change of those predicted again (a refit moves
+    the numbers more than the order), marked stale by their `params_after_trial`. `freshen` predicts a
+    stale one again before it is used."""
+    t0 = time.perf_counter()
+    head = [Knobs(**p.knobs) for p in previous.predictions[:top]] + list(always)
+    fresh: dict[str, Prediction] = {}
+    ratios = []
+    old = {p.key: p for p in previous.predictions}
+    for k in head:
+        if Prediction(knobs=k.set_only()).key in fresh:
+            continue
+        p = predict(params, gpu, model, k, workload, slo, load, start_rate=start_rate, after_trial=after_trial,
+                    shapes=shapes)
+        fresh[p.key] = p
+        o = old.get(p.key)
+        if o is not None and o.capacity_rps and p.capacity_rps:
+            ratios.append(p.capacity_rps / o.capacity_rps)
+    scale = statistics.median(ratios) if ratios else 1.0
+    rest = [p.model_copy(update={"capacity_rps": p.capacity_rps and p.capacity_rps * scale})
+            for p in previous.predictions if p.key not in fresh]
+    return Ranking(after_trial=after_trial, predictions=_ordered(list(fresh.values()) + rest),
+                   method=previous.method, wall_s=round(time.perf_counter() - t0, 3))
+
+
+def freshen(params: TwinParams, gpu, model, ranking: Ranking, workload: Workload, slo: SLO,
+            load: LoadSettings, *, skip: Callable[[Prediction], bool], start_rate: float = 1.0,
+            shapes: dict | None = None) -> Ranking:
+    """Predict stale entries again until the best entry not skipped is fresh (at most the whole list)."""
+    preds = list(ranking.predictions)
+    while True:
+        top = next((p for p in preds if p.capacity_rps and not skip(p)), None)
+        if top is None or (top.params_after_trial == ranking.after_trial and not top.screened):
+            return ranking.model_copy(update={"predictions": preds})
+        p = predict(params, gpu, model, Knobs(**top.knobs), workload, slo, load, start_rate=start_rate,
+                    after_trial=ranking.after_trial, shapes=shapes)
+        preds = _ordered([p if q.key == p.key else q for q in preds])

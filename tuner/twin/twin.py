@@ -1,0 +1,86 @@
+"""`Twin`: one study's twin, fitted to its launches and asked for predictions.
+
+Built from what the study knows (the GPU and model profiles, the workload, the SLO, the load settings);
+the strategy (`tuner.search.twin`) feeds it stored trial records and reads its rankings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from tuner.capacity.measure import LoadSettings
+from tuner.knobs import Knobs
+from tuner.profiles.gpus import GPUProfile, get_gpu
+from tuner.profiles.models import ModelProfile, get_model
+from tuner.slo import SLO
+from tuner.storage.records import TrialRecord
+from tuner.storage.twin import FitResult, Prediction, Ranking, TwinParams
+from tuner.twin.fit import FitContext, Observation, fit
+from tuner.twin.params import nominal
+from tuner.twin.predict import freshen, predict, rank_space, rerank
+from tuner.workload.model import Workload
+
+FIT_TRIALS = 40   # simulated replays of every launch per fit (CMA-ES over six parameters)
+RERANK_TOP = 12   # configurations predicted again after each refit
+
+
+@dataclass
+class Twin:
+    gpu: GPUProfile
+    model: ModelProfile
+    workload: Workload
+    slo: SLO
+    load: LoadSettings
+    seed: int = 0
+    fit_trials: int = FIT_TRIALS
+    fits: list[FitResult] = field(default_factory=list)
+    #: request shapes (prompt block hashes) shared by every twin launch of the study
+    shapes: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def build(cls, gpu: str | GPUProfile, model: str | ModelProfile, workload: Workload, slo: SLO,
+              load: LoadSettings, **kw) -> "Twin":
+        return cls(gpu=get_gpu(gpu) if isinstance(gpu, str) else gpu,
+                   model=get_model(model) if isinstance(model, str) else model,
+                   workload=workload, slo=slo, load=load, **kw)
+
+    @property
+    def params(self) -> TwinParams:
+        return self.fits[-1].params if self.fits else nominal()
+
+    def refit(self, records: Iterable[TrialRecord]) -> FitResult | None:
+        """Fit to every launch in `records` that measured load runs; None when there is none."""
+        obs = [o for o in (Observation.from_record(r) for r in records) if o is not None]
+        if not obs:
+            return None
+        ctx = FitContext(self.gpu, self.model, self.workload, self.slo, self.load,
+                         token_times="itl" in self.slo.thresholds, shapes=self.shapes)
+        res = fit(ctx, obs, start=self.params if self.fits else None, n_trials=self.fit_trials,
+                  seed=self.seed)
+        self.fits.append(res)
+        return res
+
+    @property
+    def after_trial(self) -> int:
+        return self.fits[-1].after_trial if self.fits else -1
+
+    def predict(self, knobs: Knobs, start_rate: float = 1.0) -> Prediction:
+        return predict(self.params, self.gpu, self.model, knobs, self.workload, self.slo, self.load,
+                       start_rate=start_rate, after_trial=self.after_trial, shapes=self.shapes)
+
+    def rank(self, choices: dict[str, list], allowed: Callable[[Knobs], bool], *,
+             extra: Iterable[Knobs] = (), start_rate: float = 1.0,
+             canonical: Callable[[Knobs], Knobs] = lambda k: k) -> Ranking:
+        return rank_space(self.params, self.gpu, self.model, choices, allowed, self.workload, self.slo,
+                          self.load, after_trial=self.after_trial, start_rate=start_rate, extra=extra,
+                          seed=self.seed, canonical=canonical, shapes=self.shapes)
+
+    def rerank(self, previous: Ranking, *, always: Iterable[Knobs] = (), start_rate: float = 1.0) -> Ranking:
+        return rerank(self.params, self.gpu, self.model, previous, self.workload, self.slo, self.load,
+                      top=RERANK_TOP, after_trial=self.after_trial, start_rate=start_rate, always=always,
+                      shapes=self.shapes)
+
+    def freshen(self, ranking: Ranking, skip: Callable[[Prediction], bool], start_rate: float = 1.0) -> Ranking:
+        return freshen(self.params, self.gpu, self.model, ranking, self.workload, self.slo, self.load,
+                       skip=skip, start_rate=start_rate, shapes=self.shapes)
