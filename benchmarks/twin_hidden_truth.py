@@ -44,8 +44,9 @@ from tuner.storage.twin import TwinLog  # noqa: E402
 from tuner.twin.twin import Twin  # noqa: E402
 
 LEVELS = (0.90, 0.95)
-CAPS = {"twin": 8, "guided": 15, "tpe": 40}
+CAPS = {"twin": 6, "guided": 15, "tpe": 40}
 OUT = Path(__file__).resolve().parent / "results"
+RUNS = OUT / "twin_hidden_truth_runs.jsonl"   # every finished run, as it finishes (a crash loses none)
 
 
 def hidden_truth(name: str) -> CostParams:
@@ -131,15 +132,27 @@ def main(argv=None) -> int:
     ap.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS))
     ap.add_argument("--strategies", default="twin,guided,tpe")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--resume", action="store_true", help=f"keep the runs already in {RUNS.name}")
     args = ap.parse_args(argv)
     scs = scenarios(args.scenarios.split(","))
     t0 = time.perf_counter()
+    OUT.mkdir(exist_ok=True)
+    done = [json.loads(x) for x in RUNS.read_text().splitlines()] if args.resume and RUNS.exists() else []
+    have = {(r["scenario"], r["strategy"], r["seed"]) for r in done}
+    if not args.resume:
+        RUNS.write_text("")
     with ProcessPoolExecutor(args.jobs) as pool:
         gts = dict(zip([s.name for s in scs], pool.map(_gt, scs)))
         print(f"ground truth ready in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
         jobs = [(sc, st, seed, gts[sc.name]) for sc in scs for st in args.strategies.split(",")
-                for seed in range(args.seeds)]
-        results = list(pool.map(run_one, jobs))
+                for seed in range(args.seeds) if (sc.name, st, seed) not in have]
+        results = list(done)
+        for r in pool.map(run_one, jobs):
+            results.append(r)
+            with RUNS.open("a") as f:
+                f.write(json.dumps(r) + "\n")
+            print(f"  {r['scenario']} {r['strategy']} seed {r['seed']}: {r['wall_s']:.0f} s, final "
+                  f"{r['curve'][-1][2] if r['curve'] else 0:.1%}", file=sys.stderr, flush=True)
     summary: dict = {"seeds": args.seeds, "cores": os.cpu_count(), "scenarios": {}}
     all_err_meas, all_err_truth = [], []
     for sc in scs:
@@ -179,7 +192,6 @@ def main(argv=None) -> int:
     if all_err_meas:
         print(f"\ntwin prediction error over all verified trials: median {statistics.median(all_err_meas):.1%} "
               f"of measured, {statistics.median(all_err_truth):.1%} of truth")
-    OUT.mkdir(exist_ok=True)
     (OUT / "twin_hidden_truth.json").write_text(json.dumps(summary, indent=1))
     print(f"total {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return 0

@@ -29,6 +29,10 @@ class TwinParams(BaseModel):
     #: measured / simulated KV-cache tokens of the launches fitted (the host's memory as vLLM saw it:
     #: other processes, a CPU backend's --kv-cache-memory-bytes); applied to every predicted launch
     kv_scale: float = 1.0
+    #: the twin's SLO badness at the capacities the launches measured (geometric mean): its predictions
+    #: judge the SLO's thresholds times this, so the twin's knee of a launched configuration falls where
+    #: the launch measured it and the rest of the space is predicted relative to it
+    slo_scale: float = 1.0
 
 
 class FitResult(BaseModel):

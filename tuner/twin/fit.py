@@ -53,6 +53,7 @@ class Observation:
     kv_cache_tokens: int | None = None
     running_p90: float | None = None     # at `digest_rate`
     digest_rate: float | None = None
+    capacity_rps: float | None = None    # what the launch measured (None: raced out, or no rate passed)
 
     @classmethod
     def from_record(cls, rec: TrialRecord) -> "Observation | None":
@@ -63,7 +64,8 @@ class Observation:
         return cls(trial=rec.number, knobs=Knobs(**rec.knobs), points=_informative(pts, km.rate if km else None),
                    kv_cache_tokens=rec.kv_cache_tokens,
                    running_p90=km.running_p90 if km and km.running_p90 > 0 else None,
-                   digest_rate=km.rate if km else None)
+                   digest_rate=km.rate if km else None,
+                   capacity_rps=None if rec.raced_out else rec.capacity_rps)
 
 
 def _informative(points: list[LoadRunSummary], digest_rate: float | None = None) -> list[LoadRunSummary]:
@@ -101,7 +103,7 @@ def _terms(measured: LoadRunSummary, sim: LoadRunSummary) -> list[tuple[str, flo
     out: list[tuple[str, float]] = []
 
     def add(name: str, a: float | None, b: float | None) -> None:
-        if a and b and a > 0 and b > 0:
+        if a and b and 0 < a < math.inf and 0 < b < math.inf:  # an infinite badness: a failed request
             out.append((name, math.log(b / a)))
 
     if measured.verdict in STEADY and sim.verdict in STEADY:
@@ -136,10 +138,15 @@ def replay(ctx: FitContext, params: TwinParams, obs: Observation) -> list[tuple[
     return terms
 
 
+#: The SLO's own quantile decides the capacity: its terms weigh as much as three latency percentiles.
+WEIGHTS = {"badness": 3.0}
+
+
 def loss_of(terms: Sequence[tuple[str, float]]) -> float:
     if not terms:
         return float("inf")
-    return statistics.fmean(min(abs(v), CLIP) ** 2 for _, v in terms)
+    w = [WEIGHTS.get(name, 1.0) for name, _ in terms]
+    return sum(wi * min(abs(v), CLIP) ** 2 for wi, (_, v) in zip(w, terms)) / sum(w)
 
 
 def residuals(terms: Sequence[tuple[str, float]]) -> dict[str, float]:

@@ -18,11 +18,13 @@ from tuner.storage.records import TrialRecord
 from tuner.storage.twin import FitResult, Prediction, Ranking, TwinParams
 from tuner.twin.fit import FitContext, Observation, fit
 from tuner.twin.params import nominal
-from tuner.twin.predict import freshen, predict, rank_space, rerank
+from tuner.twin.anchor import scaled_slo, slo_scale
+from tuner.twin.predict import FULL, freshen, predict, rank_space, rerank, twin_load
 from tuner.workload.model import Workload
 
-FIT_TRIALS = 40   # simulated replays of every launch per fit (CMA-ES over six parameters)
-RERANK_TOP = 12   # configurations predicted again after each refit
+FIT_TRIALS = 40   # simulated replays of every launch in the first fit (CMA-ES over six parameters)
+REFIT_TRIALS = 24  # in a refit, warm-started from the last one
+RERANK_TOP = 6    # configurations predicted again after each refit (and the incumbent)
 
 
 @dataclass
@@ -56,31 +58,41 @@ class Twin:
             return None
         ctx = FitContext(self.gpu, self.model, self.workload, self.slo, self.load,
                          token_times="itl" in self.slo.thresholds, shapes=self.shapes)
-        res = fit(ctx, obs, start=self.params if self.fits else None, n_trials=self.fit_trials,
+        res = fit(ctx, obs, start=self.params if self.fits else None,
+                  n_trials=self.fit_trials if not self.fits else min(self.fit_trials, REFIT_TRIALS),
                   seed=self.seed)
+        anchors = [(o.knobs, o.capacity_rps) for o in obs if o.capacity_rps]
+        scale = slo_scale(self.gpu, self.model, res.params, anchors, self.workload, self.slo,
+                          twin_load(self.load), FULL.knee, shapes=self.shapes)
+        res = res.model_copy(update={"params": res.params.model_copy(update={"slo_scale": scale})})
         self.fits.append(res)
         return res
+
+    @property
+    def judged_slo(self) -> SLO:
+        """The SLO the twin's predictions are judged against (`tuner.twin.anchor`)."""
+        return scaled_slo(self.slo, self.params.slo_scale)
 
     @property
     def after_trial(self) -> int:
         return self.fits[-1].after_trial if self.fits else -1
 
     def predict(self, knobs: Knobs, start_rate: float = 1.0) -> Prediction:
-        return predict(self.params, self.gpu, self.model, knobs, self.workload, self.slo, self.load,
+        return predict(self.params, self.gpu, self.model, knobs, self.workload, self.judged_slo, self.load,
                        start_rate=start_rate, after_trial=self.after_trial, shapes=self.shapes)
 
     def rank(self, choices: dict[str, list], allowed: Callable[[Knobs], bool], *,
              extra: Iterable[Knobs] = (), start_rate: float = 1.0,
              canonical: Callable[[Knobs], Knobs] = lambda k: k) -> Ranking:
-        return rank_space(self.params, self.gpu, self.model, choices, allowed, self.workload, self.slo,
+        return rank_space(self.params, self.gpu, self.model, choices, allowed, self.workload, self.judged_slo,
                           self.load, after_trial=self.after_trial, start_rate=start_rate, extra=extra,
                           seed=self.seed, canonical=canonical, shapes=self.shapes)
 
     def rerank(self, previous: Ranking, *, always: Iterable[Knobs] = (), start_rate: float = 1.0) -> Ranking:
-        return rerank(self.params, self.gpu, self.model, previous, self.workload, self.slo, self.load,
+        return rerank(self.params, self.gpu, self.model, previous, self.workload, self.judged_slo, self.load,
                       top=RERANK_TOP, after_trial=self.after_trial, start_rate=start_rate, always=always,
                       shapes=self.shapes)
 
     def freshen(self, ranking: Ranking, skip: Callable[[Prediction], bool], start_rate: float = 1.0) -> Ranking:
-        return freshen(self.params, self.gpu, self.model, ranking, self.workload, self.slo, self.load,
+        return freshen(self.params, self.gpu, self.model, ranking, self.workload, self.judged_slo, self.load,
                        skip=skip, start_rate=start_rate, shapes=self.shapes)

@@ -1,0 +1,54 @@
+"""Anchor the twin's SLO to what the engine measured.
+
+A fitted twin still misses costs its structure lacks (a per-request cost inside the engine, attention that
+slows faster than linearly with the batch), and the SLO's percentile magnifies a small latency bias: a twin
+5% slow at p99 TTFT can find no rate that meets an SLO the engine meets at 1.2 req/s. So the twin is
+judged against the SLO's thresholds scaled by its own badness at the capacities the launches measured:
+its knee of each launched configuration falls where the launch put it, and every other configuration is
+predicted relative to those. A constant bias cancels; what is left is the twin's ranking.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Sequence
+
+from tuner.capacity.knee import KneeSearch, KneeSettings
+from tuner.capacity.measure import LoadSettings
+from tuner.failures import LaunchFailure
+from tuner.slo import SLO, Threshold
+from tuner.storage.twin import TwinParams
+from tuner.twin.engine import TwinEngine
+
+LIMITS = (0.2, 5.0)   # a twin further off than this is not rescued by scaling its SLO
+
+
+def scaled_slo(slo: SLO, scale: float) -> SLO:
+    """`slo` with every threshold times `scale` (percentiles and the target unchanged)."""
+    if scale == 1.0:
+        return slo
+    return slo.model_copy(update={m: Threshold(max_ms=t.max_ms * scale, percentile=t.percentile)
+                                  for m, t in slo.thresholds.items()})
+
+
+def slo_scale(gpu, model, params: TwinParams, anchors: Sequence[tuple[object, float]], workload, slo: SLO,
+              load: LoadSettings, knee: KneeSettings, *, shapes: dict | None = None) -> float:
+    """Geometric mean of the twin's badness at each (knobs, measured capacity) in `anchors`, within `LIMITS`.
+    Each is measured as the twin's own knee search measures a rate (`load`, `knee`: a run inside the
+    noise is lengthened), so that the same configuration's predicted knee lands on the measured one (a
+    p99 over more requests reaches further into a heavy-tailed workload)."""
+    logs = []
+    for knobs, rate in anchors:
+        engine = TwinEngine(gpu, model, params, token_times="itl" in slo.thresholds, shapes=shapes)
+        try:
+            server = engine.launch(knobs)
+        except LaunchFailure:
+            continue
+        with server:
+            search = KneeSearch(server, workload, slo, load, knee)
+            search.warm_up(rate)
+            b = search.evaluate(rate).summary.badness
+        if b is not None and 0 < b < math.inf:
+            logs.append(math.log(min(max(b, LIMITS[0]), LIMITS[1])))
+    return math.exp(statistics.fmean(logs)) if logs else 1.0
