@@ -125,3 +125,24 @@ def test_twin_log_round_trips_and_keeps_only_the_top_of_a_ranking():
     assert len(back.ranking.predictions) == 40
     assert back.predicted_before_launch[preds[1].key].capacity_rps == 99.0
     assert back.ranking.get({"max_num_seqs": 0}).capacity_rps == 100.0
+
+
+def test_the_twin_judges_a_scaled_slo_with_the_same_percentiles(chat):
+    from tuner.twin.anchor import scaled_slo
+
+    _, slo = chat
+    s = scaled_slo(slo, 1.5)
+    assert s.ttft.max_ms == pytest.approx(1.5 * slo.ttft.max_ms) and s.tpot.max_ms == pytest.approx(1.5 * slo.tpot.max_ms)
+    assert s.ttft.percentile == slo.ttft.percentile and s.target == slo.target
+    assert scaled_slo(slo, 1.0) is slo
+
+
+def test_the_anchor_puts_the_twins_knee_of_a_launched_configuration_where_it_was_measured(chat, truth_baseline):
+    """Fitted and anchored, the twin's own knee of the baseline is the measured one within its 3% bracket
+    plus the fit's error, whatever constant bias in latency its structure leaves."""
+    wl, slo = chat
+    twin = Twin.build(GPU, MODEL, wl, slo, LOAD, fit_trials=12)
+    res = twin.refit([truth_baseline])
+    assert 0.2 <= res.params.slo_scale <= 5.0
+    pred = twin.predict(Knobs(), start_rate=truth_baseline.capacity_rps)
+    assert pred.capacity_rps == pytest.approx(truth_baseline.capacity_rps, rel=0.10)
