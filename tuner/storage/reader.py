@@ -39,7 +39,7 @@ class StudyData(BaseModel):
     info: StudyInfo
     trials: list[TrialView]
     outcome: dict = {}           # the runner's `outcome` attribute: stop reason, baseline and tuned trial
-    twin: dict = {}              # `--strategy twin`: its fits, ranking and predictions (`tuner.twin.log`)
+    twin: dict = {}              # `--strategy twin`: its fits, ranking and predictions (`tuner.storage.twin`)
 
 
 def storage_url(run_dir: str | Path) -> str:
