@@ -6,18 +6,13 @@ measured; a configuration raced out has no measured capacity, only its one faile
 
 from __future__ import annotations
 
-import json
 import statistics
 
 from tuner.report.model import TwinFitRow, TwinRankRow, TwinSection, TwinVerified
 from tuner.storage.reader import StudyData
-from tuner.storage.twin import TwinLog
+from tuner.storage.twin import TwinLog, knobs_key
 
 RANK_ROWS = 10
-
-
-def _key(knobs: dict) -> str:
-    return json.dumps(knobs, sort_keys=True)
 
 
 def twin_section(data: StudyData) -> TwinSection | None:
@@ -27,7 +22,7 @@ def twin_section(data: StudyData) -> TwinSection | None:
     by_key: dict[str, list] = {}
     for t in data.trials:
         if t.record.launched:
-            by_key.setdefault(_key(t.record.knobs), []).append(t.record)
+            by_key.setdefault(knobs_key(t.record.knobs), []).append(t.record)
     verified = []
     for key, pred in log.predicted_before_launch.items():
         for rec in by_key.get(key, [])[:1]:

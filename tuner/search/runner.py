@@ -8,7 +8,6 @@ is read back, never re-launched.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from tuner.capacity.knee import KneeSearch, KneeSettings
 from tuner.search.lessons import Lessons, learn
 from tuner.capacity.measure import LoadSettings, latency_quantiles, measure
 from tuner.storage.optuna_study import frozen_trial, heartbeats, stored_role
+from tuner.storage.twin import knobs_key as storage_knobs_key
 from tuner.storage.records import Diagnosis, LoadRunSummary, TrialRecord
 from tuner.search.space import SearchSpace
 from tuner.slo import SLO
@@ -60,7 +60,8 @@ class NullReporter:
 
 
 def knobs_key(knobs: Knobs) -> str:
-    return json.dumps(knobs.set_only(), sort_keys=True)
+    """`tuner.storage.twin.knobs_key` of a `Knobs` record: the one name of a configuration."""
+    return storage_knobs_key(knobs.set_only())
 
 
 def counts_as_launch(rec: TrialRecord) -> bool:

@@ -9,7 +9,7 @@ measured capacity, never a prediction made afterwards). `tuner.twin` writes them
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -48,6 +48,8 @@ class FitResult(BaseModel):
 
 
 def knobs_key(knobs: dict) -> str:
+    """One configuration's name in storage (its set knobs as sorted JSON): the trial runner, the twin and
+    the report all key configurations by it."""
     return json.dumps(knobs, sort_keys=True)
 
 
@@ -74,10 +76,6 @@ class Ranking(BaseModel):
     predictions: list[Prediction]
     method: str = "grid"     # grid | tpe
     wall_s: float = 0.0
-
-    def best(self, exclude: Iterable[str] = ()) -> Prediction | None:
-        skip = set(exclude)
-        return next((p for p in self.predictions if p.capacity_rps and p.key not in skip), None)
 
     def get(self, knobs: dict) -> Prediction | None:
         key = knobs_key(knobs)

@@ -8,7 +8,6 @@ numbers (the hidden-truth benchmark relies on that).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields, replace
 
 from tuner.sim.costs import CostParams
@@ -65,7 +64,3 @@ def cost_params(params: TwinParams, base: CostParams | None = None) -> CostParam
     vals = {p.name: getattr(params, p.name) for p in FREE_PARAMS
             if p.name in _COST_FIELDS and getattr(params, p.name) is not None}
     return replace(base or CostParams(), **vals)
-
-
-def log_vector(params: TwinParams) -> list[float]:
-    return [math.log(value(params, p.name)) for p in FREE_PARAMS]

@@ -21,7 +21,7 @@ from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs
 from tuner.slo import SLO
 from tuner.twin.engine import TwinEngine
-from tuner.storage.twin import Prediction, Ranking, TwinParams
+from tuner.storage.twin import Prediction, Ranking, TwinParams, knobs_key
 from tuner.workload.model import Workload
 
 @dataclass(frozen=True)
@@ -96,11 +96,11 @@ def rank_space(params: TwinParams, gpu, model, choices: dict[str, list], allowed
 
     def one(k: Knobs) -> Prediction:
         k = canonical(k)
-        p = Prediction(knobs=k.set_only())
-        if p.key not in out:
-            out[p.key] = predict(params, gpu, model, k, workload, slo, load, start_rate=start_rate,
+        key = knobs_key(k.set_only())
+        if key not in out:
+            out[key] = predict(params, gpu, model, k, workload, slo, load, start_rate=start_rate,
                                  after_trial=after_trial, shapes=shapes, fidelity=SCREEN)
-        return out[p.key]
+        return out[key]
 
     extra = [canonical(k) for k in extra]
     for k in extra:
@@ -148,7 +148,7 @@ def rerank(params: TwinParams, gpu, model, previous: Ranking, workload: Workload
     ratios = []
     old = {p.key: p for p in previous.predictions}
     for k in head:
-        if Prediction(knobs=k.set_only()).key in fresh:
+        if knobs_key(k.set_only()) in fresh:
             continue
         p = predict(params, gpu, model, k, workload, slo, load, start_rate=start_rate, after_trial=after_trial,
                     shapes=shapes)
