@@ -117,7 +117,7 @@ def _watchdog_of(pgid: int) -> int | None:
     return found[0] if found else None
 
 
-@pytest.mark.slow  # ~2 min; the default run keeps test_tune_resume's SIGKILL-and-resume study
+# ~2 min: the default run's SIGKILL-and-resume study (test_tune_resume's, with confirmations, ~4 min, is slow)
 def test_sigkill_mid_trial_leaves_no_server_and_resume_finishes_the_grid(tmp_path: Path, spawn) -> None:
     out = tmp_path / "run"
     args = study_args(out, "sim-http", "--strategy", "grid")

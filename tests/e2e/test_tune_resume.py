@@ -38,6 +38,7 @@ def launched(trials) -> list:
             and (record(t).get("launched") or record(t).get("launch_failure_kind") not in (None, "bad_flag"))]
 
 
+@pytest.mark.slow  # ~4 min on 2 cores; the default run SIGKILLs and resumes a grid (test_tune_interrupt)
 def test_resume_after_sigkill_reuses_every_finished_launch_and_spends_the_budget_exactly(
         tmp_path: Path, spawn) -> None:
     out = tmp_path / "run"
