@@ -12,7 +12,10 @@ TPE (replayed from the table, as in search_efficiency.py) run over ten seeds. Pr
 with, and the twin's prediction error on every verified trial (prediction made before the launch, against
 the capacity that launch measured; and against the truth).
 
-Run: python benchmarks/twin_hidden_truth.py [--seeds 10] [--scenarios ...] [--jobs 2]
+Run: python benchmarks/twin_hidden_truth.py [--seeds 10] [--scenarios ...] [--jobs 2] [--resume]
+     [--truth table|careful] [--report-only]
+`--truth careful` scores against the median over three request samples (`careful_truths`: on
+chat-hidden one sample's table is decided by the knee search's path).
 """
 
 from __future__ import annotations
@@ -134,9 +137,9 @@ def _careful_one(args) -> tuple[str, str, float]:
 
 def careful_truths(scs, gts, keys: dict[str, set[str]], pool) -> dict[str, dict[str, float]]:
     """The truth a strategy is scored against: each configuration's capacity as the median over three
-    request samples, and the optimum as the best of those, measured for the table's top `TOP_CAREFUL`, vLLM's
-    defaults and every configuration a run believed best. One sample is not enough where the SLO is flat in the rate: on chat-hidden the p99 TTFT is
-    prefill-bound (280-360 ms over 1.2-1.65 req/s at a 300 ms limit), so one sample's knee search lands
+    request samples, and the optimum as the best of those, measured for the table's top `TOP_CAREFUL`,
+    vLLM's defaults and every configuration a run believed best. One sample is not enough where the SLO
+    is flat in the rate: on chat-hidden the p99 TTFT is prefill-bound (280-360 ms over 1.2-1.65 req/s at a 300 ms limit), so one sample's knee search lands
     anywhere in that range by its path; `{}` and `{max_num_seqs: 128}` (identical engines: the batch never
     passes 20, their KV differs by 1%) measured 1.21 and 1.58 req/s. Cached next to the table."""
     out: dict[str, dict[str, float]] = {}
@@ -150,17 +153,15 @@ def careful_truths(scs, gts, keys: dict[str, set[str]], pool) -> dict[str, dict[
         for k in set(top) | {"{}"} | keys.get(sc.name, set()):
             if k not in have:
                 todo.append((sc, k, table.get(k)))
-        out[sc.name]["__top__"] = top
     for name, key, cap in pool.map(_careful_one, todo):
         out[name][key] = cap
     for sc in scs:
-        top = out[sc.name].pop("__top__")
         _careful_path(sc).write_text(json.dumps(out[sc.name], indent=0, sort_keys=True))
         out[sc.name]["__optimum__"] = max(out[sc.name].values())  # the top, the defaults, all any run met
     return out
 
 
-def table_truths(sc, gt: dict, keys: set[str], pool) -> dict[str, float]:
+def table_truths(sc, gt: dict, keys: set[str]) -> dict[str, float]:
     """The grid table's capacities (one request sample, the one every strategy measures), with any
     configuration outside the grid measured the same way."""
     from _harness import true_capacity
@@ -235,7 +236,7 @@ def main(argv=None) -> int:
             keys.setdefault(r["scenario"], set()).update(
                 [p[2] for p in r["curve"] if isinstance(p[2], str)] + [e["key"] for e in r["errors"] if "key" in e])
         careful = careful_truths(scs, gts, keys, pool) if args.truth == "careful" else {
-            sc.name: table_truths(sc, gts[sc.name], keys.get(sc.name, set()), pool) for sc in scs}
+            sc.name: table_truths(sc, gts[sc.name], keys.get(sc.name, set())) for sc in scs}
     print(f"careful truths ready at {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     summary: dict = {"seeds": args.seeds, "cores": os.cpu_count(), "scenarios": {}}
     all_err_meas, all_err_truth = [], []
