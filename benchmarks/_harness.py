@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import optuna
@@ -43,10 +43,11 @@ def load_settings(sc, seed: int = 0) -> LoadSettings:
     return LoadSettings(requests=150 if "rag" in sc.name else 500, arrival=sc.arrival, seed=0)
 
 
-def measure_truth(sc, knobs: Knobs, workload, slo, memo: dict) -> dict:
+def measure_truth(sc, knobs: Knobs, workload, slo, memo: dict, sample: int = 0) -> dict:
     """{cap, runs, mu}: noise-free capacity (0 when it does not launch or never meets the SLO), the load
-    runs the knee search took at 5% precision, and the saturated throughput."""
-    key = knobs_key(knobs)
+    runs the knee search took at 5% precision, and the saturated throughput. `sample` picks another
+    request sample of the workload (the table is sample 0)."""
+    key = knobs_key(knobs) if sample == 0 else f"{knobs_key(knobs)}#sample{sample}"
     if key in memo:
         return memo[key]
     from tuner.failures import LaunchFailure
@@ -57,7 +58,8 @@ def measure_truth(sc, knobs: Knobs, workload, slo, memo: dict) -> dict:
     except LaunchFailure:
         memo[key] = {"cap": 0.0, "runs": 0, "mu": 0.0, "launch_failed": True}
         return memo[key]
-    r = find_capacity(server, workload, slo, start_rate=1.0, load=load_settings(sc),
+    load = load_settings(sc) if sample == 0 else replace(load_settings(sc), seed=sample)
+    r = find_capacity(server, workload, slo, start_rate=1.0, load=load,
                       knee=KneeSettings(precision=0.05), max_num_seqs=server.cfg.max_num_seqs)
     probe = next((p for p in r.points if p.rate >= 1e5), None)
     memo[key] = {"cap": r.capacity or 0.0, "runs": r.runs,

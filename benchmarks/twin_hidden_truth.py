@@ -116,22 +116,11 @@ def run_one(args) -> dict:
 def _careful_one(args) -> tuple[str, str, float]:
     """The median capacity over `SAMPLES` request samples (the table's own, where it has one, is sample 0)."""
     sc, key, table_cap = args
-    from tuner.capacity.knee import KneeSettings, find_capacity
-    from tuner.engine.sim import SimEngine
-    from tuner.failures import LaunchFailure
+    from _harness import measure_truth
 
-    workload, slo = sc.workload(), sc.slo()
+    workload, slo, memo = sc.workload(), sc.slo(), {}
     caps = [] if table_cap is None else [table_cap]
-    for sample in SAMPLES[len(caps):]:
-        try:
-            server = SimEngine(sc.gpu, sc.model, cost_params=sc.truth,
-                               token_times="itl" in slo.thresholds).launch(_knobs(key))
-        except LaunchFailure:
-            return sc.name, key, 0.0
-        r = find_capacity(server, workload, slo, start_rate=1.0,
-                          load=replace(load_settings(sc), seed=sample),
-                          knee=KneeSettings(precision=0.05), max_num_seqs=server.cfg.max_num_seqs)
-        caps.append(r.capacity or 0.0)
+    caps += [measure_truth(sc, _knobs(key), workload, slo, memo, sample=s)["cap"] for s in SAMPLES[len(caps):]]
     return sc.name, key, statistics.median(caps)
 
 
