@@ -33,6 +33,9 @@ class Fidelity:
     requests: int
     precision: float
     careful: bool = True   # False: a verdict inside the noise is neither lengthened nor measured again
+    #: The steady-state rule's minimum window, in p99 E2E latencies (`LoadSettings.latency_spans`). A
+    #: screen asks for less: it only ranks, and its best are predicted again under the full rule.
+    latency_spans: float = LoadSettings.latency_spans
 
     @property
     def knee(self) -> KneeSettings:
@@ -42,8 +45,10 @@ class Fidelity:
 
 
 #: Every configuration of the space is screened quickly, then the best `REFINE` are predicted again
-#: carefully: 100 configurations in well under 30 s on one core.
-SCREEN = Fidelity(requests=300, precision=0.10, careful=False)
+#: carefully. The screen's window rule is half the full one: with three p99 E2E latencies a third of the
+#: screening runs were too short and run again at twice and four times the requests, which doubled the
+#: ranking's time (benchmarks/twin_rank_speed.py: 100 configurations 48-80 s with it, 33-42 s without).
+SCREEN = Fidelity(requests=300, precision=0.10, careful=False, latency_spans=1.5)
 FULL = Fidelity(requests=400, precision=0.03)
 REFINE = 6
 GRID_LIMIT = 160   # spaces up to this many configurations are predicted exhaustively
@@ -53,7 +58,7 @@ def twin_load(load: LoadSettings, fidelity: Fidelity = FULL) -> LoadSettings:
     """The study's arrival process and seed, in virtual time; whole runs (the twin is deterministic and
     judging a run once is cheaper than the sequential test's many looks)."""
     return LoadSettings(requests=fidelity.requests, arrival=load.arrival, burstiness=load.burstiness,
-                        seed=load.seed, sequential=False, warmup_requests=load.warmup_requests,
+                        seed=load.seed, sequential=False, latency_spans=fidelity.latency_spans, warmup_requests=load.warmup_requests,
                         max_concurrency=load.max_concurrency, request_timeout_s=load.request_timeout_s)
 
 
@@ -94,12 +99,17 @@ def rank_space(params: TwinParams, gpu, model, choices: dict[str, list], allowed
     t0 = time.perf_counter()
     out: dict[str, Prediction] = {}
 
+    last = [start_rate]
+
     def one(k: Knobs) -> Prediction:
+        """Screened from the last screened configuration's capacity: the grid walks its last knob
+        first, so the last one is a neighbour, and a start near the knee saves the bracketing runs."""
         k = canonical(k)
         key = knobs_key(k.set_only())
         if key not in out:
-            out[key] = predict(params, gpu, model, k, workload, slo, load, start_rate=start_rate,
-                                 after_trial=after_trial, shapes=shapes, fidelity=SCREEN)
+            out[key] = predict(params, gpu, model, k, workload, slo, load, start_rate=last[0],
+                               after_trial=after_trial, shapes=shapes, fidelity=SCREEN)
+            last[0] = out[key].capacity_rps or last[0]
         return out[key]
 
     extra = [canonical(k) for k in extra]
@@ -150,10 +160,10 @@ def rerank(params: TwinParams, gpu, model, previous: Ranking, workload: Workload
     for k in head:
         if knobs_key(k.set_only()) in fresh:
             continue
-        p = predict(params, gpu, model, k, workload, slo, load, start_rate=start_rate, after_trial=after_trial,
-                    shapes=shapes)
+        o = old.get(knobs_key(k.set_only()))
+        p = predict(params, gpu, model, k, workload, slo, load, start_rate=(o and o.capacity_rps) or start_rate,
+                    after_trial=after_trial, shapes=shapes)
         fresh[p.key] = p
-        o = old.get(p.key)
         if o is not None and o.capacity_rps and p.capacity_rps:
             ratios.append(p.capacity_rps / o.capacity_rps)
     scale = statistics.median(ratios) if ratios else 1.0
@@ -172,6 +182,6 @@ def freshen(params: TwinParams, gpu, model, ranking: Ranking, workload: Workload
         top = next((p for p in preds if p.capacity_rps and not skip(p)), None)
         if top is None or (top.params_after_trial == ranking.after_trial and not top.screened):
             return ranking.model_copy(update={"predictions": preds})
-        p = predict(params, gpu, model, Knobs(**top.knobs), workload, slo, load, start_rate=start_rate,
-                    after_trial=ranking.after_trial, shapes=shapes)
+        p = predict(params, gpu, model, Knobs(**top.knobs), workload, slo, load,
+                    start_rate=top.capacity_rps or start_rate, after_trial=ranking.after_trial, shapes=shapes)
         preds = _ordered([p if q.key == p.key else q for q in preds])
