@@ -58,8 +58,9 @@ def twin_load(load: LoadSettings, fidelity: Fidelity = FULL) -> LoadSettings:
     """The study's arrival process and seed, in virtual time; whole runs (the twin is deterministic and
     judging a run once is cheaper than the sequential test's many looks)."""
     return LoadSettings(requests=fidelity.requests, arrival=load.arrival, burstiness=load.burstiness,
-                        seed=load.seed, sequential=False, latency_spans=fidelity.latency_spans, warmup_requests=load.warmup_requests,
-                        max_concurrency=load.max_concurrency, request_timeout_s=load.request_timeout_s)
+                        seed=load.seed, sequential=False, latency_spans=fidelity.latency_spans,
+                        warmup_requests=load.warmup_requests, max_concurrency=load.max_concurrency,
+                        request_timeout_s=load.request_timeout_s)
 
 
 def predict(params: TwinParams, gpu, model, knobs: Knobs, workload: Workload, slo: SLO, load: LoadSettings,
@@ -103,7 +104,8 @@ def rank_space(params: TwinParams, gpu, model, choices: dict[str, list], allowed
 
     def one(k: Knobs) -> Prediction:
         """Screened from the last screened configuration's capacity: the grid walks its last knob
-        first, so the last one is a neighbour, and a start near the knee saves the bracketing runs."""
+        first, so the last one is a neighbour (TPE's last sample is near its next as it converges),
+        and a start near the knee saves the bracketing runs."""
         k = canonical(k)
         key = knobs_key(k.set_only())
         if key not in out:
