@@ -56,8 +56,8 @@ def one(sc, screen: int, spans: float, precision: float) -> dict:
     twin = Twin.build(sc.gpu, sc.model, workload, slo, load_settings(sc), seed=0)
     choices = {k: list(dict.fromkeys(sc.space.knobs[k].values)) for k in sc.space.knobs}
     counter = Counter()
-    spans_kw = {"latency_spans": spans} if hasattr(predict_mod.SCREEN, "latency_spans") else {}
-    predict_mod.SCREEN = replace(predict_mod.SCREEN, requests=screen, precision=precision, **spans_kw)
+    shipped = predict_mod.SCREEN
+    predict_mod.SCREEN = replace(shipped, requests=screen, precision=precision, latency_spans=spans)
     knee_mod.measure_run = counter
     refine_s, real_rerank = [0.0], predict_mod.rerank
 
@@ -74,7 +74,7 @@ def one(sc, screen: int, spans: float, precision: float) -> dict:
         ranking = twin.rank(choices, lambda k: sc.space.allows(k, {}) is None, extra=[Knobs()])
         cpu = time.process_time() - t0
     finally:
-        knee_mod.measure_run, predict_mod.rerank = counter._real, real_rerank
+        knee_mod.measure_run, predict_mod.rerank, predict_mod.SCREEN = counter._real, real_rerank, shipped
     top = [p.key for p in ranking.predictions if p.capacity_rps][:5]
     gt = ground_truth(sc)   # the truth's grid (cached by twin_hidden_truth.py), for what the ranking is worth
     best = gt["__grid_optimum__"]["cap"]

@@ -100,18 +100,19 @@ def rank_space(params: TwinParams, gpu, model, choices: dict[str, list], allowed
     t0 = time.perf_counter()
     out: dict[str, Prediction] = {}
 
-    last = [start_rate]
+    last = start_rate
 
     def one(k: Knobs) -> Prediction:
         """Screened from the last screened configuration's capacity: the grid walks its last knob
         first, so the last one is a neighbour (TPE's last sample is near its next as it converges),
         and a start near the knee saves the bracketing runs."""
+        nonlocal last
         k = canonical(k)
         key = knobs_key(k.set_only())
         if key not in out:
-            out[key] = predict(params, gpu, model, k, workload, slo, load, start_rate=last[0],
+            out[key] = predict(params, gpu, model, k, workload, slo, load, start_rate=last,
                                after_trial=after_trial, shapes=shapes, fidelity=SCREEN)
-            last[0] = out[key].capacity_rps or last[0]
+            last = out[key].capacity_rps or last
         return out[key]
 
     extra = [canonical(k) for k in extra]
