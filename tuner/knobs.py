@@ -85,6 +85,14 @@ KNOB_SPECS: dict[str, KnobSpec] = {s.name: s for s in (
              answers={"prefill": (1, "on")}),
     KnobSpec("max_model_len", "tokens", "longest prompt + output a request may have",
              answers={"kv_capacity": (3, "down")}),
+    # The parallel layout. One server uses tensor_parallel_size x data_parallel_size GPUs; a search space
+    # with `host_gpus` fills the host with replicas (`SearchSpace.layout`), so layouts compare on one
+    # scale: the capacity of the host.
+    # More TP: each GPU holds less of the weights, so more KV fits per engine (vLLM's tuning guide: "each
+    # GPU has more memory available for KV cache"), and each step reads fewer weight bytes per GPU.
+    KnobSpec("tensor_parallel_size", "int", "GPUs one engine splits the model across (tensor parallelism)",
+             answers={"kv_capacity": (4, "up"), "decode": (4, "up")}),
+    KnobSpec("data_parallel_size", "int", "engine replicas behind the one API server (data parallelism)"),
 )}
 
 

@@ -70,7 +70,8 @@ class Plan(BaseModel):
     reason: str | None = None
     peak_rate: float
     headroom: float
-    tp: int = 1
+    tp: int = 1                          # one instance (one `vllm serve`) uses tp x dp GPUs
+    dp: int = 1
     gpu: str | None = None
     model: str | None = None
     speed_gate_rps: float
@@ -92,14 +93,9 @@ class Plan(BaseModel):
     notes: list[str] = Field(default_factory=list)
 
 
-def _tp_group(gpu: GPUProfile, tp: int) -> GPUProfile:
-    """A TP group seen as one device: memory and bandwidth add up, weights are split across it.
-    (Ignores the all-reduce cost and per-GPU activation copies: a plan-level approximation.)"""
-    if tp == 1:
-        return gpu
-    return gpu.model_copy(update={"memory_gib": gpu.memory_gib * tp, "bandwidth_gbs": gpu.bandwidth_gbs * tp,
-                                  "bf16_tflops": gpu.bf16_tflops * tp, "fp8_tflops": gpu.fp8_tflops * tp,
-                                  "name": f"{tp}x {gpu.name}"})
+def _layout(knobs: Knobs, tp: int) -> Knobs:
+    """`knobs` at tensor-parallel size `tp` (the simulator splits weights, heads and KV per GPU, as vLLM)."""
+    return knobs.model_copy(update={"tensor_parallel_size": tp if tp > 1 else None})
 
 
 def _resolve(group: GPUProfile, model_name: str, knobs: Knobs) -> ResolvedConfig:
@@ -119,7 +115,7 @@ def feasibility(gpu: GPUProfile, model_name: str, slo: SLO | None, *, tp: int = 
     knobs = knobs or Knobs()
     if quantization:
         knobs = knobs.model_copy(update={"quantization": quantization})
-    cfg = _resolve(_tp_group(gpu, tp), model_name, knobs)
+    cfg = _resolve(gpu, model_name, _layout(knobs, tp))
     cost = CostModel(cfg)
     if lengths is not None:
         mean_p, mean_o = (sum(v) / len(v) for v in (lengths.prompt, lengths.output))
@@ -134,8 +130,8 @@ def feasibility(gpu: GPUProfile, model_name: str, slo: SLO | None, *, tp: int = 
     if lengths is not None:
         context = context_check(cfg, lengths, float(slo.target) if slo is not None else 1.0)  # type: ignore
     bw_eff = cost.params.bw_eff
-    arith = (f"{cfg.weight_bytes / 1e9:.1f} GB of weights / ({bw_eff:g} x {gpu.bandwidth_gbs:g} GB/s"
-             f"{f' x {tp}' if tp > 1 else ''}) = {cost.decode_floor() * 1e3:.1f} ms")
+    arith = (f"{cfg.weight_bytes / 1e9:.1f} GB of weights{' per GPU' if tp > 1 else ''} / ({bw_eff:g} x "
+             f"{gpu.bandwidth_gbs:g} GB/s) = {cost.decode_floor() * 1e3:.1f} ms")
     broken = [g.message for g in gates if not g.ok] + ([context.message] if context and not context.ok else [])
     at = f" (floors at {lengths.source})" if lengths is not None else ""
     if broken:
@@ -163,16 +159,17 @@ def memory_gate(gpu: GPUProfile, model_name: str, knobs: Knobs, *, mean_prompt_t
                 e2el_s: float | None = None) -> MemoryGate:
     """Concurrent sequences the KV pool holds at the mean lengths; the rate they sustain when each
     request lives `e2el_s` (measured), or, without a measurement, as long as the SLO allows."""
-    cfg = _resolve(_tp_group(gpu, tp), model_name, knobs)
+    cfg = _resolve(gpu, model_name, _layout(knobs, tp))
     per_seq = mean_prompt_tokens + mean_output_tokens
-    by_kv = cfg.kv_cache_tokens / per_seq
-    n = min(by_kv, cfg.max_num_seqs)
+    dp = cfg.data_parallel_size  # each replica has its own KV pool and batch cap
+    by_kv = dp * cfg.kv_cache_tokens / per_seq
+    n = min(by_kv, dp * cfg.max_num_seqs)
     source = "measured" if e2el_s else None
     if e2el_s is None and slo is not None and slo.tpot is not None:
         e2el_s = ((slo.ttft.max_ms if slo.ttft else 0.0) + max(mean_output_tokens - 1, 0) * slo.tpot.max_ms) / 1e3
         source = "SLO limits (TTFT + (output - 1) x TPOT)"
-    return MemoryGate(kv_pool_tokens=cfg.kv_cache_tokens, kv_bytes_per_token=cfg.kv_bytes_per_token,
-                      tokens_per_sequence=per_seq, sequences_by_kv=by_kv, max_num_seqs=cfg.max_num_seqs,
+    return MemoryGate(kv_pool_tokens=dp * cfg.kv_cache_tokens, kv_bytes_per_token=cfg.kv_bytes_per_token,
+                      tokens_per_sequence=per_seq, sequences_by_kv=by_kv, max_num_seqs=dp * cfg.max_num_seqs,
                       concurrent_sequences=n, e2el_s=e2el_s, e2el_source=source,
                       rate_rps=(n / e2el_s) if e2el_s else None)
 
@@ -233,11 +230,13 @@ def make_plan(*, rate_per_instance: float, peak_rate: float, headroom: float = 0
                          f"{mem.rate_rps:.2f} req/s < the speed gate {rate_per_instance:.2f} req/s")
     exact = peak_rate / (headroom * rate)
     inst = max(1, math.ceil(exact - _EPS))
+    per = tp * (knobs.data_parallel_size or 1)  # one instance is one server: TP x DP GPUs
     plan = Plan(feasible=True, peak_rate=peak_rate, headroom=headroom, tp=tp, gpu=g.name if g else None,
                 model=model, speed_gate_rps=rate_per_instance, memory_gate=mem, feasibility=feas,
                 rate_per_instance=rate, binding_gate=binding, instances_exact=exact, instances=inst,
-                gpus=inst * tp, spare_instances=spare, instances_with_spare=inst + spare,
-                gpus_with_spare=(inst + spare) * tp, price_per_gpu_hour=price_per_gpu_hour, notes=notes)
+                gpus=inst * per, spare_instances=spare, instances_with_spare=inst + spare,
+                gpus_with_spare=(inst + spare) * per, price_per_gpu_hour=price_per_gpu_hour, notes=notes,
+                dp=knobs.data_parallel_size or 1)
     if price_per_gpu_hour is not None:
         plan.cost_per_hour = plan.gpus * price_per_gpu_hour
         plan.cost_per_month = plan.cost_per_hour * HOURS_PER_MONTH
@@ -328,8 +327,10 @@ def plan_for_study(info, rec, *, where: str | None = None, **overrides) -> Plan:
         knee = [r for r in rec.load_runs if r.rate == rec.capacity_rps]
         p50 = knee[-1].p50_ms.get("e2el") if knee else None
         e2el = p50 / 1e3 if p50 else None
-    args = dict(rate_per_instance=rate, peak_rate=peak, headroom=slo.headroom, tp=1, gpu=info.gpu,
-                model=info.model, slo=slo, knobs=Knobs(**(rec.knobs if rec else {})),
+    tuned = Knobs(**(rec.knobs if rec else {}))
+    args = dict(rate_per_instance=rate, peak_rate=peak, headroom=slo.headroom,
+                tp=tuned.tensor_parallel_size or 1, gpu=info.gpu,
+                model=info.model, slo=slo, knobs=tuned,
                 price_per_gpu_hour=slo.price_per_gpu_hour,
                 mean_prompt_tokens=info.workload_mean_prompt_tokens,
                 mean_output_tokens=info.workload_mean_output_tokens, e2el_s=e2el,
@@ -359,7 +360,8 @@ def format_plan(p: Plan) -> str:
                  "passed clearly where one did)")
     lines.append(f"instances: ceil({p.peak_rate:g} / ({p.headroom:g} x {p.rate_per_instance:.4g})) = "
                  f"ceil({p.instances_exact:.2f}) = {p.instances}  ({p.binding_gate} gate binds)")
-    lines.append(f"GPUs: {p.instances} x TP {p.tp} = {p.gpus}; with {p.spare_instances} spare for failures: "
+    layout = f"TP {p.tp}" if p.dp == 1 else f"(TP {p.tp} x DP {p.dp})"
+    lines.append(f"GPUs: {p.instances} x {layout} = {p.gpus}; with {p.spare_instances} spare for failures: "
                  f"{p.instances_with_spare} instances = {p.gpus_with_spare} GPUs")
     if p.cost_per_hour is not None:
         lines.append(f"cost: {p.cost_per_hour:,.2f}/h, {p.cost_per_month:,.0f}/month "

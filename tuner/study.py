@@ -134,16 +134,17 @@ def engine_defaults(opts: TuneOptions) -> dict[str, Any]:
             "quantization": None}
 
 
-def engine_spec(opts: TuneOptions, slo: SLO | None = None) -> EngineSpec:
+def engine_spec(opts: TuneOptions, slo: SLO | None = None, space: SearchSpace | None = None) -> EngineSpec:
     """The run settings an engine is built from (`tuner.engine.registry`)."""
     return EngineSpec(name=opts.engine, gpu=opts.gpu, model=opts.model, run_dir=opts.out / "servers",
                       noise=opts.noise, seed=opts.seed, time_scale=opts.time_scale, python=opts.vllm_python,
                       command=opts.vllm_command, extra_args=list(opts.vllm_args), api_key=opts.api_key,
-                      token_times=slo is None or "itl" in slo.thresholds)
+                      token_times=slo is None or "itl" in slo.thresholds,
+                      host_gpus=space.host_gpus if space is not None else None)
 
 
-def make_engine(opts: TuneOptions, slo: SLO | None = None) -> Engine:
-    return create_engine(engine_spec(opts, slo))
+def make_engine(opts: TuneOptions, slo: SLO | None = None, space: SearchSpace | None = None) -> Engine:
+    return create_engine(engine_spec(opts, slo, space))
 
 
 def load_settings(opts: TuneOptions, engine: Engine) -> LoadSettings:
@@ -221,7 +222,25 @@ def prepare(opts: TuneOptions) -> tuple[Workload, SLO, SearchSpace]:
         raise UserError(problem[1], file=opts.search_space if Path(opts.search_space).exists() else None,
                         field=f"knobs.{problem[0]}" if Path(opts.search_space).exists() else "--search-space")
     engine.check_extra_args(opts.vllm_args)
+    check_max_model_len(space, workload, opts.search_space)
     return workload, slo, space
+
+
+def check_max_model_len(space: SearchSpace, workload: Workload, where) -> None:
+    """`max_model_len` is bounded below by the workload's longest request (prompt + output): vLLM
+    refuses a longer request with a 400, so a lower value would fail part of the traffic, not serve it."""
+    spec = space.knobs.get("max_model_len")
+    if spec is None:
+        return
+    from tuner.workload.stats import prompt_length
+
+    longest = max(prompt_length(r) + r.output_tokens for r in workload.requests)
+    low = [v for v in spec.values if v is not None and v < longest]
+    if low:
+        path = Path(where)
+        raise UserError(f"{low[0]} is below the workload's longest request ({longest} tokens, prompt + "
+                        f"output): vLLM would refuse those requests", file=str(path) if path.exists() else None,
+                        field="knobs.max_model_len" if path.exists() else "--search-space")
 
 
 @contextmanager
@@ -246,7 +265,7 @@ def interrupt_cleanup(runner: TrialRunner) -> Iterator[None]:
 def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outcome, Path]:
     """Run (or resume) a study; returns the outcome and the run directory."""
     workload, slo, space = prepare(opts)
-    engine = make_engine(opts, slo)  # a bad --engine/--gpu/--model fails before a study is created
+    engine = make_engine(opts, slo, space)  # a bad --engine/--gpu/--model fails before a study is created
     opts.out.mkdir(parents=True, exist_ok=True)
     if opts.resume:
         from tuner.engine.launcher import reap_stale
@@ -360,7 +379,7 @@ def run_worker(run_dir: Path, *, storage: str | None = None, max_trials: int | N
                        time_scale=info.time_scale, noise=info.noise, seed=info.seed)
     workload, slo, _ = prepare(opts)
     space = SearchSpace(**info.search_space)
-    engine = make_engine(opts, slo)
+    engine = make_engine(opts, slo, space)
     # the study's own load settings (requests per run, run cap, arrival, seed), not this host's defaults
     load = LoadSettings(**info.load) if info.load else load_settings(opts, engine)
     runner = TrialRunner(study=study, engine=engine, workload=workload, slo=slo, space=space,

@@ -41,6 +41,8 @@ _RULES: list[tuple[LaunchFailureKind, re.Pattern]] = [
         r"|error: the following arguments are required"
         r"|No common block size for"                 # --block-size the attention backend cannot use
         r"|User-specified max_model_len .* is greater than"
+        r"|must be divisible by tensor parallel size"  # attention heads the layout cannot split
+        r"|World size \(\d+\) is larger than the number of available GPUs"
         r"|validation errors? for \w*Config"         # pydantic config validation of a flag value
         r"|ValueError: Invalid value .* for"
         r"|Unknown quantization method", re.I)),

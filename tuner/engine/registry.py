@@ -54,6 +54,9 @@ class EngineSpec(BaseModel):
     api_key: str | None = None
     #: simulated engines: time every token (needed for an ITL threshold; slower)
     token_times: bool = True
+    #: simulated engines: the GPUs of the host (a layout asking for more fails as vLLM does); None: as
+    #: many as each launch's layout asks for
+    host_gpus: int | None = None
 
 
 def register(name: str) -> Callable[[E], E]:

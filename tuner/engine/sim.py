@@ -22,7 +22,7 @@ from tuner.sim.costs import CostParams
 from tuner.sim.engine import EngineCore
 from tuner.tokens import (RegexCounter, TokenCounter, block_hashes, block_hashes_from_ids,
                               token_counter_for)
-from tuner.engine.virtual import SimRequest, run_virtual
+from tuner.engine.virtual import SimRequest, merge_replicas, run_virtual
 from tuner.workload.model import WorkloadRequest
 from tuner.workload.prompts import request_text
 
@@ -42,12 +42,19 @@ def request_shape(req: WorkloadRequest, index: int, tokens: TokenCounter | None 
 
 
 class SimServer(Server):
+    """One simulated `vllm serve`: `data_parallel_size` engine cores (one per replica) behind one API
+    server. vLLM's DP load balancer sends each request to the least-loaded engine; here requests go to
+    the replicas in turn by send time (round robin), which for the open-loop arrivals the tuner sends
+    gives each replica the same share and is slightly pessimistic at the tails."""
+
     def __init__(self, cfg: ResolvedConfig, cost_params: CostParams | None, noise: float, seed: int,
                  token_times: bool = True, tokens: TokenCounter | None = None):
         self.cfg = cfg
         self.token_times = token_times
         self.tokens = tokens or RegexCounter()
-        self.core = EngineCore(cfg, cost_params, noise=noise, seed=seed, keep_step_times=True)
+        self.cores = [EngineCore(cfg, cost_params, noise=noise, seed=seed + 7919 * i, keep_step_times=True)
+                      for i in range(cfg.data_parallel_size)]
+        self.core = self.cores[0]
         self.info = LaunchInfo(kv_cache_tokens=cfg.kv_cache_tokens, max_concurrency=cfg.max_concurrency)
         self.launch_log = f"{cfg.launch_log()}\nINFO simulator: token counts: {self.tokens.source}"
         self._shapes: dict[int, tuple[WorkloadRequest, int, list[int]]] = {}
@@ -70,27 +77,34 @@ class SimServer(Server):
         for i, (req, t) in enumerate(zip(requests, send_times)):
             n, h = self._shape(req, i if prompt_salt is None else hash((prompt_salt, i)))
             sims.append(SimRequest(float(t), n, req.output_tokens, h))
-        # a fresh step clock per load run keeps memory bounded; the KV pool (prefix cache) carries over
-        self.core.step_end.clear()
-        self.core.step_idx = 0
-        self.core.finish_at.clear()
         span = max(send_times, default=0.0)
-        run = run_virtual(self.cfg, sims, engine=self.core, request_timeout_s=request_timeout_s,
-                          sample_interval_s=min(0.5, max(0.01, span / 150)),
-                          warmup_s=warmup_s, cooldown_s=cooldown_s,
-                          token_times=self.token_times if token_times is None else token_times,
-                          max_concurrency=max_concurrency)
-        self._drain()
-        out = LoadRun(offered_rate=offered_rate, duration_s=run.duration_s, records=run.records,
-                      metrics=run.metrics, engine="sim", window_start_s=warmup_s,
+        dp = len(self.cores)
+        order = sorted(range(len(sims)), key=lambda i: sims[i].arrival)
+        shares = [order[k::dp] for k in range(dp)]
+        runs = []
+        for core, share in zip(self.cores, shares):
+            # a fresh step clock per load run keeps memory bounded; the KV pool (prefix cache) carries over
+            core.step_end.clear()
+            core.step_idx = 0
+            core.finish_at.clear()
+            runs.append(run_virtual(self.cfg, [sims[i] for i in share] if dp > 1 else sims, engine=core,
+                                    request_timeout_s=request_timeout_s,
+                                    sample_interval_s=min(0.5, max(0.01, span / 150)),
+                                    warmup_s=warmup_s, cooldown_s=cooldown_s,
+                                    token_times=self.token_times if token_times is None else token_times,
+                                    max_concurrency=max_concurrency and -(-max_concurrency // dp)))
+            self._drain(core)
+        records, metrics = (runs[0].records, runs[0].metrics) if dp == 1 else merge_replicas(runs, shares)
+        out = LoadRun(offered_rate=offered_rate, duration_s=max(r.duration_s for r in runs), records=records,
+                      metrics=metrics, engine="sim", window_start_s=warmup_s,
                       window_end_s=max(send_times, default=0.0) - cooldown_s)
         if stop_when is not None:
             replay_stop_rule(out, stop_when, span)
         return out
 
-    def _drain(self) -> None:
+    @staticmethod
+    def _drain(core: EngineCore) -> None:
         """Abort whatever a timed-out run left in the engine, as clients disconnecting would."""
-        core = self.core
         while core.running:
             core._preempt_tail(core.step_idx, scheduled_decodes=False)
         core.waiting.clear()
@@ -142,12 +156,13 @@ class SimEngine(SimulatedEngineChecks, Engine):
     @classmethod
     def from_spec(cls, spec) -> "SimEngine":
         cls.needs_gpu_and_model(spec)
-        return cls(spec.gpu, spec.model, noise=spec.noise, seed=spec.seed, token_times=spec.token_times)
+        return cls(spec.gpu, spec.model, noise=spec.noise, seed=spec.seed, token_times=spec.token_times,
+                   host_gpus=spec.host_gpus)
 
     def __init__(self, gpu: str | GPUProfile, model: str | ModelProfile, *,
                  cost_params: CostParams | None = None, noise: float = 0.0, seed: int = 0,
                  token_times: bool = True, launch_seed: Callable[[Knobs], int] | None = None,
-                 other_used_gib: float | None = None):
+                 other_used_gib: float | None = None, host_gpus: int | None = None):
         """`token_times=False` skips per-token times (only ITL needs them: a faster study when the SLO has
         no ITL threshold). `launch_seed` picks each launch's noise seed (default: one per launch).
         `other_used_gib`: GPU memory other processes hold (a busy GPU, where vLLM's default memory
@@ -163,10 +178,11 @@ class SimEngine(SimulatedEngineChecks, Engine):
         self.token_times = token_times
         self.launch_seed = launch_seed
         self.other_used_gib = other_used_gib
+        self.host_gpus = host_gpus
 
     def launch(self, knobs: Knobs) -> SimServer:
         self.launches += 1
         busy = {} if self.other_used_gib is None else {"other_used_gib": self.other_used_gib}
-        cfg = resolve(self.gpu, self.model, knobs, **busy)
+        cfg = resolve(self.gpu, self.model, knobs, host_gpus=self.host_gpus, **busy)
         seed = self.launch_seed(knobs) if self.launch_seed else self.seed + self.launches
         return SimServer(cfg, self.cost_params, self.noise, seed, self.token_times, self.tokens)

@@ -208,3 +208,30 @@ def _mark_window(records: list[RequestRecord], warmup_s: float, cooldown_s: floa
     last = max(r.scheduled_s for r in records)
     for r in records:
         r.in_window = warmup_s <= r.scheduled_s <= last - cooldown_s
+
+
+def merge_replicas(runs: list[VirtualRun], shares: list[list[int]]) -> tuple[list[RequestRecord], MetricsWindow]:
+    """Data-parallel replicas' runs as the one server's: each record back at its index in the load run
+    (`shares[k]` lists replica k's), and /metrics as vLLM aggregates its engines: running and waiting
+    summed, KV usage averaged, counters and histograms added."""
+    n = sum(len(s) for s in shares)
+    records: list[RequestRecord | None] = [None] * n
+    for run, share in zip(runs, shares):
+        for rec, idx in zip(run.records, share):
+            rec.index = idx
+            records[idx] = rec
+    first = runs[0].metrics
+    samples = []
+    for j in range(max(len(r.metrics.samples) for r in runs)):
+        at = [r.metrics.samples[min(j, len(r.metrics.samples) - 1)] for r in runs if r.metrics.samples]
+        samples.append(GaugeSample(t=max(s.t for s in at), running=sum(s.running for s in at),
+                                   waiting=sum(s.waiting for s in at),
+                                   kv_usage=sum(s.kv_usage for s in at) / len(at)))
+    counters = {k: sum(r.metrics.counters.get(k, 0.0) for r in runs) for k in first.counters}
+    hists = {}
+    for name, h in first.histograms.items():
+        parts = [r.metrics.histograms[name] for r in runs]
+        hists[name] = HistogramDelta(buckets={le: sum(p.buckets.get(le, 0.0) for p in parts) for le in h.buckets},
+                                     sum=sum(p.sum for p in parts), count=sum(p.count for p in parts))
+    return records, MetricsWindow(samples=samples, counters=counters, histograms=hists,  # type: ignore[arg-type]
+                                  cache_config=dict(first.cache_config))

@@ -41,6 +41,14 @@ class GPUProfile(BaseModel):
                               "the BF16 figure")
     fp8_native: bool = Field(strict=True, description="has FP8 tensor cores (compute capability >= 8.9)")
     compute_capability: float = Field(default=8.0, gt=0, strict=True)
+    #: The GPU-to-GPU link tensor parallelism all-reduces over (two per layer per step): its bandwidth
+    #: one way, per GPU, and the latency of one small all-reduce. The defaults are PCIe Gen4 x16 through
+    #: the host (no NVLink), which is what a profile that says nothing most likely has.
+    interconnect: str = Field(default="pcie", strict=True, description="nvlink | pcie")
+    link_gbs: float = Field(default=25.0, gt=0, strict=True,
+                            description="GPU-to-GPU bandwidth one way, GB/s (NVLink 4: 450; PCIe 4 x16: ~25)")
+    link_latency_us: float = Field(default=20.0, ge=0, strict=True,
+                                   description="latency of one small all-reduce, microseconds")
     source: str = ""
 
     @property

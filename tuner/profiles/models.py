@@ -64,9 +64,11 @@ class ModelProfile(BaseModel):
     def q_dim(self) -> int:
         return self.num_attention_heads * self.hd
 
-    def kv_bytes_per_token(self, kv_dtype: str = "auto") -> int:
-        """2 (K and V) x layers x KV heads x head dim x bytes per element."""
-        return int(2 * self.num_hidden_layers * self.kv_heads * self.hd * KV_DTYPE_BYTES[kv_dtype])
+    def kv_bytes_per_token(self, kv_dtype: str = "auto", tp: int = 1) -> int:
+        """2 (K and V) x layers x KV heads x head dim x bytes per element; with `tp`, one GPU's share: its
+        KV heads (vLLM replicates a head on several GPUs when there are fewer heads than GPUs)."""
+        heads = self.kv_heads if tp == 1 else max(1, -(-self.kv_heads // tp))
+        return int(2 * self.num_hidden_layers * heads * self.hd * KV_DTYPE_BYTES[kv_dtype])
 
     @property
     def linear_params(self) -> int:

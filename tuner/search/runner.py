@@ -125,7 +125,7 @@ class TrialRunner:
     def seen(self, knobs: Knobs) -> bool:
         """Whether this process evaluated `knobs` already (a stored launch not yet read back is not seen:
         a resumed strategy reads it back where the first run measured it)."""
-        return self.served[knobs_key(knobs)] > 0
+        return self.served[knobs_key(self.space.layout(knobs))] > 0
 
     def account_stored(self) -> int:
         """Count every stored launch against the budget now (strategies that do not replay their
@@ -155,7 +155,8 @@ class TrialRunner:
         """Measure `knobs` (or read back the stored result of an earlier identical trial, unless `fresh`:
         a second launch of the same configuration). The trial
         becomes the incumbent (`accepted`) when its capacity beats `accept_above` (None: any capacity),
-        or when `accept(record)` says so."""
+        or when `accept(record)` says so. The space's `layout` fills the host first."""
+        knobs = self.space.layout(knobs)
         key = knobs_key(knobs)
         nth = self.served[key] if fresh else 0
         stored = self.finished_all().get(key, [])
@@ -214,8 +215,8 @@ class TrialRunner:
                    incumbent: float | None = None, accept_above: float | None = None,
                   accept: Callable[[TrialRecord], bool] | None = None) -> TrialRecord:
         params = {k: trial.params.get(k) for k in self.space.knobs}
-        knobs = Knobs(**{k: v for k, v in {**params, **trial.user_attrs.get("extra_knobs", {})}.items()
-                         if v is not None})
+        knobs = self.space.layout(Knobs(**{k: v for k, v in {**params, **trial.user_attrs.get("extra_knobs", {})}.items()
+                                           if v is not None}))
         rec = TrialRecord(number=trial.number, role=role, knobs=knobs.set_only(),
                           changed_knob=changed_knob, incumbent_before=incumbent)
         t0 = time.perf_counter()

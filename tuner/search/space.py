@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tuner.errors import UserError
 from tuner.inputs import looks_like_path, parse_yaml, read_text, yaml_line
@@ -45,6 +45,10 @@ class SearchSpace(BaseModel):
     description: str = ""
     knobs: dict[str, KnobSpec]
     constraints: list[str] = []
+    #: The GPUs of the host. With it, every configuration fills the host with data-parallel replicas
+    #: (`layout`), so a study of tensor-parallel sizes compares the capacity of the whole host: TP 1 x 8
+    #: replicas, TP 2 x 4 and TP 8 x 1 on one scale. The simulated engines have this many GPUs.
+    host_gpus: int | None = Field(default=None, ge=1, strict=True)
 
     @model_validator(mode="after")
     def _check(self) -> "SearchSpace":
@@ -61,7 +65,18 @@ class SearchSpace(BaseModel):
                 raise ValueError(f"constraint {c!r} is not of the form 'knob OP knob-or-number'")
             if m.group(1) not in KNOB_NAMES:
                 raise ValueError(f"constraint {c!r}: unknown knob {m.group(1)!r}")
+        if self.host_gpus is not None and "data_parallel_size" in self.knobs:
+            raise ValueError("data_parallel_size is set from host_gpus (the host filled with replicas): "
+                             "drop one of them")
         return self
+
+    def layout(self, knobs: Knobs) -> Knobs:
+        """`knobs` with the host filled: data_parallel_size = host_gpus // tensor_parallel_size (unset at
+        1, vLLM's default). Without `host_gpus`, `knobs` as they are."""
+        if self.host_gpus is None:
+            return knobs
+        dp = self.host_gpus // (knobs.tensor_parallel_size or 1)
+        return knobs.with_(data_parallel_size=dp if dp > 1 else None)
 
     def allows(self, knobs: Knobs, defaults: dict[str, Any] | None = None) -> str | None:
         """None if `knobs` satisfies every constraint, else the first one it breaks. Unset knobs take
@@ -84,7 +99,7 @@ class SearchSpace(BaseModel):
         names = list(self.knobs)
         out = []
         for combo in itertools.product(*(self.knobs[n].values for n in names)):
-            k = Knobs(**{n: v for n, v in zip(names, combo) if v is not None})
+            k = self.layout(Knobs(**{n: v for n, v in zip(names, combo) if v is not None}))
             if self.allows(k) is None:
                 out.append(k)
         return out

@@ -16,6 +16,7 @@ who want them; they share the same trial runner and storage.
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -206,10 +207,37 @@ def fitted_baseline(runner: TrialRunner, budget: Budget) -> TrialRecord:
     first = runner.evaluate(Knobs(), role="baseline")
     while not first.launched and budget.left(runner):
         fitted = normalize(runner.lessons().repair(Knobs(**first.knobs), runner.defaults), runner.defaults)
+        changed = next(iter(fitted.set_only()), None)
         if fitted == Knobs(**first.knobs) or runner.seen(fitted):
-            break
-        first = runner.evaluate(fitted, role="baseline", changed_knob=next(iter(fitted.set_only()), None))
+            fitted = fit_to_host(runner, first)
+            if fitted is None or runner.seen(fitted):
+                break
+            changed = next((k for k, v in fitted.set_only().items() if first.knobs.get(k) != v), None)
+        first = runner.evaluate(fitted, role="baseline", changed_knob=changed)
     return first
+
+
+_ESTIMATED_LEN = re.compile(r"estimated maximum model length is (\d+)")
+
+
+def fit_to_host(runner: TrialRunner, rec: TrialRecord) -> Knobs | None:
+    """The smallest change of the space that lets a launch whose model did not fit its GPUs fit: where
+    one request of max_model_len did not fit the KV pool, the space's longest max_model_len vLLM's own
+    estimate allows (the study refused any value below the workload's longest request); else, where the
+    weights or that KV did not fit, the next tensor-parallel size (a 70B model in BF16 needs at least two
+    80 GB GPUs). So a baseline is vLLM's defaults with only what the host forced changed."""
+    kind, knobs = rec.launch_failure_kind, Knobs(**rec.knobs)
+    m = _ESTIMATED_LEN.search(rec.launch_failure_message or "")
+    if kind == "max_model_len" and m and "max_model_len" in runner.space.knobs:
+        fits = [v for v in runner.space.knobs["max_model_len"].values
+                if v is not None and v <= int(m.group(1)) and v != knobs.max_model_len]
+        if fits:
+            return knobs.with_(max_model_len=max(fits))
+    if kind not in ("oom", "max_model_len", "no_cache_blocks") or "tensor_parallel_size" not in runner.space.knobs:
+        return None
+    cur = knobs.tensor_parallel_size or 1
+    wider = sorted(v for v in runner.space.knobs["tensor_parallel_size"].values if v is not None and v > cur)
+    return knobs.with_(tensor_parallel_size=wider[0]) if wider else None
 
 
 def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: int = 3,
@@ -320,7 +348,7 @@ def whole_space(runner: TrialRunner, budget: Budget, *, sampler: str, noise_floo
     while budget.left(runner) and stale < 50:
         trial = runner.ask({})
         picked = {k: trial.suggest_categorical(k, runner.choices(k)) for k in runner.space.knobs}
-        knobs = Knobs(**{k: v for k, v in picked.items() if v is not None})
+        knobs = runner.space.layout(Knobs(**{k: v for k, v in picked.items() if v is not None}))
         if knobs_key(knobs) in seen or runner.space.allows(knobs, runner.defaults) or \
                 runner.lessons().broken_by(knobs, runner.defaults):
             runner.study.tell(trial, state=optuna.trial.TrialState.PRUNED)

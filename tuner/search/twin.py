@@ -61,7 +61,7 @@ def twin_search(runner: TrialRunner, budget: Budget, twin: Twin, *, noise_floor:
 
     start = base.capacity_rps or runner.start_rate
     ranking = twin.rank(choices, allowed, extra=[Knobs()], start_rate=start,
-                        canonical=lambda k: normalize(k, runner.defaults))
+                        canonical=lambda k: space.layout(normalize(k, runner.defaults)))
     log.first_ranking = log.ranking = ranking
     log.configurations = len(ranking.predictions)
     say(f"twin ranked {len(ranking.predictions)} configurations in {ranking.wall_s:.1f} s")

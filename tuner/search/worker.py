@@ -21,11 +21,12 @@ from tuner.search.runner import TrialRunner, knobs_key
 def enqueue_grid(runner: TrialRunner) -> int:
     """Enqueue every grid configuration not already in the study (an interrupted trial does not count: its
     configuration is queued again); returns how many were added."""
-    have = {knobs_key(Knobs(**{k: v for k, v in t.params.items() if v is not None}))
+    layout = runner.space.layout  # the grid's configurations fill the host; a trial's params do not say so
+    have = {knobs_key(layout(Knobs(**{k: v for k, v in t.params.items() if v is not None})))
             for t in runner.study.get_trials(deepcopy=False)
             if not (t.state == TrialState.FAIL and (t.user_attrs.get("record") or {}).get("interrupted"))}
-    have |= {knobs_key(Knobs(**{k: v for k, v in t.system_attrs.get("fixed_params", {}).items()
-                                 if v is not None}))
+    have |= {knobs_key(layout(Knobs(**{k: v for k, v in t.system_attrs.get("fixed_params", {}).items()
+                                        if v is not None})))
              for t in runner.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
     n = 0
     for knobs in runner.space.grid():

@@ -178,6 +178,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "tune sim serve") -> int
         return _fail(f"error: {e.format()}", 2)
     except LaunchFailure as e:
         return _fail(e.message)  # vLLM logs the exception line and exits before binding
+    if cfg.data_parallel_size > 1:
+        return _fail("NotImplementedError: the HTTP simulator runs one engine core; data_parallel_size > 1 "
+                     "is simulated in-process only (--engine sim)")
     print(cfg.launch_log(), flush=True)
     ignored = unmodelled(args)
     if ignored:

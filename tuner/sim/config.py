@@ -50,14 +50,26 @@ class ResolvedConfig(BaseModel):
     max_model_len: int
     quantization: str | None
     block_size: int = BLOCK_SIZE
-    weight_bytes: float
-    activation_bytes: float
-    kv_cache_bytes: float
-    num_gpu_blocks: int
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    weight_bytes: float              # per GPU (a tensor-parallel engine holds 1/TP of the weights on each)
+    activation_bytes: float          # per GPU
+    kv_cache_bytes: float            # per GPU
+    num_gpu_blocks: int              # per engine (each block spans the TP GPUs' shares of its heads)
 
     @property
     def kv_bytes_per_token(self) -> int:
+        """KV bytes of one token, the whole model (all TP ranks together)."""
         return self.model.kv_bytes_per_token(self.kv_cache_dtype)
+
+    @property
+    def kv_bytes_per_token_per_gpu(self) -> int:
+        return self.model.kv_bytes_per_token(self.kv_cache_dtype, self.tensor_parallel_size)
+
+    @property
+    def gpus(self) -> int:
+        """GPUs the server uses: TP x DP."""
+        return self.tensor_parallel_size * self.data_parallel_size
 
     @property
     def kv_cache_tokens(self) -> int:
@@ -83,18 +95,36 @@ def _bad_choice(flag: str, value: str, choices) -> LaunchFailure:
     return LaunchFailure("bad_flag", msg)
 
 
-def activation_bytes(model: ModelProfile, max_num_batched_tokens: int, max_num_seqs: int) -> float:
-    """Peak activation memory of vLLM's profiling run: a forward pass over `max_num_batched_tokens`
-    tokens (hidden states, QKV, the gated MLP's two intermediate tensors) plus the sampler's dummy run
-    over `max_num_seqs` rows of fp32 logits."""
-    per_token = (2 * model.hidden_size + model.q_dim + 2 * model.kv_heads * model.hd
-                 + 2 * model.intermediate_size) * 2
+def activation_bytes(model: ModelProfile, max_num_batched_tokens: int, max_num_seqs: int, tp: int = 1) -> float:
+    """Peak activation memory of vLLM's profiling run on one GPU: a forward pass over
+    `max_num_batched_tokens` tokens (hidden states, QKV, the gated MLP's two intermediate tensors; TP
+    splits all but the hidden states) plus the sampler's dummy run over `max_num_seqs` rows of fp32
+    logits (gathered whole on the first rank)."""
+    split = (model.q_dim + 2 * model.kv_heads * model.hd + 2 * model.intermediate_size) / tp
+    per_token = (2 * model.hidden_size + split) * 2
     return 1.5 * max_num_batched_tokens * per_token + max_num_seqs * model.vocab_size * 4
 
 
+def check_layout(model: ModelProfile, tp: int, dp: int, host_gpus: int | None) -> None:
+    """vLLM's start-up checks of the parallel layout (`ParallelConfig`, `ModelConfig.verify_with_parallel_config`)."""
+    if host_gpus is not None and tp * dp > host_gpus:
+        raise LaunchFailure("bad_flag", (
+            f"pydantic_core._pydantic_core.ValidationError: 1 validation error for ParallelConfig\n  Value "
+            f"error, World size ({tp * dp}) is larger than the number of available GPUs ({host_gpus}) in "
+            f"this node. If this is intentional and you are using:\n- ray, set '--distributed-executor-"
+            f"backend ray'.\n- multiprocessing, set '--nnodes' appropriately."))
+    if model.num_attention_heads % tp:
+        raise LaunchFailure("bad_flag", f"ValueError: Total number of attention heads "
+                            f"({model.num_attention_heads}) must be divisible by tensor parallel size ({tp}).")
+
+
 def resolve(gpu: GPUProfile, model: ModelProfile, knobs: Knobs, *,
-            other_used_gib: float = DEFAULT_OTHER_USED_GIB) -> ResolvedConfig:
-    """Apply vLLM's defaults and start-up checks; raise `LaunchFailure` exactly where vLLM fails."""
+            other_used_gib: float = DEFAULT_OTHER_USED_GIB, host_gpus: int | None = None) -> ResolvedConfig:
+    """Apply vLLM's defaults and start-up checks; raise `LaunchFailure` exactly where vLLM fails.
+    `host_gpus`: the GPUs the host has (None: as many as the layout asks for). Memory is per GPU: each of
+    a tensor-parallel engine's GPUs holds 1/TP of the weights and of every token's KV heads."""
+    tp, dp = knobs.tensor_parallel_size or 1, knobs.data_parallel_size or 1
+    check_layout(model, tp, dp, host_gpus)
     kv_dtype = knobs.kv_cache_dtype or "auto"
     if kv_dtype not in KV_CACHE_DTYPES:
         raise _bad_choice("kv-cache-dtype", kv_dtype, KV_CACHE_DTYPES)
@@ -135,15 +165,15 @@ def resolve(gpu: GPUProfile, model: ModelProfile, knobs: Knobs, *,
             f"ValueError: Free memory on device ({free / GIB:.2f}/{total / GIB:.2f} GiB) on startup is "
             f"less than desired GPU memory utilization ({util}, {requested / GIB:.2f} GiB). Decrease GPU "
             f"memory utilization or reduce GPU memory used by other processes."))
-    weights = model.weight_bytes(fam)
+    weights = model.weight_bytes(fam) / tp
     if weights > free:
         raise LaunchFailure("oom", (
             f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
             f"{(weights - free) / 2**20:.2f} MiB. GPU 0 has a total capacity of {total / GIB:.2f} GiB of "
             f"which {max(free - weights, 0) / 2**20:.2f} MiB is free."))
-    act = activation_bytes(model, mnbt, max_num_seqs)
+    act = activation_bytes(model, mnbt, max_num_seqs, tp)
     kv_bytes = requested - weights - act - NON_TORCH_GIB * GIB
-    bpt = model.kv_bytes_per_token(kv_dtype)
+    bpt = model.kv_bytes_per_token(kv_dtype, tp)
     num_blocks = int(kv_bytes // (bpt * BLOCK_SIZE)) if kv_bytes > 0 else 0
     if num_blocks <= 0:
         raise LaunchFailure("no_cache_blocks", "ValueError: No available memory for the cache blocks. "
@@ -162,7 +192,7 @@ def resolve(gpu: GPUProfile, model: ModelProfile, knobs: Knobs, *,
         gpu_memory_utilization=util, kv_cache_dtype=kv_dtype,
         enable_prefix_caching=True if knobs.enable_prefix_caching is None else knobs.enable_prefix_caching,
         max_model_len=max_model_len, quantization=fam, weight_bytes=weights, activation_bytes=act,
-        kv_cache_bytes=kv_bytes, num_gpu_blocks=num_blocks)
+        kv_cache_bytes=kv_bytes, num_gpu_blocks=num_blocks, tensor_parallel_size=tp, data_parallel_size=dp)
 
 
 def blocks_for(tokens: int, block_size: int = BLOCK_SIZE) -> int:

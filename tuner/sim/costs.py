@@ -42,6 +42,7 @@ class CostParams:
     #: benchmark turns them on to stand for a real engine's structure the cost model does not have.
     per_request_s: float = 0.0        # engine seconds per request whose prefill completes in the step
     attn_superlinear: float = 0.0     # decode attention slows by (1 + this x decoding sequences / 64)
+    link_eff: float = 0.7             # achieved / peak GPU-to-GPU bandwidth in tensor-parallel all-reduces
 
 
 class CostModel:
@@ -58,17 +59,27 @@ class CostModel:
             dequant = 1.15  # FP8 weight-only Marlin on Ampere
         marlin = fam in ("awq", "gptq") or (fam == "fp8" and not gpu.fp8_native)
         floor_tokens = p.marlin_tile_tokens if marlin else p.gemm_half_tokens
+        # every figure is one GPU's: a tensor-parallel engine splits the weights, the GEMMs, the heads
+        # (attention and the KV read) and the vocabulary TP ways, and all-reduces the hidden states twice
+        # per layer (after attention and after the MLP) over the GPU-to-GPU link
+        tp = cfg.tensor_parallel_size
         self._mem_bw = gpu.bandwidth * p.bw_eff
         self._weight_time = cfg.weight_bytes / self._mem_bw
         # seconds of GEMM compute per token through the decoder layers / the lm_head
-        self._gemm_per_token = 2.0 * model.linear_params * dequant / (gemm_peak * p.gemm_eff)
+        self._gemm_per_token = 2.0 * model.linear_params / tp * dequant / (gemm_peak * p.gemm_eff)
         # tile padding: a GEMM of M tokens costs about M + m_half tokens of tensor work (no dequant)
-        self._gemm_floor = floor_tokens * 2.0 * model.linear_params / (gemm_peak * p.gemm_eff)
-        self._lm_head_per_token = 2.0 * model.lm_head_params() / (gpu.bf16_tflops * 1e12 * p.gemm_eff)
+        self._gemm_floor = floor_tokens * 2.0 * model.linear_params / tp / (gemm_peak * p.gemm_eff)
+        self._lm_head_per_token = 2.0 * model.lm_head_params() / tp / (gpu.bf16_tflops * 1e12 * p.gemm_eff)
         attn_peak = gpu.bf16_tflops * 1e12 * p.attn_eff
         # attention: 4 FLOPs per (query token, context token, head dim, head, layer): QK^T and AV
-        self._attn_flop_per_pair = 4.0 * model.q_dim * model.num_hidden_layers / attn_peak
-        self._kv_read_per_token = cfg.kv_bytes_per_token / self._mem_bw
+        self._attn_flop_per_pair = 4.0 * model.q_dim / tp * model.num_hidden_layers / attn_peak
+        self._kv_read_per_token = cfg.kv_bytes_per_token_per_gpu / self._mem_bw
+        # all-reduce of a step: 2 per layer, each a latency plus the ring's 2(TP-1)/TP of the bf16 hidden
+        # states of every scheduled token over the link
+        n_ar = 2 * model.num_hidden_layers if tp > 1 else 0
+        self._ar_fixed = n_ar * gpu.link_latency_us * 1e-6
+        self._ar_per_token = n_ar * (2 * (tp - 1) / tp) * model.hidden_size * 2 / (gpu.link_gbs * 1e9 * p.link_eff) \
+            if tp > 1 else 0.0
         self._overhead = p.step_overhead_s
         self._per_seq = p.per_seq_overhead_s
         self._per_request = p.per_request_s
@@ -98,6 +109,8 @@ class CostModel:
             dec *= 1.0 + self._superlinear * n_decode
         attn = dec + (pre_c if pre_c > pre_m else pre_m)
         t = self._overhead + self._per_seq * (n_decode + (prefill_tokens > 0)) + linear + attn
+        if self._ar_fixed:
+            t += self._ar_fixed + tokens * self._ar_per_token
         if self._per_request and n_logits > n_decode:
             t += self._per_request * (n_logits - n_decode)
         return t

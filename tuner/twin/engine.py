@@ -73,7 +73,7 @@ class TwinEngine(SimEngine):
 
     def launch(self, knobs: Knobs) -> TwinServer:
         self.launches += 1
-        cfg = resolve(self.gpu, self.model, knobs)
+        cfg = resolve(self.gpu, self.model, knobs, host_gpus=self.host_gpus)
         if self.params.kv_scale != 1.0:
             blocks = max(1, int(cfg.num_gpu_blocks * self.params.kv_scale))
             cfg = cfg.model_copy(update={"num_gpu_blocks": blocks})
