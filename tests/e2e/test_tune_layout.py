@@ -25,7 +25,7 @@ L70 = "meta-llama/Llama-3.1-70B-Instruct"
 def test_layout_study_on_an_8_gpu_host_picks_a_layout_and_plans_its_gpus(tmp_path: Path) -> None:
     out = tmp_path / "run"
     p = tune("--workload", CHAT, "--slo", SLO70, "--gpu", "h100", "--model", L70, "--search-space", "layout",
-             "--strategy", "grid", "--no-confirm", "--requests-per-run", "400", "--out", out, timeout=900)
+             "--strategy", "grid", "--no-confirm", "--requests-per-run", "250", "--out", out, timeout=900)
     assert p.returncode == 0, p.stderr
     study = optuna.load_study(study_name=None, storage=sqlite_url(out))
     recs = [t.user_attrs["record"] for t in study.trials if "record" in t.user_attrs]
