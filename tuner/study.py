@@ -238,9 +238,15 @@ def check_max_model_len(space: SearchSpace, workload: Workload, where) -> None:
     low = [v for v in spec.values if v is not None and v < longest]
     if low:
         path = Path(where)
+        line = None
+        if path.exists():
+            from tuner.inputs import parse_yaml, read_text, yaml_line
+
+            _, root = parse_yaml(read_text(path, "search space file"), path)
+            line = yaml_line(root, ["knobs", "max_model_len", "values", spec.values.index(low[0])])
         raise UserError(f"{low[0]} is below the workload's longest request ({longest} tokens, prompt + "
                         f"output): vLLM would refuse those requests", file=str(path) if path.exists() else None,
-                        field="knobs.max_model_len" if path.exists() else "--search-space")
+                        line=line, field="knobs.max_model_len" if path.exists() else "--search-space")
 
 
 @contextmanager
