@@ -54,7 +54,6 @@ class SimServer(Server):
         self.tokens = tokens or RegexCounter()
         self.cores = [EngineCore(cfg, cost_params, noise=noise, seed=seed + 7919 * i, keep_step_times=True)
                       for i in range(cfg.data_parallel_size)]
-        self.core = self.cores[0]
         self.info = LaunchInfo(kv_cache_tokens=cfg.kv_cache_tokens, max_concurrency=cfg.max_concurrency)
         self.launch_log = f"{cfg.launch_log()}\nINFO simulator: token counts: {self.tokens.source}"
         self._shapes: dict[int, tuple[WorkloadRequest, int, list[int]]] = {}
@@ -79,8 +78,10 @@ class SimServer(Server):
             sims.append(SimRequest(float(t), n, req.output_tokens, h))
         span = max(send_times, default=0.0)
         dp = len(self.cores)
-        order = sorted(range(len(sims)), key=lambda i: sims[i].arrival)
-        shares = [order[k::dp] for k in range(dp)]
+        shares: list[list[int]] = [[]]  # one engine (the hot path of every simulated study): no split
+        if dp > 1:
+            order = sorted(range(len(sims)), key=lambda i: sims[i].arrival)
+            shares = [order[k::dp] for k in range(dp)]
         runs = []
         for core, share in zip(self.cores, shares):
             # a fresh step clock per load run keeps memory bounded; the KV pool (prefix cache) carries over

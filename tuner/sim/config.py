@@ -67,11 +67,6 @@ class ResolvedConfig(BaseModel):
         return self.model.kv_bytes_per_token(self.kv_cache_dtype, self.tensor_parallel_size)
 
     @property
-    def gpus(self) -> int:
-        """GPUs the server uses: TP x DP."""
-        return self.tensor_parallel_size * self.data_parallel_size
-
-    @property
     def kv_cache_tokens(self) -> int:
         return self.num_gpu_blocks * self.block_size
 

@@ -78,8 +78,7 @@ class CostModel:
         # states of every scheduled token over the link
         n_ar = 2 * model.num_hidden_layers if tp > 1 else 0
         self._ar_fixed = n_ar * gpu.link_latency_us * 1e-6
-        self._ar_per_token = n_ar * (2 * (tp - 1) / tp) * model.hidden_size * 2 / (gpu.link_gbs * 1e9 * p.link_eff) \
-            if tp > 1 else 0.0
+        self._ar_per_token = n_ar * (2 * (tp - 1) / tp) * model.hidden_size * 2 / (gpu.link_gbs * 1e9 * p.link_eff)
         self._overhead = p.step_overhead_s
         self._per_seq = p.per_seq_overhead_s
         self._per_request = p.per_request_s
