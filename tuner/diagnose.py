@@ -24,11 +24,13 @@ attention bytes every step reads.
 from __future__ import annotations
 
 from tuner.knobs import answering
+from tuner.speculative import low_concurrency
 from tuner.replay.record import TOOL_CAUSES
 from tuner.storage.records import Diagnosis, LoadRunSummary, MetricsDigest
 
 #: Which knobs answer each diagnosis, in order, and which way to turn each: from the knobs' own table.
 KNOBS = {kind: answering(kind) for kind in ("kv_capacity", "batch_cap", "decode", "prefill", "queue")}
+SPECULATIVE = "speculative_config"
 
 
 def diagnose(fail: LoadRunSummary | None, fail_metrics: MetricsDigest | None,
@@ -57,6 +59,9 @@ def diagnose(fail: LoadRunSummary | None, fail_metrics: MetricsDigest | None,
         "p99_ttft_ms": _r(point.p99_ms.get("ttft")), "p99_tpot_ms": _r(point.p99_ms.get("tpot")),
         "prefix_hit_rate": None if m.prefix_hit_rate is None else round(m.prefix_hit_rate, 3),
     }
+    if m.spec_acceptance_rate is not None:
+        ev["spec_acceptance_rate"] = round(m.spec_acceptance_rate, 3)
+        ev["spec_acceptance_length"] = round(m.spec_acceptance_length or 0.0, 3)
 
     errs = {k: v for k, v in point.errors_by_cause.items() if k not in TOOL_CAUSES}
     n_err = sum(errs.values())
@@ -94,8 +99,15 @@ def diagnose(fail: LoadRunSummary | None, fail_metrics: MetricsDigest | None,
     else:
         kind = "decode"
         why = f"{(binding or 'latency').upper()} breaks the SLO first, mostly in generation, not queueing"
-    knobs, directions = KNOBS[kind]
-    return Diagnosis(kind=kind, summary=why, evidence=ev, knobs=list(knobs), directions=dict(directions))
+    knobs, directions = list(KNOBS[kind][0]), KNOBS[kind][1]
+    if SPECULATIVE in knobs:
+        # speculation pays only while the batch leaves the step memory-bound: first at a small batch
+        # (the largest decode gain there), not proposed at a large one, where verifying k + 1 positions a
+        # sequence costs more than the accepted tokens give back
+        knobs.remove(SPECULATIVE)
+        if low_concurrency(m.running_p90):
+            knobs.insert(0, SPECULATIVE)
+    return Diagnosis(kind=kind, summary=why, evidence=ev, knobs=knobs, directions=dict(directions))
 
 
 #: What each error cause says to do, for the one-line diagnosis of a run that fails on errors.

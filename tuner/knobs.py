@@ -40,6 +40,7 @@ class KnobSpec:
 
     name: str                      # vLLM's EngineArgs name; the flag is --name-with-dashes
     kind: str                      # int | tokens (vLLM's human-readable int: 8k) | fraction | choice | switch
+    #                                | json (one JSON object; kept in one canonical spelling)
     help: str
     choices: tuple[str, ...] | None = None   # every value vLLM accepts (a `choice` knob)
     changes_outputs: bool = False  # quantisation: the report says quality is not measured
@@ -93,6 +94,10 @@ KNOB_SPECS: dict[str, KnobSpec] = {s.name: s for s in (
     KnobSpec("tensor_parallel_size", "int", "GPUs one engine splits the model across (tensor parallelism)",
              answers={"kv_capacity": (4, "up"), "decode": (4, "up")}),
     KnobSpec("data_parallel_size", "int", "engine replicas behind the one API server (data parallelism)"),
+    # Speculative decoding (tuner.speculative): fewer, cheaper-per-token decode steps while the batch is
+    # small; the diagnosis proposes it only for decode-bound knees at low concurrency, first there.
+    KnobSpec("speculative_config", "json", "speculative decoding: vLLM's JSON (method, num_speculative_tokens)",
+             answers={"decode": (5, "on")}),
 )}
 
 
@@ -106,6 +111,13 @@ class _KnobsBase(BaseModel):
     """Serve-time knobs. Field names are vLLM's EngineArgs names; `flags()` gives the CLI spelling."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator(*[n for n, s in KNOB_SPECS.items() if s.kind == "json"], mode="before", check_fields=False)
+    @classmethod
+    def _json_object(cls, v: Any) -> str | None:
+        from tuner.speculative import canonical
+
+        return None if v is None else canonical(v)
 
     @field_validator(*[n for n, s in KNOB_SPECS.items() if s.choices], check_fields=False)
     @classmethod

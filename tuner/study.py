@@ -140,7 +140,8 @@ def engine_spec(opts: TuneOptions, slo: SLO | None = None, space: SearchSpace | 
                       noise=opts.noise, seed=opts.seed, time_scale=opts.time_scale, python=opts.vllm_python,
                       command=opts.vllm_command, extra_args=list(opts.vllm_args), api_key=opts.api_key,
                       token_times=slo is None or "itl" in slo.thresholds,
-                      host_gpus=space.host_gpus if space is not None else None)
+                      host_gpus=space.host_gpus if space is not None else None,
+                      spec_acceptance=dict(space.spec_acceptance) if space is not None else {})
 
 
 def make_engine(opts: TuneOptions, slo: SLO | None = None, space: SearchSpace | None = None) -> Engine:

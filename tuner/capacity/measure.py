@@ -16,11 +16,13 @@ import numpy as np
 
 from tuner.engine.base import Server
 from tuner.bench.result import run_span, sent_records
-from tuner.metrics.window import MetricsWindow, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES
+from tuner.metrics.window import (MetricsWindow, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, SPEC_ACCEPTED,
+                                  SPEC_DRAFT_TOKENS, SPEC_DRAFTS)
 from tuner.replay.record import LoadRun, RequestRecord
 from tuner.storage.records import LatencyQuantiles, LoadRunSummary, MetricsDigest
 from tuner.capacity.verdict import SteadySettings, StopRule, Verdict, judge
 from tuner.slo import SLO, Score, badness, is_good, score
+from tuner.speculative import measured_acceptance
 from tuner.workload.arrivals import gamma_times, poisson_times
 from tuner.workload.model import Workload, WorkloadRequest
 
@@ -186,6 +188,8 @@ def digest(metrics: MetricsWindow | None, rate: float, max_num_seqs: int | None,
         d = h.get(name)
         return d.sum / d.count if d and d.count else None
 
+    rate_accepted, mean_length = measured_acceptance(metrics.counter(SPEC_DRAFTS), metrics.counter(SPEC_DRAFT_TOKENS),
+                                                     metrics.counter(SPEC_ACCEPTED))
     third = max(1, len(wait) // 3)
     trend = float(wait[-third:].mean() - wait[:third].mean()) if len(wait) >= 3 else 0.0
     step = max(1, len(s) // 120)  # keep at most ~120 points per series in storage
@@ -195,7 +199,8 @@ def digest(metrics: MetricsWindow | None, rate: float, max_num_seqs: int | None,
         kv_usage_max=float(kv.max()), preemptions=metrics.counter(PREEMPTIONS),
         prefix_hit_rate=(metrics.counter(PREFIX_HITS) / q) if q else None,
         queue_time_mean_s=mean("request_queue_time_seconds"),
-        prefill_time_mean_s=mean("request_prefill_time_seconds"), max_num_seqs=max_num_seqs, rate=rate)
+        prefill_time_mean_s=mean("request_prefill_time_seconds"), max_num_seqs=max_num_seqs, rate=rate,
+        spec_acceptance_rate=rate_accepted, spec_acceptance_length=mean_length)
 
 
 def steady_settings(settings: LoadSettings) -> SteadySettings:

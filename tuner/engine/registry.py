@@ -57,6 +57,9 @@ class EngineSpec(BaseModel):
     #: simulated engines: the GPUs of the host (a layout asking for more fails as vLLM does); None: as
     #: many as each launch's layout asks for
     host_gpus: int | None = None
+    #: simulated engines: speculative decoding's acceptance rate per method on this workload (the search
+    #: space's `spec_acceptance`); a real engine measures it
+    spec_acceptance: dict[str, float] = Field(default_factory=dict)
 
 
 def register(name: str) -> Callable[[E], E]:

@@ -157,8 +157,9 @@ class SimEngine(SimulatedEngineChecks, Engine):
     @classmethod
     def from_spec(cls, spec) -> "SimEngine":
         cls.needs_gpu_and_model(spec)
+        stated = tuple(sorted(spec.spec_acceptance.items()))
         return cls(spec.gpu, spec.model, noise=spec.noise, seed=spec.seed, token_times=spec.token_times,
-                   host_gpus=spec.host_gpus)
+                   host_gpus=spec.host_gpus, cost_params=CostParams(spec_acceptance=stated) if stated else None)
 
     def __init__(self, gpu: str | GPUProfile, model: str | ModelProfile, *,
                  cost_params: CostParams | None = None, noise: float = 0.0, seed: int = 0,

@@ -42,12 +42,14 @@ class SimHTTPEngine(SimulatedEngineChecks, Engine):
     def from_spec(cls, spec) -> "SimHTTPEngine":
         cls.needs_gpu_and_model(spec)
         return cls(spec.gpu, spec.model, time_scale=spec.time_scale, run_dir=spec.run_dir,
-                   api_key=spec.api_key, noise=spec.noise, seed=spec.seed, extra_args=spec.extra_args)
+                   api_key=spec.api_key, noise=spec.noise, seed=spec.seed, extra_args=spec.extra_args,
+                   spec_acceptance=spec.spec_acceptance)
 
     def __init__(self, gpu: str | GPUProfile, model: str | ModelProfile, *, time_scale: float = 1.0,
                  run_dir: str | Path | None = None, api_key: str | None = None,
                  startup_timeout_s: float = 60, noise: float = 0.0, seed: int = 0,
-                 api: str = "completions", stop_timeout_s: float = 10.0, extra_args: Sequence[str] = ()):
+                 api: str = "completions", stop_timeout_s: float = 10.0, extra_args: Sequence[str] = (),
+                 spec_acceptance: dict[str, float] | None = None):
         if not time_scale > 0:
             raise UserError(f"must be > 0, got {time_scale}", field="time_scale")
         # Fail on an unknown GPU or model here, once, rather than as a "crash" of every launch.
@@ -64,6 +66,7 @@ class SimHTTPEngine(SimulatedEngineChecks, Engine):
         self.api = api
         self.stop_timeout_s = stop_timeout_s
         self.extra_args = list(extra_args)  # more `vllm serve` flags, after the knobs (as VllmEngine)
+        self.spec_acceptance = dict(spec_acceptance or {})
         self.launches = 0
         self._counter = itertools.count(1)
 
@@ -71,7 +74,8 @@ class SimHTTPEngine(SimulatedEngineChecks, Engine):
         """The exact command a launch runs (the API key travels in the environment, never here)."""
         return [sys.executable, "-m", "tuner.sim", "--gpu", self.gpu, "--model", self.model,
                 "--host", HOST, "--port", str(port), "--time-scale", repr(self.time_scale),
-                "--noise", repr(self.noise), "--seed", str(self.seed + self.launches), *knobs.flags(),
+                "--noise", repr(self.noise), "--seed", str(self.seed + self.launches),
+                *(f"--spec-acceptance={m}={a!r}" for m, a in sorted(self.spec_acceptance.items())), *knobs.flags(),
                 *self.extra_args]
 
     def launch(self, knobs: Knobs, *, run_dir: str | Path | None = None) -> HTTPServer:

@@ -24,6 +24,13 @@ class SimulatedEngineChecks:
                 if v is not None and v not in modelled:
                     return knob, (f"{v!r} is not modelled by the simulated engines (modelled: "
                                   f"{', '.join(modelled)}); drop it or use --engine vllm")
+        from tuner.speculative import SIMULATED_METHODS, parse
+
+        for v in values.get("speculative_config", []):
+            if v is not None and parse(v).method not in SIMULATED_METHODS:
+                return "speculative_config", (f"method {parse(v).method!r} is not modelled by the simulated "
+                                              f"engines (modelled: {', '.join(SIMULATED_METHODS)}); drop it "
+                                              "or use --engine vllm")
         return None
 
     @classmethod

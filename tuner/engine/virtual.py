@@ -15,8 +15,8 @@ from typing import Sequence
 import numpy as np
 
 from tuner.metrics.window import (GENERATION_TOKENS, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES,
-                                  PROMPT_TOKENS, REQUEST_SUCCESS, GaugeSample, HistogramDelta,
-                                  MetricsWindow)
+                                  PROMPT_TOKENS, REQUEST_SUCCESS, SPEC_ACCEPTED, SPEC_DRAFT_TOKENS,
+                                  SPEC_DRAFTS, GaugeSample, HistogramDelta, MetricsWindow)
 from tuner.replay.record import RequestRecord
 from tuner.sim.config import ResolvedConfig
 from tuner.sim.costs import CostParams
@@ -88,7 +88,8 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
     it_tokens: list[int] = []
     pool = core.pool
     c0 = (core.preemptions, core.prefix_queries, core.prefix_hits, core.prompt_tokens,
-          core.generation_tokens, core.requests_finished)
+          core.generation_tokens, core.requests_finished, core.spec_drafts, core.spec_draft_tokens,
+          core.spec_accepted)
     while True:
         rel = now - t0
         while i < n and requests[order[i]].arrival <= rel and (not max_concurrency or free_at):
@@ -179,13 +180,15 @@ def _window_metrics(cfg: ResolvedConfig, core: EngineCore, c0: tuple, samples: l
     """What vLLM's /metrics would have shown over the run: counter deltas, histograms, cache config."""
     ttfts, e2es, queues, prefills = lat
     c1 = (core.preemptions, core.prefix_queries, core.prefix_hits, core.prompt_tokens,
-          core.generation_tokens, core.requests_finished)
+          core.generation_tokens, core.requests_finished, core.spec_drafts, core.spec_draft_tokens,
+          core.spec_accepted)
     d = [b - a for a, b in zip(c0, c1)]
     cc = cfg
     return MetricsWindow(
         samples=samples,
         counters={PREEMPTIONS: d[0], PREFIX_QUERIES: d[1], PREFIX_HITS: d[2], PROMPT_TOKENS: d[3],
-                  GENERATION_TOKENS: d[4], REQUEST_SUCCESS: d[5]},
+                  GENERATION_TOKENS: d[4], REQUEST_SUCCESS: d[5],
+                  **({SPEC_DRAFTS: d[6], SPEC_DRAFT_TOKENS: d[7], SPEC_ACCEPTED: d[8]} if cfg.spec_tokens else {})},
         histograms={
             "time_to_first_token_seconds": _hist(ttfts, TTFT_BUCKETS),
             "e2e_request_latency_seconds": _hist(e2es, REQUEST_LATENCY_BUCKETS),

@@ -16,6 +16,9 @@ PREFIX_HITS = "prefix_cache_hits"
 PROMPT_TOKENS = "prompt_tokens"
 GENERATION_TOKENS = "generation_tokens"
 REQUEST_SUCCESS = "request_success"
+SPEC_DRAFTS = "spec_decode_num_drafts"           # speculative decoding: steps x sequences that drafted
+SPEC_DRAFT_TOKENS = "spec_decode_num_draft_tokens"
+SPEC_ACCEPTED = "spec_decode_num_accepted_tokens"
 
 
 class GaugeSample(BaseModel):

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tuner.errors import UserError
 from tuner.inputs import looks_like_path, parse_yaml, read_text, yaml_line
-from tuner.knobs import Knobs
+from tuner.knobs import KNOB_SPECS as KNOB_TABLE, Knobs
 from tuner.validation import first_error
 
 KNOB_NAMES = tuple(Knobs.model_fields)
@@ -49,6 +49,22 @@ class SearchSpace(BaseModel):
     #: (`layout`), so a study of tensor-parallel sizes compares the capacity of the whole host: TP 1 x 8
     #: replicas, TP 2 x 4 and TP 8 x 1 on one scale. The simulated engines have this many GPUs.
     host_gpus: int | None = Field(default=None, ge=1, strict=True)
+    #: Speculative decoding's per-position acceptance rate on this workload, per method (`eagle3: 0.7`):
+    #: the simulated engines serve with it, and the search orders draft lengths by it until a launch has
+    #: measured one (`tuner.speculative`).
+    spec_acceptance: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("spec_acceptance")
+    @classmethod
+    def _rates(cls, v: dict[str, float]) -> dict[str, float]:
+        from tuner.speculative import VLLM_SPEC_METHODS
+
+        for method, rate in v.items():
+            if method not in VLLM_SPEC_METHODS:
+                raise ValueError(f"{method!r} is not a vLLM speculative method ({', '.join(VLLM_SPEC_METHODS)})")
+            if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0.0 <= rate <= 1.0:
+                raise ValueError(f"{method}: the acceptance rate is a fraction 0..1, got {rate!r}")
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> "SearchSpace":
@@ -59,6 +75,8 @@ class SearchSpace(BaseModel):
                 bad = knob_value_error(k, v)
                 if bad:
                     raise ValueError(f"{k}: bad value {v!r}: {bad}")
+            if KNOB_TABLE[k].kind == "json":  # one spelling per value: a YAML mapping becomes vLLM's JSON
+                spec.values = [None if v is None else getattr(Knobs(**{k: v}), k) for v in spec.values]
         for c in self.constraints:
             m = _CONSTRAINT.match(c)
             if not m:

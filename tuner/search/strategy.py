@@ -63,8 +63,8 @@ def _order(value: Any, values: list[Any], direction: str) -> list[Any]:
     if value is not None and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in others):
         # no preferred direction: nearest values first, alternating sides
         return sorted(others, key=lambda v: abs(math.log(v / value)) if value and v > 0 else v)
-    if direction == "on":
-        return [v for v in others if v is True]
+    if direction == "on":  # a switch on, or any setting of a knob that is off when unset
+        return [v for v in others if v is True or not isinstance(v, bool)]
     if direction == "off":
         return [v for v in others if v is False]
     return others
@@ -78,6 +78,25 @@ def _can_bind(knob: str, values: list[Any], direction: str, diag: Diagnosis | No
     if knob != "max_num_seqs" or direction != "down" or not isinstance(running, (int, float)) or running <= 0:
         return values
     return [v for v in values if not isinstance(v, (int, float)) or v < 2 * running]
+
+
+def _for_batch(knob: str, values: list[Any], diag: Diagnosis | None, stated: dict[str, float],
+               current: Any) -> list[Any]:
+    """Speculative configs in the order worth trying at the batch the knee runs at: the draft length
+    (and method) with the largest expected gain first, the ones expected to lose dropped
+    (`tuner.speculative.order_for_batch`). The acceptance rate an incumbent with speculation measured is
+    used for its own method; other methods take the stated rate or the prior."""
+    from tuner.speculative import parse as parse_spec, order_for_batch
+
+    running = diag.evidence.get("running_p90") if diag else None
+    if knob != "speculative_config" or not isinstance(running, (int, float)):
+        return values
+    measured = diag.evidence.get("spec_acceptance_rate") if diag else None
+    rates = dict(stated)
+    if isinstance(measured, float) and current:
+        rates[parse_spec(current).method] = measured
+    specs = [v for v in values if v is not None]
+    return order_for_batch(specs, running, stated=rates) + [v for v in values if v is None]
 
 
 def normalize(knobs: Knobs, defaults: dict[str, Any]) -> Knobs:
@@ -270,8 +289,9 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
         inc_knobs = Knobs(**inc.knobs)
         cur = _current(inc_knobs, knob, runner.defaults)
         lessons = runner.lessons()
-        queue = lessons.allowed(knob, _can_bind(knob, _order(cur, runner.space.knobs[knob].values, direction),
-                                                direction, diag), inc_knobs, runner.defaults)
+        candidates = _can_bind(knob, _order(cur, runner.space.knobs[knob].values, direction), direction, diag)
+        candidates = _for_batch(knob, candidates, diag, runner.space.spec_acceptance, cur)
+        queue = lessons.allowed(knob, candidates, inc_knobs, runner.defaults)
         best = inc
         misses = 0
         ordered = direction in ("up", "down") or (len(queue) > 2 and cur is not None)

@@ -66,6 +66,17 @@ def unmodelled(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def _acceptance(text: str) -> tuple[str, float]:
+    method, _, rate = text.partition("=")
+    try:
+        value = float(rate)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not METHOD=RATE") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the rate is a fraction 0..1")
+    return method, value
+
+
 def build_parser(prog: str = "tune sim serve") -> argparse.ArgumentParser:
     from tuner.sim.config import QUANT_CHOICES
 
@@ -79,6 +90,9 @@ def build_parser(prog: str = "tune sim serve") -> argparse.ArgumentParser:
                      help="run the simulated GPU K times slower than real (clients divide timings by K)")
     sim.add_argument("--noise", type=float, default=0.0, help="log-normal sigma of step-time noise")
     sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--spec-acceptance", action="append", default=[], metavar="METHOD=RATE",
+                     type=_acceptance, help="speculative decoding: a method's per-position acceptance rate "
+                     "on this workload (repeatable; default: tuner.speculative.PRIOR_ACCEPTANCE)")
     v = p.add_argument_group("vllm serve flags")
     v.add_argument("--host", default="127.0.0.1",
                    help="address to bind (vLLM binds all interfaces by default; the simulator stays local)")
@@ -89,7 +103,8 @@ def build_parser(prog: str = "tune sim serve") -> argparse.ArgumentParser:
     for spec in KNOB_SPECS.values():  # every knob, spelled and parsed as vLLM does
         kw: dict = {"int": {"type": int}, "tokens": {"type": human_readable_int}, "fraction": {"type": float},
                     "switch": {"action": argparse.BooleanOptionalAction},
-                    "choice": {"choices": modelled.get(spec.name, spec.choices)}}[spec.kind]
+                    "choice": {"choices": modelled.get(spec.name, spec.choices)},
+                    "json": {"type": str}}[spec.kind]
         v.add_argument(spec.flag, *(["-q"] if spec.name == "quantization" else []), default=None,
                        help=spec.help, **kw)
     # vLLM flags a study may pass with --vllm-arg that change nothing the simulator models: accepted (a
@@ -196,7 +211,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "tune sim serve") -> int
 
     return run_server(cfg, host=args.host, port=args.port, served_names=names, api_key=api_key,
                       time_scale=args.time_scale, noise=args.noise, seed=args.seed, root=args.model,
-                      tokens=tokens)
+                      tokens=tokens, cost_params=CostParams(spec_acceptance=tuple(args.spec_acceptance)))
 
 
 @app.command("serve", add_help_option=False,

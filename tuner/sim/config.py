@@ -16,6 +16,7 @@ from tuner.failures import LaunchFailure
 from tuner.knobs import KV_CACHE_DTYPES, Knobs
 from tuner.profiles.gpus import GIB, GPUProfile
 from tuner.profiles.models import ModelProfile, quant_family
+from tuner.speculative import SIMULATED_METHODS, parse as parse_spec
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py in 0.32 (0.9 in older versions)
 BLOCK_SIZE = 16
@@ -52,10 +53,16 @@ class ResolvedConfig(BaseModel):
     block_size: int = BLOCK_SIZE
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
+    spec_method: str | None = None   # speculative decoding: the method and its draft length k
+    spec_tokens: int = 0
     weight_bytes: float              # per GPU (a tensor-parallel engine holds 1/TP of the weights on each)
     activation_bytes: float          # per GPU
     kv_cache_bytes: float            # per GPU
     num_gpu_blocks: int              # per engine (each block spans the TP GPUs' shares of its heads)
+
+    @property
+    def speculative_config(self) -> str | None:
+        return self.knobs.speculative_config  # vLLM's default: none
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -120,6 +127,10 @@ def resolve(gpu: GPUProfile, model: ModelProfile, knobs: Knobs, *,
     a tensor-parallel engine's GPUs holds 1/TP of the weights and of every token's KV heads."""
     tp, dp = knobs.tensor_parallel_size or 1, knobs.data_parallel_size or 1
     check_layout(model, tp, dp, host_gpus)
+    if knobs.speculative_config and parse_spec(knobs.speculative_config).method not in SIMULATED_METHODS:
+        raise LaunchFailure("unsupported", f"NotImplementedError: the simulator does not model speculative "
+                            f"method {parse_spec(knobs.speculative_config).method!r} (modelled: "
+                            f"{', '.join(SIMULATED_METHODS)})")
     kv_dtype = knobs.kv_cache_dtype or "auto"
     if kv_dtype not in KV_CACHE_DTYPES:
         raise _bad_choice("kv-cache-dtype", kv_dtype, KV_CACHE_DTYPES)
@@ -167,8 +178,12 @@ def resolve(gpu: GPUProfile, model: ModelProfile, knobs: Knobs, *,
             f"{(weights - free) / 2**20:.2f} MiB. GPU 0 has a total capacity of {total / GIB:.2f} GiB of "
             f"which {max(free - weights, 0) / 2**20:.2f} MiB is free."))
     act = activation_bytes(model, mnbt, max_num_seqs, tp)
-    kv_bytes = requested - weights - act - NON_TORCH_GIB * GIB
-    bpt = model.kv_bytes_per_token(kv_dtype, tp)
+    spec = parse_spec(knobs.speculative_config) if knobs.speculative_config else None
+    # a learned drafter (EAGLE head, MTP layer) is one more decoder layer: its weights, and its own KV
+    # for every token
+    drafter = 1.0 / model.num_hidden_layers if spec and spec.method != "ngram" else 0.0
+    kv_bytes = requested - weights * (1 + drafter) - act - NON_TORCH_GIB * GIB
+    bpt = int(model.kv_bytes_per_token(kv_dtype, tp) * (1 + drafter))
     num_blocks = int(kv_bytes // (bpt * BLOCK_SIZE)) if kv_bytes > 0 else 0
     if num_blocks <= 0:
         raise LaunchFailure("no_cache_blocks", "ValueError: No available memory for the cache blocks. "
@@ -187,7 +202,8 @@ def resolve(gpu: GPUProfile, model: ModelProfile, knobs: Knobs, *,
         gpu_memory_utilization=util, kv_cache_dtype=kv_dtype,
         enable_prefix_caching=True if knobs.enable_prefix_caching is None else knobs.enable_prefix_caching,
         max_model_len=max_model_len, quantization=fam, weight_bytes=weights, activation_bytes=act,
-        kv_cache_bytes=kv_bytes, num_gpu_blocks=num_blocks, tensor_parallel_size=tp, data_parallel_size=dp)
+        kv_cache_bytes=kv_bytes, num_gpu_blocks=num_blocks, tensor_parallel_size=tp, data_parallel_size=dp,
+        spec_method=spec.method if spec else None, spec_tokens=spec.num_speculative_tokens if spec else 0)
 
 
 def blocks_for(tokens: int, block_size: int = BLOCK_SIZE) -> int:

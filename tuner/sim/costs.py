@@ -43,6 +43,11 @@ class CostParams:
     per_request_s: float = 0.0        # engine seconds per request whose prefill completes in the step
     attn_superlinear: float = 0.0     # decode attention slows by (1 + this x decoding sequences / 64)
     link_eff: float = 0.7             # achieved / peak GPU-to-GPU bandwidth in tensor-parallel all-reduces
+    #: Speculative decoding. The per-position acceptance rate of each method (method, rate) pairs, as the
+    #: user states it for this workload; a method not listed takes `tuner.speculative.PRIOR_ACCEPTANCE`.
+    spec_acceptance: tuple[tuple[str, float], ...] = ()
+    ngram_per_seq_s: float = 10e-6    # CPU prompt-lookup per sequence per step (an estimate)
+    draft_overhead_share: float = 0.5  # a draft-head forward's fixed cost, as a share of step_overhead_s
 
 
 class CostModel:
@@ -83,23 +88,39 @@ class CostModel:
         self._per_seq = p.per_seq_overhead_s
         self._per_request = p.per_request_s
         self._superlinear = p.attn_superlinear / 64.0
+        # a learned drafter (EAGLE head, MTP layer): one decoder layer plus the lm_head per draft token
+        layers = model.num_hidden_layers
+        self._draft_weight_time = (cfg.weight_bytes / layers + 2.0 * model.lm_head_params() / tp) / self._mem_bw
+        self._draft_per_token = self._gemm_per_token / layers + self._lm_head_per_token
+        self._draft_kv_per_token = self._kv_read_per_token / layers
+        self._draft_fixed = p.draft_overhead_share * p.step_overhead_s
+
+    def draft_time(self, method: str, k: int, n_decode: int, decode_ctx: int) -> float:
+        """The drafter's share of one speculative step: k proposals for each decoding sequence. ngram
+        looks the prompt up on the CPU; a learned drafter runs k one-layer forwards of the batch."""
+        if method == "ngram":
+            return n_decode * self.params.ngram_per_seq_s
+        one = max(self._draft_weight_time, n_decode * self._draft_per_token)
+        return k * (self._draft_fixed + one + decode_ctx * self._draft_kv_per_token)
 
     def decode_floor(self) -> float:
         """TPOT at batch 1: the weights read once per token (REFERENCE.md: W / beta_eff)."""
         return self._weight_time
 
     def step_time(self, prefill_tokens: int, prefill_pairs: float, prefill_kv_tokens: int,
-                  n_decode: int, decode_ctx: int, n_logits: int) -> float:
+                  n_decode: int, decode_ctx: int, n_logits: int, width: int = 1) -> float:
         """Seconds for one step.
 
         prefill_tokens: prefill tokens scheduled; prefill_pairs: sum over those tokens of the context each
         attends to; prefill_kv_tokens: KV tokens the chunks read or write; n_decode: decoding sequences;
-        decode_ctx: their summed context length; n_logits: rows sampled (decodes + finished prefills).
+        decode_ctx: their summed context length; n_logits: rows sampled (decodes + finished prefills);
+        width: positions each decode verifies (k + 1 with speculative decoding: each a GEMM row, a sampled
+        row and a query over the context; the context's KV is read once for all of them).
         """
-        tokens = prefill_tokens + n_decode
+        tokens = prefill_tokens + n_decode * width
         gemm = self._gemm_floor + tokens * self._gemm_per_token + n_logits * self._lm_head_per_token
         linear = gemm if gemm > self._weight_time else self._weight_time
-        dec_c = n_decode and decode_ctx * self._attn_flop_per_pair
+        dec_c = n_decode and decode_ctx * width * self._attn_flop_per_pair
         dec_m = decode_ctx * self._kv_read_per_token
         pre_c = prefill_pairs * self._attn_flop_per_pair
         pre_m = prefill_kv_tokens * self._kv_read_per_token
@@ -110,8 +131,8 @@ class CostModel:
         t = self._overhead + self._per_seq * (n_decode + (prefill_tokens > 0)) + linear + attn
         if self._ar_fixed:
             t += self._ar_fixed + tokens * self._ar_per_token
-        if self._per_request and n_logits > n_decode:
-            t += self._per_request * (n_logits - n_decode)
+        if self._per_request and n_logits > n_decode * width:
+            t += self._per_request * (n_logits - n_decode * width)
         return t
 
 

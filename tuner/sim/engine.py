@@ -13,6 +13,13 @@ step. Prefix caching reuses a waiting request's cached prompt blocks (never the 
 
 Decoding sequences are tracked in aggregate (counts per block phase, summed context), so a step costs
 O(prefills + finishes), not O(batch): the simulator runs far faster than the GPU it models.
+
+Speculative decoding (`tuner.speculative`): every decode verifies k + 1 positions in the step (k + 1
+tokens of the budget each, as vLLM schedules them) and the step emits g tokens a sequence, g carried so
+that its mean is the expected accepted length E(a, k). The step index counts tokens, so one speculative
+step spans g indices that share its end time (the accepted tokens arrive together, as vLLM streams
+them). Every sequence of a step gets the same g: TPOT and throughput come out right; the spread of
+acceptance between requests is not modelled.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from dataclasses import dataclass, field
 from tuner.sim.config import ResolvedConfig
 from tuner.sim.costs import CostModel, CostParams
 from tuner.sim.kvcache import BlockPool
+from tuner.speculative import acceptance_of, expected_tokens
 
 
 @dataclass(slots=True, eq=False)
@@ -86,6 +94,14 @@ class EngineCore:
         self.generation_tokens = 0
         self.requests_finished = 0
         self.last_step_tokens = 0
+        # speculative decoding: draft length, expected tokens a step, the carried fraction, vLLM's counters
+        self.spec_k = cfg.spec_tokens
+        self.spec_yield = expected_tokens(acceptance_of(cfg.spec_method or "", dict(self.cost.params.spec_acceptance)),
+                                          self.spec_k) if self.spec_k else 1.0
+        self._carry = 0.0
+        self.spec_drafts = 0
+        self.spec_draft_tokens = 0
+        self.spec_accepted = 0
 
     # -- requests -------------------------------------------------------------------------------
     def check(self, prompt_len: int, output_len: int) -> str | None:
@@ -142,15 +158,20 @@ class EngineCore:
         pool = self.pool
         budget = self.cfg.max_num_batched_tokens
         preempted = False
+        g = self._accepted_now(t) if self.spec_k and self.n_dec else 1
+        width = self.spec_k + 1 if self.spec_k else 1
 
-        # 1. running decodes: one token each; a new block for those whose KV fills its last block
-        key_now = (-t) % B
-        while self.phase[key_now] > pool.num_free:
-            self._preempt_tail(t, scheduled_decodes=False)
-            preempted = True
-        pool.take(self.phase[key_now])
+        # 1. running decodes: g tokens each; a new block for those whose KV fills its last block
+        if g > 1:  # _accepted_now checked that these blocks are free
+            pool.take(sum(self.phase[(-u) % B] for u in range(t, t + g)))
+        else:
+            key_now = (-t) % B
+            while self.phase[key_now] > pool.num_free:
+                self._preempt_tail(t, scheduled_decodes=False)
+                preempted = True
+            pool.take(self.phase[key_now])
         n_dec_sched = self.n_dec
-        budget -= n_dec_sched
+        budget -= n_dec_sched * width
 
         # 2. running chunked prefills, in admission order
         chunks: list[tuple[Seq, int]] = []
@@ -193,32 +214,51 @@ class EngineCore:
                 completing += 1
         n_dec = self.n_dec
         dur = self.cost.step_time(prefill_tokens, pairs, kv_tokens, n_dec, self.dec_ctx + n_dec,
-                                  n_dec + completing)
+                                  n_dec * width + completing, width)
+        if self.spec_k and n_dec:
+            dur += self.cost.draft_time(self.cfg.spec_method or "", self.spec_k, n_dec, self.dec_ctx)
         if self.noise:
             dur *= self.launch_factor * math.exp(self.rng.gauss(0.0, self.noise))
         end = now + dur
         if self.keep_step_times:
-            self.step_end.append(end)
-        self.last_step_tokens = prefill_tokens + n_dec
-        self.generation_tokens += n_dec + completing
-
-        if events is not None:
-            events.extend(s for s in self.running.values() if s.decoding)
-        # decodes advance
-        self.dec_ctx += n_dec
+            self.step_end.extend((end,) * g)
+        self.last_step_tokens = prefill_tokens + n_dec * width
+        generated = self.generation_tokens
+        self.generation_tokens += completing
 
         finished: list[Seq] = []
-        # prefill chunks land
+        for u in range(t, t + g):  # the decodes' tokens, one index each
+            if events is not None:
+                events.extend(s for s in self.running.values() if s.decoding)
+            self.generation_tokens += self.n_dec
+            self.dec_ctx += self.n_dec
+            for seq, epoch in self.finish_at.pop(u, ()):  # decodes that produced their last token
+                if epoch == seq.epoch and seq.decoding:
+                    computed = seq.c0 + (u - seq.t0 + 1)
+                    self._stop_decoding(seq, computed, u + 1)
+                    self._finish(seq, end, finished)
+                    # the blocks taken for its tokens past the last go back
+                    self.pool.free_anon += sum(1 for w in range(u + 1, t + g) if (seq.key + w) % B == 0)
+        if self.spec_k and n_dec:
+            self.spec_drafts += n_dec
+            self.spec_draft_tokens += n_dec * self.spec_k
+            self.spec_accepted += self.generation_tokens - generated - completing - n_dec
+        # prefill chunks land at the step's last index: their first decode is the next step's
         for seq, n in chunks:
-            self._land_chunk(seq, n, t, end, finished, events)
-        # decodes that produced their last token this step
-        for seq, epoch in self.finish_at.pop(t, ()):
-            if epoch == seq.epoch and seq.decoding:
-                computed = seq.c0 + (t - seq.t0 + 1)
-                self._stop_decoding(seq, computed, t + 1)
-                self._finish(seq, end, finished)
-        self.step_idx += 1
+            self._land_chunk(seq, n, t + g - 1, end, finished, events)
+        self.step_idx += g
         return dur, finished
+
+    def _accepted_now(self, t: int) -> int:
+        """Tokens every decode emits this speculative step: the carried expectation's whole part, at
+        most k + 1, and 1 where the blocks the extra tokens need are not free (that step then preempts
+        as a plain one would)."""
+        self._carry = min(self._carry + self.spec_yield, self.spec_k + 1.0)
+        g = max(1, int(self._carry))
+        if g > 1 and sum(self.phase[(-u) % self.block] for u in range(t, t + g)) > self.pool.num_free:
+            g = 1
+        self._carry -= g
+        return g
 
     # -- internals ------------------------------------------------------------------------------
     def _admit(self, now: float, budget: int, chunks: list) -> None:

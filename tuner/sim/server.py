@@ -35,6 +35,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from tuner.sim.config import ResolvedConfig
+from tuner.sim.costs import CostParams
 from tuner.sim.engine import EngineCore, Seq
 from tuner.sim.protocol import (UNAUTHORIZED, BadRequest, Renderer, WatchedStream, parse_request,
                                 sse_body, wait_done_or_gone)
@@ -135,6 +136,10 @@ class SimMetrics:
         yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.", core.prompt_tokens)
         yield counter("vllm:generation_tokens", "Number of generation tokens processed.",
                       core.generation_tokens)
+        if core.spec_k:  # vLLM exports these only with a speculative config
+            yield counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", core.spec_drafts)
+            yield counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", core.spec_draft_tokens)
+            yield counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", core.spec_accepted)
         success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
                                       labels=[*keys, "finished_reason"])
         # Client disconnects are not counted here: vLLM's frontend drops an aborted request's state without
@@ -175,12 +180,12 @@ class EngineLoop:
     """Drives the engine core on the wall clock and hands each request its tokens."""
 
     def __init__(self, cfg: ResolvedConfig, *, time_scale: float = 1.0, noise: float = 0.0, seed: int = 0,
-                 model_name: str = "model"):
+                 model_name: str = "model", cost_params: CostParams | None = None):
         if not time_scale > 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale}")
         self.cfg = cfg
         self.k = float(time_scale)
-        self.core = EngineCore(cfg, noise=noise, seed=seed, keep_step_times=False)
+        self.core = EngineCore(cfg, cost_params, noise=noise, seed=seed, keep_step_times=False)
         self.metrics = SimMetrics(cfg, self.core, model_name)
         self.t0 = time.monotonic()
         self._rid = itertools.count()
@@ -377,11 +382,13 @@ def build_app(loop: EngineLoop, *, served_names: Sequence[str], api_key: str | N
 
 def run_server(cfg: ResolvedConfig, *, host: str, port: int, served_names: Sequence[str],
                api_key: str | None = None, time_scale: float = 1.0, noise: float = 0.0, seed: int = 0,
-               root: str | None = None, tokens: TokenCounter | None = None) -> int:
+               root: str | None = None, tokens: TokenCounter | None = None,
+               cost_params: CostParams | None = None) -> int:
     """Serve until SIGINT/SIGTERM; the exit code (1 when the port could not be bound)."""
     import uvicorn
 
-    loop = EngineLoop(cfg, time_scale=time_scale, noise=noise, seed=seed, model_name=served_names[0])
+    loop = EngineLoop(cfg, time_scale=time_scale, noise=noise, seed=seed, model_name=served_names[0],
+                      cost_params=cost_params)
     app = build_app(loop, served_names=served_names, api_key=api_key, root=root, tokens=tokens)
     print(f"INFO [api_server.py] Starting simulated vLLM API server on http://{host}:{port} "
           f"({cfg.gpu.name}, {cfg.model.name}, time scale {time_scale:g})", flush=True)

@@ -63,6 +63,10 @@ class MetricsDigest(BaseModel):
     prefill_time_mean_s: float | None = None
     max_num_seqs: int | None = None
     rate: float = 0.0
+    #: speculative decoding, from vLLM's spec-decode counters (None without a speculative config):
+    #: accepted / draft tokens, and the mean tokens a step yields a sequence (1 + accepted / drafts)
+    spec_acceptance_rate: float | None = None
+    spec_acceptance_length: float | None = None
 
 
 DiagnosisKind = Literal["queue", "batch_cap", "kv_capacity", "prefill", "decode", "launch_failure",
