@@ -99,11 +99,11 @@ def measured_acceptance(drafts: float, draft_tokens: float, accepted: float) -> 
 
 
 def step_cost(batch: float, k: int, ridge_tokens: float = RIDGE_TOKENS) -> float:
-    """A verification step's cost relative to a plain decode step at the same batch: flat while
-    batch x (k + 1) tokens stay under the ridge, then growing with the tokens."""
+    """A verification step's cost relative to a plain decode step at the same batch: a step is the
+    weight read plus work per token, equal at the ridge (time ~ 1 + tokens / ridge), so extra positions
+    cost little at a small batch and nearly their share at a large one."""
     b = max(batch, 1.0)
-    plain = max(1.0, b / ridge_tokens)
-    return max(1.0, b * (k + 1) / ridge_tokens) / plain
+    return (1.0 + b * (k + 1) / ridge_tokens) / (1.0 + b / ridge_tokens)
 
 
 def gain(batch: float, k: int, acceptance: float, ridge_tokens: float = RIDGE_TOKENS) -> float:

@@ -6,6 +6,8 @@ trial records, so `tune report RUN_DIR` on a copied run directory reproduces the
 
 from __future__ import annotations
 
+import json
+
 import shlex
 import time
 from pathlib import Path
@@ -46,6 +48,8 @@ def config_yaml(model: str | None, knobs: dict) -> str:
         key = name.replace("_", "-")
         if isinstance(value, bool):
             body[key if value else f"no-{key}"] = True
+        elif KNOB_SPECS[name].kind == "json":  # a mapping: vLLM's loader turns it back into the JSON flag
+            body[key] = json.loads(value)
         else:
             body[key] = value
     head = (f"# vLLM --config file for the tuned configuration, written by slo-tuner.\n"

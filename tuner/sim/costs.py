@@ -47,7 +47,8 @@ class CostParams:
     #: user states it for this workload; a method not listed takes `tuner.speculative.PRIOR_ACCEPTANCE`.
     spec_acceptance: tuple[tuple[str, float], ...] = ()
     ngram_per_seq_s: float = 10e-6    # CPU prompt-lookup per sequence per step (an estimate)
-    draft_overhead_share: float = 0.5  # a draft-head forward's fixed cost, as a share of step_overhead_s
+    draft_overhead_share: float = 0.25  # a draft-head forward's fixed cost, as a share of step_overhead_s
+    #                                    (an estimate: vLLM runs the drafter's passes in CUDA graphs)
 
 
 class CostModel:
