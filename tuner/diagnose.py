@@ -7,7 +7,7 @@ and from the client's timings, following REFERENCE.md section 2:
 |----------------|-------------------------------------------------------------|-----------------|
 | kv_capacity    | KV usage near 1.0, preemptions, running < max_num_seqs     | gpu_memory_utilization up, kv_cache_dtype fp8, quantization, max_model_len down |
 | batch_cap      | running == max_num_seqs, waiting > 0, KV usage < 0.9       | max_num_seqs up |
-| decode         | TPOT / ITL violated                                         | kv_cache_dtype fp8, max_num_seqs down, max_num_batched_tokens down, quantization |
+| decode         | TPOT / ITL violated                                         | kv_cache_dtype fp8, max_num_seqs down, max_num_batched_tokens down, quantization; speculative_config on (first, and only, at a small batch) |
 | prefill        | TTFT violated, mostly prefill time rather than queue time  | max_num_batched_tokens up, enable_prefix_caching on, kv_cache_dtype fp8, quantization |
 | queue          | waiting climbs, batch not capped, KV has room, TTFT mostly queueing | none: add replicas (the capacity plan); quantization / fp8 KV make each step cheaper |
 

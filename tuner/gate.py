@@ -79,6 +79,8 @@ class GateFile(BaseModel):
     gpu: str | None = None
     model: str | None = None
     knobs: dict = Field(default_factory=dict)
+    #: simulated engines: the study's stated speculative acceptance rates (its search space's)
+    spec_acceptance: dict[str, float] = Field(default_factory=dict)
     #: every server argument the study launched with: the knobs' flags, then `extra_args`
     serve_args: list[str] = Field(default_factory=list)
     #: the study's own `--vllm-arg`s: the gate launches with them too (a `--vllm-arg` given to `tune gate`
@@ -124,6 +126,7 @@ def write_gate(run_dir: str | Path, *, path: str | Path | None = None,
     knee = [r for r in rec.load_runs if r.rate == rec.capacity_rps]
     gate = GateFile(created_unix=time.time(), tool_version=info.tool_version or __version__,
                     engine=info.engine, gpu=info.gpu, model=info.model, knobs=rec.knobs,
+                    spec_acceptance=dict((info.search_space or {}).get("spec_acceptance") or {}),
                     serve_args=[*Knobs(**rec.knobs).flags(), *info.extra_args],
                     extra_args=list(info.extra_args),
                     workload=FileRef(path=info.workload_path, sha256=info.workload_sha256),
@@ -226,7 +229,7 @@ def make_engine(name: str, gate: GateFile, work_dir: Path, workload: Path, slo: 
     return create(EngineSpec(name=name, gpu=gate.gpu, model=gate.model, run_dir=work_dir / "servers",
                              python=o.get("vllm_python"), command=o.get("vllm_command"),
                              extra_args=list(o.get("vllm_args") or []), api_key=o.get("api_key"),
-                             time_scale=o.get("time_scale", 1.0)))
+                             time_scale=o.get("time_scale", 1.0), spec_acceptance=dict(gate.spec_acceptance)))
 
 
 GATE_SEED = 1000      # the gate's load runs draw fresh arrivals and requests, not the search's own
