@@ -426,3 +426,27 @@ def test_a_crashed_engine_loop_takes_the_server_down():
             proc.wait()
     assert proc.returncode == 1
     assert "EngineCore encountered a fatal error" in out and "RuntimeError: injected fault" in out
+
+
+def test_a_speculative_launch_streams_every_token_and_exports_vllms_spec_decode_counters():
+    """`--speculative-config` as vLLM takes it, with the acceptance rate stated: tokens arrive several a
+    step but every one is delivered, and the counters give the stated rate back as vLLM's dashboard
+    reads them (mean acceptance length = 1 + accepted / drafts = 1 + a + a^2 + a^3)."""
+    spec = '{"method": "ngram", "num_speculative_tokens": 3}'
+    with sim_server("--max-model-len", "2048", "--speculative-config", spec,
+                    "--spec-acceptance", "ngram=0.6") as (base, _):
+        with httpx.Client(base_url=base, timeout=60) as c:
+            for i in range(4):
+                r = c.post("/v1/completions", json={"model": MODEL, "prompt": words(40, i), "max_tokens": 64,
+                                                    "ignore_eos": True, "stream": False})
+                assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 64, r.text
+            r = c.post("/v1/completions", json={"model": MODEL, "prompt": words(40, 9), "max_tokens": 64,
+                                                "ignore_eos": True, "stream": True})
+            chunks = [json.loads(line[6:]) for line in r.text.splitlines()
+                      if line.startswith("data: {") and '"choices"' in line]
+            assert sum(1 for ch in chunks for c_ in ch["choices"] if c_.get("text")) == 64, r.text[:500]
+            m = metrics(c)
+    drafts = total(m, "vllm:spec_decode_num_drafts_total")
+    accepted = total(m, "vllm:spec_decode_num_accepted_tokens_total")
+    assert total(m, "vllm:spec_decode_num_draft_tokens_total") == 3 * drafts > 0
+    assert 1 + accepted / drafts == pytest.approx(1 + 0.6 + 0.36 + 0.216, rel=0.05)

@@ -207,6 +207,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "tune sim serve") -> int
 
     api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
     names = args.served_model_name or [args.model]
+    from tuner.sim.costs import CostParams
     from tuner.sim.server import run_server
 
     return run_server(cfg, host=args.host, port=args.port, served_names=names, api_key=api_key,
