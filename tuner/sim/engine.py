@@ -96,6 +96,7 @@ class EngineCore:
         self.last_step_tokens = 0
         # speculative decoding: draft length, expected tokens a step, the carried fraction, vLLM's counters
         self.spec_k = cfg.spec_tokens
+        self.width = self.spec_k + 1  # positions a decode verifies each step
         self.spec_yield = expected_tokens(acceptance_of(cfg.spec_method or "", dict(self.cost.params.spec_acceptance)),
                                           self.spec_k) if self.spec_k else 1.0
         self._carry = 0.0
@@ -158,8 +159,8 @@ class EngineCore:
         pool = self.pool
         budget = self.cfg.max_num_batched_tokens
         preempted = False
-        g = self._accepted_now(t) if self.spec_k and self.n_dec else 1
-        width = self.spec_k + 1 if self.spec_k else 1
+        width = self.width
+        g = self._accepted_now(t) if width > 1 and self.n_dec else 1
 
         # 1. running decodes: g tokens each; a new block for those whose KV fills its last block
         if g > 1:  # _accepted_now checked that these blocks are free
@@ -215,13 +216,16 @@ class EngineCore:
         n_dec = self.n_dec
         dur = self.cost.step_time(prefill_tokens, pairs, kv_tokens, n_dec, self.dec_ctx + n_dec,
                                   n_dec * width + completing, width)
-        if self.spec_k and n_dec:
+        if width > 1 and n_dec:
             dur += self.cost.draft_time(self.cfg.spec_method or "", self.spec_k, n_dec, self.dec_ctx)
         if self.noise:
             dur *= self.launch_factor * math.exp(self.rng.gauss(0.0, self.noise))
         end = now + dur
         if self.keep_step_times:
-            self.step_end.extend((end,) * g)
+            if g == 1:
+                self.step_end.append(end)
+            else:
+                self.step_end.extend((end,) * g)
         self.last_step_tokens = prefill_tokens + n_dec * width
         generated = self.generation_tokens
         self.generation_tokens += completing
@@ -237,9 +241,9 @@ class EngineCore:
                     computed = seq.c0 + (u - seq.t0 + 1)
                     self._stop_decoding(seq, computed, u + 1)
                     self._finish(seq, end, finished)
-                    # the blocks taken for its tokens past the last go back
-                    self.pool.free_anon += sum(1 for w in range(u + 1, t + g) if (seq.key + w) % B == 0)
-        if self.spec_k and n_dec:
+                    if g > 1:  # the blocks taken for its tokens past the last go back
+                        self.pool.free_anon += sum(1 for w in range(u + 1, t + g) if (seq.key + w) % B == 0)
+        if width > 1 and n_dec:
             self.spec_drafts += n_dec
             self.spec_draft_tokens += n_dec * self.spec_k
             self.spec_accepted += self.generation_tokens - generated - completing - n_dec
