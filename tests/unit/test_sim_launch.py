@@ -34,7 +34,10 @@ def test_a_cpu_host_runs_vllm_cpu_defaults_and_128_token_blocks():
     on_gpu, on_cpu = resolve(gpu, model, Knobs()), resolve(cpu, model, Knobs())
     assert (on_gpu.block_size, on_cpu.block_size) == (16, 128)
     assert (on_cpu.max_num_seqs, on_cpu.max_num_batched_tokens) == (128, 2048)
-    # the same memory in fewer, larger blocks
+    # the same memory (the same batch knobs: the activation peak follows them) in fewer, larger blocks
+    same = Knobs(max_num_seqs=128, max_num_batched_tokens=2048)
+    on_gpu, on_cpu = resolve(gpu, model, same), resolve(cpu, model, same)
+    assert on_cpu.num_gpu_blocks < on_gpu.num_gpu_blocks / 7
     assert abs(on_cpu.kv_cache_tokens / on_gpu.kv_cache_tokens - 1) < 0.01
 
 
