@@ -198,15 +198,19 @@ def main(argv=None) -> int:
                     help="score against the grid table (the request sample every strategy measures) or the "
                          "median over three request samples (`careful_truths`)")
     ap.add_argument("--report-only", action="store_true", help=f"summarise the runs in {RUNS.name}, run none")
+    ap.add_argument("--runs", type=Path, default=RUNS,
+                    help=f"the runs file (default {RUNS.name}); its summary goes beside it as <name>.json")
     args = ap.parse_args(argv)
+    runs = args.runs
+    stem = "twin_hidden_truth" if runs == RUNS else runs.stem
     scs = scenarios(args.scenarios.split(","))
     t0 = time.perf_counter()
     OUT.mkdir(exist_ok=True)
     keep = args.resume or args.report_only
-    done = [json.loads(x) for x in RUNS.read_text().splitlines()] if keep and RUNS.exists() else []
+    done = [json.loads(x) for x in runs.read_text().splitlines()] if keep and runs.exists() else []
     have = {(r["scenario"], r["strategy"], r["seed"]) for r in done}
     if not keep:
-        RUNS.write_text("")
+        runs.write_text("")
     with ProcessPoolExecutor(args.jobs) as pool:
         gts = dict(zip([s.name for s in scs], pool.map(_gt, scs)))
         print(f"ground truth ready in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
@@ -216,7 +220,7 @@ def main(argv=None) -> int:
         results = list(done)
         for r in pool.map(run_one, jobs):
             results.append(r)
-            with RUNS.open("a") as f:
+            with runs.open("a") as f:
                 f.write(json.dumps(r) + "\n")
             print(f"  {r['scenario']} {r['strategy']} seed {r['seed']}: {r['wall_s']:.0f} s, ends on "
                   f"{r['curve'][-1][2] if r['curve'] else None}", file=sys.stderr, flush=True)
@@ -281,7 +285,8 @@ def main(argv=None) -> int:
     if all_err_meas:
         print(f"\ntwin prediction error over all verified trials: median {statistics.median(all_err_meas):.1%} "
               f"of measured, {statistics.median(all_err_truth) if all_err_truth else float('nan'):.1%} of truth")
-    (OUT / ("twin_hidden_truth.json" if args.truth == "table" else "twin_hidden_truth_careful.json")).write_text(json.dumps(summary, indent=1))
+    summary_path = runs.parent / (stem + ("" if args.truth == "table" else "_careful") + ".json")
+    summary_path.write_text(json.dumps(summary, indent=1))
     print(f"total {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     return 0
 
