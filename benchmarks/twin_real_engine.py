@@ -240,7 +240,7 @@ def grid_predictions(out: Path, table: dict[str, float], seed: int = 0) -> dict:
                    "error": (p.capacity_rps / measured - 1) if p.capacity_rps and measured else None}
     errs = [abs(r["error"]) for r in rows.values() if r["error"] is not None]
     best_pred = max(rows, key=lambda k: rows[k]["predicted"] or 0.0)
-    return {"study": out.name, "baseline_rps": base.capacity_rps, "fit_loss": fitres.loss,
+    return {"study": out.name, "baseline_rps": base.capacity_rps, "fit_loss": fitres.loss, "fit_start": fitres.start,
             "nominal_loss": fitres.nominal_loss, "params": fitres.params.model_dump(exclude_none=True),
             "residuals": fitres.residuals, "wall_s": round(time.perf_counter() - t0, 1), "rows": rows,
             "median_abs_error": statistics.median(errs) if errs else None,
@@ -281,7 +281,8 @@ def main(argv=None) -> int:
             g = grid_predictions(out, table)
             result["predict"].append(g)
             print(f"predict from pass seed {p['seed']}'s defaults launch ({g['baseline_rps']:.2f} req/s): fit "
-                  f"loss {g['fit_loss']:.3f} (nominal {g['nominal_loss']:.3f}), {g['wall_s']} s; median |error| "
+                  f"loss {g['fit_loss']:.3f} (nominal {g['nominal_loss']:.3f}, from the {g['fit_start']} point), "
+                  f"{g['wall_s']} s; median |error| "
                   f"{g['median_abs_error']:.1%}; twin's best {g['twin_best']} = {g['twin_best_of_optimum']:.1%}")
             for k, r in sorted(g["rows"].items(), key=lambda kv: -kv[1]["truth"]):
                 err = f"{r['error']:+.0%}" if r["error"] is not None else "-"

@@ -55,6 +55,16 @@ def truth_baseline(chat):
     return _launch_record(SimEngine(GPU, MODEL, cost_params=TRUTH, token_times=False), Knobs(), wl, slo)
 
 
+def _small_batch_step(p: CostParams) -> float:
+    """Seconds of one decode step of 4 sequences at 1,000 tokens of context each."""
+    from tuner.profiles.gpus import get_gpu
+    from tuner.profiles.models import get_model
+    from tuner.sim.config import resolve
+    from tuner.sim.costs import CostModel
+
+    return CostModel(resolve(get_gpu(GPU), get_model(MODEL), Knobs()), p).step_time(0, 0.0, 0, 4, 4000, 4)
+
+
 def test_nominal_twin_is_the_simulator():
     """Unset parameters are the simulator's own: the nominal twin prices a step exactly as the engine."""
     p = cost_params(nominal())
@@ -100,8 +110,11 @@ def test_fit_recovers_an_engine_it_was_not_told_about(chat, truth_baseline):
     assert res is not None and res.trials == [0]
     assert res.loss < 0.5 * res.nominal_loss
     assert set(res.residuals) >= {"p50_tpot", "p99_ttft"}
-    fitted_bw = value(res.params, "bw_eff")
-    assert abs(math.log(fitted_bw / TRUTH.bw_eff)) < abs(math.log(CostParams().bw_eff / TRUTH.bw_eff))
+    # a slower weight stream and a heavier step are one sum at one configuration: what one launch
+    # identifies is the step at a small batch, and it moves toward the truth's
+    one = {name: _small_batch_step(p) for name, p in
+           (("fit", cost_params(res.params)), ("truth", TRUTH), ("nominal", CostParams()))}
+    assert abs(math.log(one["fit"] / one["truth"])) < abs(math.log(one["nominal"] / one["truth"]))
     pred = twin.predict(Knobs(), start_rate=truth_baseline.capacity_rps)
     nominal_pred = Twin.build(GPU, MODEL, wl, slo, LOAD).predict(Knobs(), start_rate=1.0)
     assert pred.capacity_rps == pytest.approx(truth_baseline.capacity_rps, rel=0.10)
@@ -146,3 +159,67 @@ def test_the_anchor_puts_the_twins_knee_of_a_launched_configuration_where_it_was
     assert 0.2 <= res.params.slo_scale <= 5.0
     pred = twin.predict(Knobs(), start_rate=truth_baseline.capacity_rps)
     assert pred.capacity_rps == pytest.approx(truth_baseline.capacity_rps, rel=0.10)
+
+
+def _run(rate: float, e2e_ms: float, tpot_ms: float, ttft_ms: float) -> "LoadRunSummary":
+    from tuner.storage.records import LoadRunSummary
+
+    return LoadRunSummary(rate=rate, served_rps=rate, verdict="meets", n=100, attainment=1.0, ci_low=0.9,
+                          ci_high=1.0, passed=True, goodput=rate,
+                          p50_ms={"e2el": e2e_ms, "tpot": tpot_ms, "ttft": ttft_ms})
+
+
+def test_the_start_read_off_a_launch_scales_the_decode_step_and_gives_the_slope_to_each_sequence():
+    """Measured TPOT: 20 ms + 0.7 ms a sequence; the twin's replay of the same runs: 10 ms + 0.1 ms. The
+    fixed step cost and the weight stream (8 ms) are one sum to a single launch: both scale to the
+    measured intercept, in the proportion they had; the slope left over goes to the per-sequence cost."""
+    from tuner.twin.start import decode_start, tpot_line
+
+    pairs = []
+    for rate, batch in ((2.0, 2.0), (8.0, 8.0), (16.0, 20.0)):
+        e2e = 1000 * batch / rate
+        pairs.append((_run(rate, e2e, 20.0 + 0.7 * batch, 50.0), _run(rate, e2e, 10.0 + 0.1 * batch, 25.0)))
+    a, b = tpot_line(pairs, 0)
+    assert a == pytest.approx(0.020) and b == pytest.approx(0.0007)
+    base, weights = nominal(), 0.008
+    start = decode_start(base, pairs, weight_time_s=weights)
+    step0, step = value(base, "step_overhead_s"), value(start, "step_overhead_s")
+    weights_after = weights * value(base, "bw_eff") / value(start, "bw_eff")
+    rest = 0.010 - step0 - weights                       # the twin's intercept beyond the two (attention)
+    assert step + weights_after == pytest.approx(0.020 - rest)
+    assert step / weights_after == pytest.approx(step0 / weights)
+    f = step / step0
+    per_seq0 = value(base, "per_seq_overhead_s")
+    assert value(start, "per_seq_overhead_s") + (0.0001 - per_seq0) * f == pytest.approx(0.0007)
+    # one batch size says nothing of a slope: no start
+    assert decode_start(base, pairs[:1], weights) is None
+
+
+def test_the_start_read_off_a_launch_scales_the_client_and_the_prefill_to_the_light_runs_ttft():
+    from tuner.twin.start import prefill_start
+
+    pairs = [(_run(r, 1000.0, 20.0, 50.0 + r), _run(r, 1000.0, 20.0, 25.0 + r / 2)) for r in (2.0, 8.0)]
+    base = nominal()
+    start = prefill_start(base, pairs)   # the 2 req/s run: 52 ms measured, 26 ms replayed
+    for name in ("gemm_eff", "attn_eff"):
+        assert value(start, name) == pytest.approx(value(base, name) / 2)
+    assert value(start, "client_overhead_s") == pytest.approx(2 * value(base, "client_overhead_s"))
+    assert value(start, "step_overhead_s") == value(base, "step_overhead_s")
+
+
+def test_the_start_read_off_a_launch_finds_a_per_sequence_cost_the_nominal_point_lacks(chat):
+    """An engine whose step costs 0.4 ms a sequence (50x nominal): the start read off its launch carries
+    most of that slope and replays the launch better than the nominal point does."""
+    from tuner.twin.fit import loss_of, replay, weight_time
+    from tuner.twin.start import decode_start
+
+    wl, slo = chat
+    rec = _launch_record(SimEngine(GPU, MODEL, cost_params=CostParams(per_seq_overhead_s=4e-4)), Knobs(), wl, slo)
+    obs = Observation.from_record(rec)
+    ctx = FitContext(GPU, MODEL, wl, slo, LOAD)
+    pairs: list = []
+    nominal_loss = loss_of(replay(ctx, nominal(), obs, pairs))
+    start = decode_start(nominal(), pairs, weight_time(ctx, nominal(), Knobs()))
+    assert start is not None
+    assert 1.5e-4 < value(start, "per_seq_overhead_s") < 8e-4
+    assert loss_of(replay(ctx, start, obs)) < nominal_loss

@@ -50,7 +50,8 @@ def twin_search(runner: TrialRunner, budget: Budget, twin: Twin, *, noise_floor:
     if fitres is None:
         return Outcome(base, None, "the baseline measured no load run: nothing to fit the twin to")
     log.fits.append(fitres)
-    say(f"twin fitted to trial {fitres.after_trial}: loss {fitres.loss:.3g} (nominal {fitres.nominal_loss:.3g})")
+    say(f"twin fitted to trial {fitres.after_trial}: loss {fitres.loss:.3g} (nominal {fitres.nominal_loss:.3g}, "
+        f"from the {fitres.start} point)")
     space = runner.space
     choices = {k: list(dict.fromkeys(space.knobs[k].values)) for k in space.knobs}  # vLLM's defaults: `extra`
 

@@ -41,6 +41,7 @@ class FitResult(BaseModel):
     params: TwinParams
     loss: float
     nominal_loss: float                     # the same loss at the simulator's nominal parameters
+    start: str = "nominal"                  # where the search began: nominal | launch | previous fit
     #: per metric, the median |simulated / measured - 1| over the runs replayed (0.1 = 10%)
     residuals: dict[str, float] = Field(default_factory=dict)
     replays: int = 0                        # simulated load runs the fit took

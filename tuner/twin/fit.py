@@ -12,7 +12,8 @@ the workload, the rate and the seed) and compares, per run:
 
 The loss is the mean squared log ratio, each term clipped at a factor of e^2 so one pathological run
 cannot dominate. Optuna's CMA-ES sampler searches the log-scaled box of `tuner.twin.params`, warm
-started from the previous fit (a study refits after every launch), a few dozen replays in all.
+started from the previous fit (a study refits after every launch), a few dozen replays in all; a first
+fit starts from the nominal point or the one read off the launch (`tuner.twin.start`), the better.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from tuner.storage.records import LoadRunSummary, TrialRecord
 from tuner.storage.twin import FitResult, TwinParams
 from tuner.twin.engine import TwinEngine
 from tuner.twin.params import FREE_PARAMS, from_values, nominal, value
+from tuner.twin.start import decode_start, prefill_start
 from tuner.workload.model import Workload
 
 STEADY = ("meets", "misses", "inconclusive")
@@ -118,8 +120,10 @@ def _terms(measured: LoadRunSummary, sim: LoadRunSummary) -> list[tuple[str, flo
     return out
 
 
-def replay(ctx: FitContext, params: TwinParams, obs: Observation) -> list[tuple[str, float]]:
-    """The (metric, log(simulated / measured)) terms of one launch replayed on the twin."""
+def replay(ctx: FitContext, params: TwinParams, obs: Observation,
+           sink: list | None = None) -> list[tuple[str, float]]:
+    """The (metric, log(simulated / measured)) terms of one launch replayed on the twin; `sink` collects
+    the (measured, replayed) summaries of its runs."""
     engine = TwinEngine(ctx.gpu, ctx.model, params, token_times=ctx.token_times, shapes=ctx.shapes)
     try:
         server = engine.launch(obs.knobs)
@@ -132,6 +136,8 @@ def replay(ctx: FitContext, params: TwinParams, obs: Observation) -> list[tuple[
             m, _ = measure(server, ctx.workload, ctx.slo, p.rate, replay_settings(ctx.load, p.rate),
                            seed=ctx.load.seed, salt=10_000 + i, sequential=False)
             terms += _terms(p, m.summary)
+            if sink is not None:
+                sink.append((p, m.summary))
             if obs.running_p90 and obs.digest_rate and abs(p.rate / obs.digest_rate - 1) < 1e-6 \
                     and m.digest.running_p90 > 0:
                 terms.append(("running_p90", math.log(m.digest.running_p90 / obs.running_p90)))
@@ -156,14 +162,32 @@ def residuals(terms: Sequence[tuple[str, float]]) -> dict[str, float]:
     return {k: round(statistics.median(v), 4) for k, v in sorted(by.items())}
 
 
-def kv_scale(ctx: FitContext, observations: Sequence[Observation]) -> float:
-    """Measured / simulated KV-cache tokens (geometric mean over launches that reported theirs)."""
+def _profiles(ctx: FitContext):
     from tuner.profiles.gpus import get_gpu
     from tuner.profiles.models import get_model
+
+    return (get_gpu(ctx.gpu) if isinstance(ctx.gpu, str) else ctx.gpu,
+            get_model(ctx.model) if isinstance(ctx.model, str) else ctx.model)
+
+
+def weight_time(ctx: FitContext, params: TwinParams, knobs: Knobs) -> float:
+    """The twin's seconds to stream the weights once under `params` (0 where it cannot launch)."""
+    from tuner.sim.config import resolve
+    from tuner.sim.costs import CostModel
+    from tuner.twin.params import cost_params
+
+    gpu, model = _profiles(ctx)
+    try:
+        return CostModel(resolve(gpu, model, knobs), cost_params(params)).decode_floor()
+    except LaunchFailure:
+        return 0.0
+
+
+def kv_scale(ctx: FitContext, observations: Sequence[Observation]) -> float:
+    """Measured / simulated KV-cache tokens (geometric mean over launches that reported theirs)."""
     from tuner.sim.config import resolve
 
-    gpu = get_gpu(ctx.gpu) if isinstance(ctx.gpu, str) else ctx.gpu
-    model = get_model(ctx.model) if isinstance(ctx.model, str) else ctx.model
+    gpu, model = _profiles(ctx)
     logs = []
     for o in observations:
         if not o.kv_cache_tokens:
@@ -176,6 +200,23 @@ def kv_scale(ctx: FitContext, observations: Sequence[Observation]) -> float:
     return math.exp(statistics.fmean(logs)) if logs else 1.0
 
 
+def launch_starts(ctx: FitContext, obs: Sequence[Observation], base: TwinParams, pairs: list,
+                  evaluate) -> list[tuple[float, TwinParams, list]]:
+    """(loss, params, terms) of the points `tuner.twin.start` reads off the launch: the decode step's,
+    then the prefill's on its replay (`pairs`: the launch's runs replayed at `base`)."""
+    out: list[tuple[float, TwinParams, list]] = []
+    decode = decode_start(base, pairs, weight_time(ctx, base, obs[0].knobs)) if obs else None
+    if decode is not None:
+        pairs = []
+        loss, terms = evaluate(decode, pairs)
+        out.append((loss, decode, terms))
+    prefill = prefill_start(decode or base, pairs)
+    if prefill is not None:
+        loss, terms = evaluate(prefill)
+        out.append((loss, prefill, terms))
+    return out
+
+
 def fit(ctx: FitContext, observations: Sequence[Observation], *, start: TwinParams | None = None,
         n_trials: int = 40, seed: int = 0) -> FitResult:
     """Fit `TwinParams` to `observations` (see the module docstring); `start` warm-starts the search."""
@@ -186,13 +227,21 @@ def fit(ctx: FitContext, observations: Sequence[Observation], *, start: TwinPara
     start = (start or nominal()).model_copy(update={"kv_scale": scale})
     replays = 0
 
-    def evaluate(p: TwinParams) -> tuple[float, list[tuple[str, float]]]:
+    def evaluate(p: TwinParams, sink: list | None = None) -> tuple[float, list[tuple[str, float]]]:
         nonlocal replays
-        terms = [t for o in obs for t in replay(ctx, p, o)]
+        terms = [t for o in obs for t in replay(ctx, p, o, sink)]
         replays += sum(len(o.points) for o in obs)
         return loss_of(terms), terms
 
-    nominal_loss, _ = evaluate(nominal(scale))
+    pairs: list = []
+    nominal_loss, nominal_terms = evaluate(nominal(scale), pairs)
+    best: tuple[float, TwinParams, list] | None = None
+    began = "nominal" if warm is None else "previous fit"
+    if warm is None:  # a first fit: from the nominal point or the ones read off the launch, the best
+        best = (nominal_loss, nominal(scale), nominal_terms)
+        for cand in launch_starts(ctx, obs, nominal(scale), pairs, evaluate):
+            if cand[0] < best[0]:
+                start, best, began = cand[1], cand, "launch"
     x0 = {p.name: p.clip(value(start, p.name)) for p in FREE_PARAMS}
     with warnings.catch_warnings():  # x0 and sigma0: deprecated in Optuna 4.9, still what a warm start needs
         warnings.simplefilter("ignore", FutureWarning)
@@ -200,8 +249,8 @@ def fit(ctx: FitContext, observations: Sequence[Observation], *, start: TwinPara
         sampler = optuna.samplers.CmaEsSampler(x0=x0, sigma0=0.25 if warm is None else 0.12, seed=seed,
                                                warn_independent_sampling=False)
     study = optuna.create_study(direction="minimize", sampler=sampler)
-    study.enqueue_trial(x0)
-    best: tuple[float, TwinParams, list] | None = None
+    if warm is not None:  # a first fit has evaluated its start already
+        study.enqueue_trial(x0)
     dists = {p.name: optuna.distributions.FloatDistribution(p.low, p.high, log=True) for p in FREE_PARAMS}
     for _ in range(n_trials):
         trial = study.ask(dists)
@@ -213,5 +262,5 @@ def fit(ctx: FitContext, observations: Sequence[Observation], *, start: TwinPara
     assert best is not None
     return FitResult(after_trial=max((o.trial for o in obs), default=-1), trials=[o.trial for o in obs],
                      params=best[1], loss=round(best[0], 6), nominal_loss=round(nominal_loss, 6),
-                     residuals=residuals(best[2]), replays=replays,
+                     residuals=residuals(best[2]), replays=replays, start=began,
                      wall_s=round(time.perf_counter() - t0, 3))
