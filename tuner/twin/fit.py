@@ -218,8 +218,9 @@ def launch_starts(ctx: FitContext, obs: Sequence[Observation], base: TwinParams,
 
 
 def fit(ctx: FitContext, observations: Sequence[Observation], *, start: TwinParams | None = None,
-        n_trials: int = 40, seed: int = 0) -> FitResult:
-    """Fit `TwinParams` to `observations` (see the module docstring); `start` warm-starts the search."""
+        n_trials: int = 40, seed: int = 0, launch_start: bool = True) -> FitResult:
+    """Fit `TwinParams` to `observations` (see the module docstring); `start` warm-starts the search;
+    `launch_start`: a first fit also tries the points read off the launch (False: nominal only)."""
     t0 = time.perf_counter()
     obs = [o for o in observations if o.points]
     scale = kv_scale(ctx, obs)
@@ -239,7 +240,7 @@ def fit(ctx: FitContext, observations: Sequence[Observation], *, start: TwinPara
     began = "nominal" if warm is None else "previous fit"
     if warm is None:  # a first fit: from the nominal point or the ones read off the launch, the best
         best = (nominal_loss, nominal(scale), nominal_terms)
-        for cand in launch_starts(ctx, obs, nominal(scale), pairs, evaluate):
+        for cand in launch_starts(ctx, obs, nominal(scale), pairs, evaluate) if launch_start else ():
             if cand[0] < best[0]:
                 start, best, began = cand[1], cand, "launch"
     x0 = {p.name: p.clip(value(start, p.name)) for p in FREE_PARAMS}

@@ -36,6 +36,7 @@ class Twin:
     load: LoadSettings
     seed: int = 0
     fit_trials: int = FIT_TRIALS
+    launch_start: bool = True   # a first fit also starts from the points read off the launch
     fits: list[FitResult] = field(default_factory=list)
     #: request shapes (prompt block hashes) shared by every twin launch of the study
     shapes: dict = field(default_factory=dict, repr=False)
@@ -60,7 +61,7 @@ class Twin:
                          token_times="itl" in self.slo.thresholds, shapes=self.shapes)
         res = fit(ctx, obs, start=self.params if self.fits else None,
                   n_trials=self.fit_trials if not self.fits else min(self.fit_trials, REFIT_TRIALS),
-                  seed=self.seed)
+                  seed=self.seed, launch_start=self.launch_start)
         anchors = [(o.knobs, o.capacity_rps) for o in obs if o.capacity_rps]
         scale = slo_scale(self.gpu, self.model, res.params, anchors, self.workload, self.slo,
                           twin_load(self.load), FULL.knee, shapes=self.shapes)
