@@ -104,7 +104,7 @@ def run_one(args) -> dict:
                 pred = log.predicted_before_launch.get(key) if log else None
                 if pred and rec.get("capacity_rps") and not rec.get("raced_out") and pred.capacity_rps:
                     errors.append({"trial": t.number, "predicted": pred.capacity_rps,
-                                   "measured": rec["capacity_rps"], "key": key})
+                                   "anchored": pred.anchored_rps, "measured": rec["capacity_rps"], "key": key})
             errors.append({"fit_wall_s": [f.wall_s for f in log.fits] if log else [],
                            "rank_wall_s": log.first_ranking.wall_s if log and log.first_ranking else None,
                            "configurations": log.configurations if log else 0})
@@ -232,7 +232,7 @@ def main(argv=None) -> int:
             sc.name: table_truths(sc, gts[sc.name], keys.get(sc.name, set())) for sc in scs}
     print(f"careful truths ready at {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     summary: dict = {"seeds": args.seeds, "cores": os.cpu_count(), "scenarios": {}}
-    all_err_meas, all_err_truth = [], []
+    all_err_meas, all_err_truth, all_err_anch = [], [], []
     for sc in scs:
         gt = gts[sc.name]
         truth = careful[sc.name]
@@ -264,27 +264,34 @@ def main(argv=None) -> int:
                 em = [abs(e["predicted"] / e["measured"] - 1) for e in errs]
                 et = [abs(e["predicted"] / t - 1) for e in errs
                       if (t := e.get("truth") or truth.get(e.get("key"), 0.0))]
+                ea = [abs(e["anchored"] / e["measured"] - 1) for e in errs if e.get("anchored")]
                 all_err_meas += em
                 all_err_truth += et
+                all_err_anch += ea
                 walls = [w for r in rs for e in r["errors"] if "fit_wall_s" in e for w in e["fit_wall_s"]]
                 ranks = [e["rank_wall_s"] for r in rs for e in r["errors"] if e.get("rank_wall_s")]
                 confs = [e["configurations"] for r in rs for e in r["errors"] if "configurations" in e]
                 if em:
                     print(f"   twin prediction error on {len(em)} verified trials: median {statistics.median(em):.1%} "
                           f"of measured (max {max(em):.0%}), "
-                          + (f"{statistics.median(et):.1%} of truth" if et else "none against a truth above 0"))
+                          + (f"{statistics.median(et):.1%} of truth" if et else "none against a truth above 0")
+                          + (f"; anchored to the incumbent ({len(ea)}): median {statistics.median(ea):.1%} of measured"
+                             if ea else ""))
                 if walls:
                     print(f"   fit {statistics.median(walls):.1f} s median; whole-space ranking "
                           f"({statistics.median(confs):.0f} configurations) {statistics.median(ranks):.1f} s median")
                 rows[st]["prediction_error_measured"] = em
                 rows[st]["prediction_error_truth"] = et
+                rows[st]["prediction_error_anchored"] = ea
         summary["scenarios"][sc.name] = {"optimum": opt, "optimum_config": best_key, "baseline": base,
                                          "seeds": sorted({r["seed"] for r in results if r["scenario"] == sc.name}),
                                          "truth": repr(sc.truth),
                                          "strategies": rows}
     if all_err_meas:
         print(f"\ntwin prediction error over all verified trials: median {statistics.median(all_err_meas):.1%} "
-              f"of measured, {statistics.median(all_err_truth) if all_err_truth else float('nan'):.1%} of truth")
+              f"of measured, {statistics.median(all_err_truth) if all_err_truth else float('nan'):.1%} of truth"
+              + (f"; anchored to the incumbent: {statistics.median(all_err_anch):.1%} over {len(all_err_anch)}"
+                 if all_err_anch else ""))
     summary_path = runs.parent / (stem + ("" if args.truth == "table" else "_careful") + ".json")
     summary_path.write_text(json.dumps(summary, indent=1))
     print(f"total {time.perf_counter() - t0:.0f} s", file=sys.stderr)

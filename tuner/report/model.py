@@ -138,6 +138,8 @@ class TwinVerified(BaseModel):
     measured_rps: float | None                  # None: raced out or no rate met the SLO
     raced_out: bool = False
     error: float | None = None                  # predicted / measured - 1
+    anchored_rps: float | None = None           # the incumbent's measured capacity x the predicted ratio
+    anchored_error: float | None = None         # anchored / measured - 1
     predicted_curve: list[tuple[float, float | None]] = Field(default_factory=list)   # (rate, badness)
     measured_curve: list[tuple[float, float | None]] = Field(default_factory=list)
 
@@ -168,6 +170,7 @@ class TwinSection(BaseModel):
     verified: list[TwinVerified] = Field(default_factory=list)
     ranking: list[TwinRankRow] = Field(default_factory=list)      # top ten of the latest ranking
     median_abs_error: float | None = None                          # over verified trials with a capacity
+    median_abs_anchored_error: float | None = None                 # the same, of the anchored predictions
     stop_reason: str | None = None
 
 

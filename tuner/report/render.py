@@ -148,14 +148,19 @@ def _twin(rep: Report, figures: set[str]) -> list[Block]:
            Block("p", f"The simulator was fitted to this engine's own launches ({len(tw.fits)} fits) and "
                       f"predicted all {tw.configurations} configurations of the space; launches only "
                       f"verified its best. Each prediction below was stored before its launch."
-                      + (f" Median prediction error on verified trials: {tw.median_abs_error:.1%}."
+                      + (f" Median prediction error on verified trials: {tw.median_abs_error:.1%}"
+                         + (f" ({tw.median_abs_anchored_error:.1%} anchored: the incumbent's measured "
+                            f"capacity times the twin's predicted ratio, the number the search acted on)"
+                            if tw.median_abs_anchored_error is not None else "") + "."
                          if tw.median_abs_error is not None else "")
                       + (f" Stopped: {tw.stop_reason}." if tw.stop_reason else ""))]
-    rows = [["trial", "knobs", "predicted (req/s)", "measured (req/s)", "error"]]
+    rows = [["trial", "knobs", "predicted (req/s)", "anchored (req/s)", "measured (req/s)", "error (anchored)"]]
     for v in tw.verified:
         meas = "raced out" if v.raced_out else _n(v.measured_rps)
-        rows.append([str(v.trial), _knobs(v.knobs), _n(v.predicted_rps), meas,
-                     "n/a" if v.error is None else f"{v.error:+.1%}"])
+        err = "n/a" if v.error is None else f"{v.error:+.1%}"
+        if v.anchored_error is not None:
+            err += f" ({v.anchored_error:+.1%})"
+        rows.append([str(v.trial), _knobs(v.knobs), _n(v.predicted_rps), _n(v.anchored_rps), meas, err])
     if len(rows) > 1:
         out.append(Block("table", rows=rows))
     if "twin" in figures:

@@ -28,9 +28,11 @@ def twin_section(data: StudyData) -> TwinSection | None:
         for rec in by_key.get(key, [])[:1]:
             cap = None if rec.raced_out else rec.capacity_rps
             err = pred.capacity_rps / cap - 1 if cap and pred.capacity_rps else None
+            anchored = pred.anchored_rps / cap - 1 if cap and pred.anchored_rps else None
             verified.append(TwinVerified(
                 trial=rec.number, knobs=rec.knobs, predicted_rps=pred.capacity_rps, measured_rps=cap,
-                raced_out=rec.raced_out, error=err, predicted_curve=pred.curve,
+                raced_out=rec.raced_out, error=err, anchored_rps=pred.anchored_rps, anchored_error=anchored,
+                predicted_curve=pred.curve,
                 measured_curve=[(p.rate, p.badness) for p in rec.load_runs if p.rate < 1e5]))
     verified.sort(key=lambda v: v.trial)
     ranking = []
@@ -40,9 +42,11 @@ def twin_section(data: StudyData) -> TwinSection | None:
                                    launched_trial=recs[0].number if recs else None,
                                    measured_rps=recs[0].capacity_rps if recs and not recs[0].raced_out else None))
     errs = [abs(v.error) for v in verified if v.error is not None]
+    anchored = [abs(v.anchored_error) for v in verified if v.anchored_error is not None]
     return TwinSection(
         configurations=log.configurations,
         fits=[TwinFitRow(after_trial=f.after_trial, trials=f.trials, loss=f.loss, nominal_loss=f.nominal_loss,
                          params=f.params.model_dump(), residuals=f.residuals, wall_s=f.wall_s) for f in log.fits],
         verified=verified, ranking=ranking, median_abs_error=statistics.median(errs) if errs else None,
+        median_abs_anchored_error=statistics.median(anchored) if anchored else None,
         stop_reason=log.stop_reason)

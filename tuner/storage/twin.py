@@ -64,6 +64,9 @@ class Prediction(BaseModel):
     curve: list[tuple[float, float | None]] = Field(default_factory=list)  # (rate, badness)
     params_after_trial: int = -1                  # the fit it came from
     screened: bool = False                        # from the quick first pass over the space only
+    #: set when the strategy launched it: the incumbent's measured capacity times the twin's predicted
+    #: ratio to the incumbent (the number the strategy acted on; a twin biased alike everywhere cancels)
+    anchored_rps: float | None = None
 
     @property
     def key(self) -> str:

@@ -35,10 +35,9 @@ from tuner.storage.records import LoadRunSummary, TrialRecord
 from tuner.storage.twin import FitResult, TwinParams
 from tuner.twin.engine import TwinEngine
 from tuner.twin.params import FREE_PARAMS, from_values, nominal, value
-from tuner.twin.start import decode_start, prefill_start
+from tuner.twin.start import STEADY, decode_start, prefill_start
 from tuner.workload.model import Workload
 
-STEADY = ("meets", "misses", "inconclusive")
 LATENCY_METRICS = ("ttft", "tpot", "e2el")
 CLIP = 2.0                 # |log ratio| beyond this counts as this (a factor of e^2 = 7.4)
 REPLAY_REQUESTS = 400      # a replayed run's requests at most (its first ones: the same sends)

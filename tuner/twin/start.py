@@ -25,6 +25,7 @@ from tuner.storage.records import LoadRunSummary
 from tuner.storage.twin import TwinParams
 from tuner.twin.params import FREE_PARAMS, value
 
+#: the verdicts of a load run the engine kept up with (its latencies describe a steady state)
 STEADY = ("meets", "misses", "inconclusive")
 #: measured steady runs whose batches differ by less than this factor cannot tell a slope from noise; the
 #: twin's replays are noise-free, a narrower spread gives its slope
