@@ -179,8 +179,10 @@ def score_study(out: Path, table: dict[str, float]) -> dict:
     tuned = next((t for t in ts if t.number == data.outcome.get("tuned_trial")), None)
     best_key = key_of(tuned.record.knobs) if tuned else None
     verified = [{"knobs": v.get("knobs"), "predicted": v.get("predicted_rps"), "measured": v.get("measured_rps"),
+                 "anchored": v.get("anchored_rps"), "raced_out": v.get("raced_out"),
                  "error": (v["predicted_rps"] / v["measured_rps"] - 1)
-                 if v.get("predicted_rps") and v.get("measured_rps") else None}
+                 if v.get("predicted_rps") and v.get("measured_rps") else None,
+                 "anchored_error": v.get("anchored_error")}
                 for v in json.loads((out / "report.json").read_text()).get("twin", {}).get("verified", [])] \
         if (out / "report.json").exists() else []
     return {"launches": data.outcome.get("launches"), "stop": data.outcome.get("stop_reason"),
@@ -253,6 +255,8 @@ def main(argv=None) -> int:
                     help="truth (always), predict (the twin fitted to each pass's defaults predicts the "
                          "grid), twin, guided, tpe")
     ap.add_argument("--seeds", default="0", help="seeds of the twin and guided studies, e.g. 0,1")
+    ap.add_argument("--tag", default="", help="a name for fresh twin/guided studies (a changed strategy is "
+                                               "measured in new study folders; without it, the cached ones resume)")
     ap.add_argument("--passes", type=int, default=PASSES, help="launches per configuration in the truth")
     args = ap.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -295,14 +299,18 @@ def main(argv=None) -> int:
         if strategy not in phases:
             continue
         for seed in args.seeds.split(","):
-            out = CACHE / f"{strategy}-{truth['key']['code']}-s{seed}"
+            out = CACHE / f"{strategy}-{truth['key']['code']}{'-' + args.tag if args.tag else ''}-s{seed}"
             run_tune(out, strategy, CAPS[strategy], "--seed", seed)
-            result.setdefault(strategy, {})[seed] = s = score_study(out, table)
+            name = f"{strategy}-{args.tag}" if args.tag else strategy   # a tagged run is kept beside the others
+            result.setdefault(name, {})[seed] = s = score_study(out, table)
             print(f"{strategy} seed {seed}: {s['launches']} launches, stop {s['stop']!r}; believes "
                   f"{s['believed_best']} ({s['believed_rps']}), truth {s['truth_of_best']} = {s['of_optimum']:.1%}")
             for v in s["verified"]:
-                print(f"   verified {v['knobs']}: predicted {v['predicted']}, measured {v['measured']}"
-                      + (f" ({v['error']:+.0%})" if v["error"] is not None else ""))
+                print(f"   verified {v['knobs']}: predicted {v['predicted']} (anchored {v['anchored']}), "
+                      f"measured {'raced out' if v['raced_out'] else v['measured']}"
+                      + (f" ({v['error']:+.0%}" if v["error"] is not None else "")
+                      + (f", anchored {v['anchored_error']:+.0%})" if v["anchored_error"] is not None
+                         else ")" if v["error"] is not None else ""))
     if "tpe" in phases:
         space = load_space(str(SPACE))
         runs = [replay_tpe(table, space, seed) for seed in range(10)]
