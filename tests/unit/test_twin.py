@@ -223,3 +223,23 @@ def test_the_start_read_off_a_launch_finds_a_per_sequence_cost_the_nominal_point
     assert start is not None
     assert 1.5e-4 < value(start, "per_seq_overhead_s") < 8e-4
     assert loss_of(replay(ctx, start, obs)) < nominal_loss
+
+
+def test_a_run_the_engine_kept_up_with_and_the_twin_did_not_is_a_clipped_term_not_a_skipped_one():
+    """A twin too slow for every run (its requests time out) must not score better than one whose
+    latencies are merely off: the served rate alone cannot tell them apart."""
+    from tuner.twin.fit import CLIP, _terms, loss_of
+
+    measured = _run(4.0, 8000.0, 30.0, 80.0)
+    timed_out = _run(4.0, 119000.0, 1000.0, 90000.0).model_copy(update={"verdict": "errors"})
+    near = _run(4.0, 9000.0, 33.0, 90.0)
+    bad = _terms(measured, timed_out)
+    assert ("verdict", CLIP) in bad and not any(n.startswith("p50_") for n, _ in bad)
+    good = _terms(measured, near)
+    assert not any(n == "verdict" for n, _ in good)
+    assert loss_of(bad) > loss_of(good)
+    # an overloaded measurement against a twin that kept up: the same
+    over = measured.model_copy(update={"verdict": "overloaded"})
+    assert ("verdict", CLIP) in _terms(over, near)
+    # a measured run cut too short decides nothing: no verdict term
+    assert not any(n == "verdict" for n, _ in _terms(measured.model_copy(update={"verdict": "too_short"}), timed_out))
