@@ -232,7 +232,7 @@ def main(argv=None) -> int:
             sc.name: table_truths(sc, gts[sc.name], keys.get(sc.name, set())) for sc in scs}
     print(f"careful truths ready at {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     summary: dict = {"seeds": args.seeds, "cores": os.cpu_count(), "scenarios": {}}
-    all_err_meas, all_err_truth, all_err_anch = [], [], []
+    all_err_meas, all_err_truth, all_err_anch, all_err_oracle = [], [], [], []
     for sc in scs:
         gt = gts[sc.name]
         truth = careful[sc.name]
@@ -265,6 +265,8 @@ def main(argv=None) -> int:
                 et = [abs(e["predicted"] / t - 1) for e in errs
                       if (t := e.get("truth") or truth.get(e.get("key"), 0.0))]
                 ea = [abs(e["anchored"] / e["measured"] - 1) for e in errs if e.get("anchored")]
+                # the error a twin that knew the truth exactly would show against one launch's measurement
+                eo = [abs(t / e["measured"] - 1) for e in errs if (t := e.get("truth") or truth.get(e.get("key"), 0.0))]
                 all_err_meas += em
                 all_err_truth += et
                 all_err_anch += ea
@@ -276,13 +278,17 @@ def main(argv=None) -> int:
                           f"of measured (max {max(em):.0%}), "
                           + (f"{statistics.median(et):.1%} of truth" if et else "none against a truth above 0")
                           + (f"; anchored to the incumbent ({len(ea)}): median {statistics.median(ea):.1%} of measured"
-                             if ea else ""))
+                             if ea else "")
+                          + (f"; the truth itself against the same measurements: {statistics.median(eo):.1%}"
+                             if eo else ""))
                 if walls:
                     print(f"   fit {statistics.median(walls):.1f} s median; whole-space ranking "
                           f"({statistics.median(confs):.0f} configurations) {statistics.median(ranks):.1f} s median")
                 rows[st]["prediction_error_measured"] = em
                 rows[st]["prediction_error_truth"] = et
                 rows[st]["prediction_error_anchored"] = ea
+                rows[st]["truth_error_measured"] = eo
+                all_err_oracle += eo
         summary["scenarios"][sc.name] = {"optimum": opt, "optimum_config": best_key, "baseline": base,
                                          "seeds": sorted({r["seed"] for r in results if r["scenario"] == sc.name}),
                                          "truth": repr(sc.truth),
@@ -291,7 +297,9 @@ def main(argv=None) -> int:
         print(f"\ntwin prediction error over all verified trials: median {statistics.median(all_err_meas):.1%} "
               f"of measured, {statistics.median(all_err_truth) if all_err_truth else float('nan'):.1%} of truth"
               + (f"; anchored to the incumbent: {statistics.median(all_err_anch):.1%} over {len(all_err_anch)}"
-                 if all_err_anch else ""))
+                 if all_err_anch else "")
+              + (f"; the truth itself against the same measurements: {statistics.median(all_err_oracle):.1%}"
+                 if all_err_oracle else ""))
     summary_path = runs.parent / (stem + ("" if args.truth == "table" else "_careful") + ".json")
     summary_path.write_text(json.dumps(summary, indent=1))
     print(f"total {time.perf_counter() - t0:.0f} s", file=sys.stderr)

@@ -104,7 +104,21 @@ def trials(out: Path) -> tuple[list, dict]:
 
 
 def key_of(knobs: dict) -> str:
-    return json.dumps(knobs, sort_keys=True)
+    """One configuration, one key: a knob at vLLM's CPU default (128 sequences, 2048 tokens) is unset,
+    as a study stores it (the twin's `{"max_num_seqs": 32}` is the grid's 32 x 2048)."""
+    return json.dumps({k: v for k, v in dict(knobs).items() if v is not None and CPU_DEFAULTS.get(k) != v},
+                      sort_keys=True)
+
+
+def cpu_defaults() -> dict:
+    from tuner.profiles.gpus import get_gpu
+    from tuner.sim.config import vllm_batch_defaults
+
+    seqs, tokens = vllm_batch_defaults(get_gpu(str(DATA / "cpu-2core.gpu.yaml")))
+    return {"max_num_seqs": seqs, "max_num_batched_tokens": tokens}
+
+
+CPU_DEFAULTS = cpu_defaults()
 
 
 PASSES = 3              # launches per configuration in the truth: each pass is one grid study
@@ -262,7 +276,7 @@ def main(argv=None) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     phases = args.phases.split(",")
     truth = measure_truth(args.passes)
-    table = {k: v["capacity_rps"] for k, v in truth["table"].items()}
+    table = {key_of(json.loads(k)): v["capacity_rps"] for k, v in truth["table"].items()}
     opt_key = max(table, key=table.get)
     print(f"truth ({truth['key']}, median of {len(truth['passes'])} passes, seeds "
           f"{[p['seed'] for p in truth['passes']]}): optimum {table[opt_key]:.2f} req/s at {opt_key}; "
