@@ -197,7 +197,7 @@ def score_study(out: Path, table: dict[str, float]) -> dict:
                  "error": (v["predicted_rps"] / v["measured_rps"] - 1)
                  if v.get("predicted_rps") and v.get("measured_rps") else None,
                  "anchored_error": v.get("anchored_error")}
-                for v in json.loads((out / "report.json").read_text()).get("twin", {}).get("verified", [])] \
+                for v in (json.loads((out / "report.json").read_text()).get("twin") or {}).get("verified", [])] \
         if (out / "report.json").exists() else []
     return {"launches": data.outcome.get("launches"), "stop": data.outcome.get("stop_reason"),
             "believed_best": best_key, "believed_rps": tuned.record.capacity_rps if tuned else None,
