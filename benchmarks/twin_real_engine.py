@@ -151,10 +151,11 @@ def truth_table(passes: list[dict]) -> dict:
     """Each configuration's median capacity over the passes (one launch and knee search each), with the
     passes' own values: one launch on this host is not the configuration (the same defaults measured
     18.0-23.9 req/s over six launches on 2026-12-01/02)."""
-    keys = sorted({k for p in passes for k in p["table"]})
+    tables = [{key_of(json.loads(k)): v for k, v in p["table"].items()} for p in passes]  # older passes: raw keys
+    keys = sorted({k for t in tables for k in t})
     out = {}
     for k in keys:
-        caps = [p["table"][k]["capacity_rps"] for p in passes if k in p["table"]]
+        caps = [t[k]["capacity_rps"] for t in tables if k in t]
         out[k] = {"capacity_rps": statistics.median(caps), "passes": caps,
                   "spread": (max(caps) - min(caps)) / statistics.median(caps) if min(caps) > 0 else None}
     return out
