@@ -261,15 +261,16 @@ def main(argv=None) -> int:
                   f"{statistics.median(finals):>13.1%} {min(finals):>7.1%}   seeds {sorted(r['seed'] for r in rs)}")
             if st == "twin":
                 errs = [e for r in rs for e in r["errors"] if "predicted" in e]
+                known = [(e, t) for e in errs if (t := e.get("truth") or truth.get(e.get("key"), 0.0))]
                 em = [abs(e["predicted"] / e["measured"] - 1) for e in errs]
-                et = [abs(e["predicted"] / t - 1) for e in errs
-                      if (t := e.get("truth") or truth.get(e.get("key"), 0.0))]
+                et = [abs(e["predicted"] / t - 1) for e, t in known]
                 ea = [abs(e["anchored"] / e["measured"] - 1) for e in errs if e.get("anchored")]
                 # the error a twin that knew the truth exactly would show against one launch's measurement
-                eo = [abs(t / e["measured"] - 1) for e in errs if (t := e.get("truth") or truth.get(e.get("key"), 0.0))]
+                eo = [abs(t / e["measured"] - 1) for e, t in known]
                 all_err_meas += em
                 all_err_truth += et
                 all_err_anch += ea
+                all_err_oracle += eo
                 walls = [w for r in rs for e in r["errors"] if "fit_wall_s" in e for w in e["fit_wall_s"]]
                 ranks = [e["rank_wall_s"] for r in rs for e in r["errors"] if e.get("rank_wall_s")]
                 confs = [e["configurations"] for r in rs for e in r["errors"] if "configurations" in e]
@@ -288,7 +289,6 @@ def main(argv=None) -> int:
                 rows[st]["prediction_error_truth"] = et
                 rows[st]["prediction_error_anchored"] = ea
                 rows[st]["truth_error_measured"] = eo
-                all_err_oracle += eo
         summary["scenarios"][sc.name] = {"optimum": opt, "optimum_config": best_key, "baseline": base,
                                          "seeds": sorted({r["seed"] for r in results if r["scenario"] == sc.name}),
                                          "truth": repr(sc.truth),

@@ -106,8 +106,10 @@ def trials(out: Path) -> tuple[list, dict]:
 def key_of(knobs: dict) -> str:
     """One configuration, one key: a knob at vLLM's CPU default (128 sequences, 2048 tokens) is unset,
     as a study stores it (the twin's `{"max_num_seqs": 32}` is the grid's 32 x 2048)."""
-    return json.dumps({k: v for k, v in dict(knobs).items() if v is not None and CPU_DEFAULTS.get(k) != v},
-                      sort_keys=True)
+    from tuner.knobs import Knobs
+    from tuner.search.strategy import normalize
+
+    return json.dumps(normalize(Knobs(**knobs), CPU_DEFAULTS).set_only(), sort_keys=True)
 
 
 def cpu_defaults() -> dict:
