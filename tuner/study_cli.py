@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
         gpu: Optional[str] = typer.Option(None, help="GPU profile (simulated engines; optional for vllm)."),
         model: Optional[str] = typer.Option(None, help="Model: profile name, config.json path, or what vllm serves."),
         search_space: str = typer.Option("default", help="Built-in space name or a YAML file."),
-        strategy: str = typer.Option("guided", help="guided | twin (rank the space in a simulator fitted to this engine's launches; needs --gpu, --model) | tpe | random | grid."),
+        strategy: str = typer.Option("auto", help="auto (twin where --gpu and --model name known profiles, else guided) | twin (rank the space in a simulator fitted to this engine's launches; verify its best) | guided | tpe | random | grid."),
         max_trials: int = typer.Option(15, help="Engine launches at most (the baseline included)."),
         confirm: bool = typer.Option(True, help="Launch the baseline and every new incumbent twice and keep "
                                      "the lower capacity (guards against a lucky launch; off: one launch "

@@ -47,12 +47,12 @@ def tune(*args: str | Path, timeout: float = 400, cwd: Path | None = None,
 
 
 def study_args(out: Path, engine: str = "sim-http", *extra: str | Path, space: Path = SPACE2,
-               max_trials: int = 3) -> list[str]:
+               max_trials: int = 3, strategy: str = "guided") -> list[str]:
     """The tiny study every end-to-end test runs, on `engine`."""
-    # --no-confirm: these tests count launches of a fixed plan (the confirmation launches have their own
-    # tests in tests/unit/test_strategy.py)
+    # --strategy guided, --no-confirm: these tests count launches of a fixed plan (the default, the twin,
+    # has its own in test_tune_twin.py; the confirmation launches theirs in tests/unit/test_strategy.py)
     args = ["--workload", WORKLOAD, "--slo", SLO, "--engine", engine, "--search-space", space,
-            "--max-trials", str(max_trials), "--no-confirm", "--out", out]
+            "--max-trials", str(max_trials), "--strategy", strategy, "--no-confirm", "--out", out]
     if engine in ("sim", "sim-http"):
         args += ["--gpu", GPU, "--model", MODEL]
     if engine != "sim":

@@ -2,7 +2,8 @@
 drafts at a stated acceptance rate (0.35). A tight per-token SLO (p99 TPOT 12 ms) keeps the batch small,
 where verifying a few drafted tokens costs little more than one token: the tuner turns it on and gains.
 The chat SLO runs hundreds of sequences a step, where the drafts cost more than they save: it is tried
-there only after the diagnosis' own knobs, loses, and stays off."""
+there only after the diagnosis' own knobs, loses, and stays off. Both are the guided strategy's reading
+of the diagnosis, so they ask for it (the default, the twin, ranks every configuration instead)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ SPACE = TUNE_FIX / "space-spec.yaml"
 def study(tmp_path: Path, slo: Path) -> tuple[list[dict], dict]:
     out = tmp_path / "run"
     p = tune("--workload", CHAT, "--slo", slo, "--gpu", "h100", "--model", "llama-3.1-8b", "--search-space",
-             SPACE, "--requests-per-run", "300", "--out", out, timeout=900)
+             SPACE, "--requests-per-run", "300", "--strategy", "guided", "--out", out, timeout=900)
     assert p.returncode == 0, p.stderr
     s = optuna.load_study(study_name=None, storage=sqlite_url(out))
     recs = [t.user_attrs["record"] for t in s.trials if "record" in t.user_attrs]

@@ -92,3 +92,41 @@ def test_twin_on_real_vllm_fits_the_host_and_verifies_its_predictions(tmp_path: 
     assert len(launched) == 2 and len(tw["verified"]) == 1, tw["verified"]
     for v in tw["verified"]:
         assert v["predicted_rps"] and v["anchored_rps"] and (v["raced_out"] or v["measured_rps"])
+
+
+def test_twin_killed_mid_verification_resumes_without_launching_anything_twice(tmp_path: Path, spawn) -> None:
+    """The twin is the default strategy where it can be built, so its faults are the product's: SIGKILL
+    while a verification is under load, then --resume. The baseline is read back (not launched again),
+    the prediction stored before the cut launch stands, the cut trial is re-run once, no server is left."""
+    from optuna.trial import TrialState
+
+    from tests.e2e.conftest import (knobs_of, load_trials, record, server_gone, server_pidfiles, study_args,
+                                    wait_for)
+    from tests.e2e.test_tune_interrupt import wait_mid_trial
+
+    out = tmp_path / "run"
+    args = study_args(out, "sim-http", space=SPACE, max_trials=3, strategy="twin")
+    p = spawn(args, tmp_path / "tune.log")
+    number, srv = wait_mid_trial(p, out, min_number=1, timeout=300)  # the first verification
+    p.kill()
+    wait_for(lambda: server_gone(srv), 20, what=f"the killed tool's server to go: {srv}")
+    before = optuna.load_study(study_name=None, storage=sqlite_url(out))
+    cut = next(t for t in before.trials if t.number == number)
+    predicted = before.user_attrs["twin"]["predicted_before_launch"]
+    assert knobs_of(cut) in predicted  # stored before the launch, so the resumed study can score it
+
+    resumed = tune(*args, "--resume", timeout=900)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "Traceback" not in resumed.stderr
+    after = load_trials(sqlite_url(out))
+    assert not [t for t in after if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    assert server_pidfiles(out) == []
+    done = [t for t in after if record(t).get("launched") and not record(t).get("interrupted")]
+    keys = [knobs_of(t) for t in done]
+    assert len(keys) == len(set(keys)), f"a configuration was launched twice: {keys}"
+    assert keys.count("{}") == 1 and done[0].number == 0, "the baseline was launched again"
+    killed = next(t for t in after if t.number == number)
+    assert killed.state == TrialState.FAIL and record(killed)["interrupted"] is True
+    assert knobs_of(killed) in keys[1:], "the cut verification was not re-run"
+    log = optuna.load_study(study_name=None, storage=sqlite_url(out)).user_attrs["twin"]
+    assert log["predicted_before_launch"][knobs_of(killed)] == predicted[knobs_of(killed)]

@@ -68,6 +68,13 @@ def twin_search(runner: TrialRunner, budget: Budget, twin: Twin, *, noise_floor:
     def allowed(k: Knobs) -> bool:
         return space.allows(k, runner.defaults) is None and lessons[0].broken_by(k, runner.defaults) is None
 
+    if not budget.left(runner):  # no launch left to verify a prediction with: ranking would be wasted
+        log.stop_reason = "budget spent"
+        _save(runner, log)
+        if base.capacity_rps:
+            runner.reporter.incumbent_changed(base)
+        return Outcome(base, base if base.capacity_rps else None, "budget spent",
+                       [base.number] if base.capacity_rps else [])
     start = base.capacity_rps or runner.start_rate
     ranking = twin.rank(choices, allowed, extra=[Knobs()], start_rate=start,
                         canonical=lambda k: space.layout(normalize(k, runner.defaults)))

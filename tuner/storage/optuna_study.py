@@ -101,3 +101,15 @@ def heartbeats(study: optuna.Study, trial: optuna.Trial) -> Iterator[None]:
 def frozen_trial(study: optuna.Study, trial: optuna.Trial) -> optuna.trial.FrozenTrial:
     """The stored state of a live trial (private: `Study._storage`, `Trial._trial_id`)."""
     return study._storage.get_trial(trial._trial_id)
+
+
+def scratch_study(direction: str, sampler: optuna.samplers.BaseSampler) -> optuna.Study:
+    """An in-memory study for a search inside the tool (the twin's fit and its ranking of the space): its
+    creation is no news to the user, so Optuna's "A new study created in memory" line is not printed
+    (between two trials of the run's progress it read as a second study)."""
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(max(level, optuna.logging.WARNING))
+    try:
+        return optuna.create_study(direction=direction, sampler=sampler)
+    finally:
+        optuna.logging.set_verbosity(level)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 import optuna
+from tuner.storage.optuna_study import scratch_study
 from tuner.capacity.knee import KneeSearch
 from tuner.capacity.measure import LoadSettings, measure, run_size
 from tuner.failures import LaunchFailure
@@ -256,7 +257,7 @@ def fit(ctx: FitContext, observations: Sequence[Observation], *, start: TwinPara
         # sigma0 in the box scaled to [0, 1] per parameter: a first fit looks wide, a refit near the last
         sampler = optuna.samplers.CmaEsSampler(x0=x0, sigma0=0.25 if warm is None else 0.12, seed=seed,
                                                warn_independent_sampling=False)
-    study = optuna.create_study(direction="minimize", sampler=sampler)
+    study = scratch_study("minimize", sampler)
     if warm is not None:  # a first fit has evaluated its start already
         study.enqueue_trial(x0)
     dists = {p.name: optuna.distributions.FloatDistribution(p.low, p.high, log=True) for p in FREE_PARAMS}
