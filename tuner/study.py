@@ -94,7 +94,7 @@ class TuneOptions(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _twin_needs_profiles(self) -> "TuneOptions":
+    def _strategy_resolved(self) -> "TuneOptions":
         if self.strategy == "auto":
             self.strategy = resolve_strategy(self.gpu, self.model)
         if self.strategy == "twin" and not (self.gpu and self.model):

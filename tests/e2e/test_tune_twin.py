@@ -100,9 +100,8 @@ def test_twin_killed_mid_verification_resumes_without_launching_anything_twice(t
     the prediction stored before the cut launch stands, the cut trial is re-run once, no server is left."""
     from optuna.trial import TrialState
 
-    from tests.e2e.conftest import (knobs_of, load_trials, record, server_gone, server_pidfiles, study_args,
-                                    wait_for)
-    from tests.e2e.test_tune_interrupt import wait_mid_trial
+    from tests.e2e.conftest import knobs_of, record, server_gone, study_args, wait_for
+    from tests.e2e.test_tune_interrupt import assert_study_complete, wait_mid_trial
 
     out = tmp_path / "run"
     args = study_args(out, "sim-http", space=SPACE, max_trials=3, strategy="twin")
@@ -116,11 +115,8 @@ def test_twin_killed_mid_verification_resumes_without_launching_anything_twice(t
     assert knobs_of(cut) in predicted  # stored before the launch, so the resumed study can score it
 
     resumed = tune(*args, "--resume", timeout=900)
-    assert resumed.returncode == 0, resumed.stderr
     assert "Traceback" not in resumed.stderr
-    after = load_trials(sqlite_url(out))
-    assert not [t for t in after if t.state in (TrialState.RUNNING, TrialState.WAITING)]
-    assert server_pidfiles(out) == []
+    after = assert_study_complete(out, resumed)  # exit 0, nothing left running or queued, no pidfile
     done = [t for t in after if record(t).get("launched") and not record(t).get("interrupted")]
     keys = [knobs_of(t) for t in done]
     assert len(keys) == len(set(keys)), f"a configuration was launched twice: {keys}"
