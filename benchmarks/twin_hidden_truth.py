@@ -52,27 +52,57 @@ OUT = Path(__file__).resolve().parent / "results"
 RUNS = OUT / "twin_hidden_truth_runs.jsonl"   # every finished run, as it finishes (a crash loses none)
 SAMPLES = (0, 1, 2)   # request samples of the careful truth (0 is the table's)
 TOP_CAREFUL = 12      # the table's best, measured carefully for the optimum
+MAX_DRAWS = 20
+IDLE_MARGIN = 0.9     # an idle engine meets each SLO limit with 10% to spare, or the draw is made again
 
 
-def hidden_truth(name: str) -> CostParams:
+def hidden_truth(sc) -> CostParams:
     """The scenario's engine: nominal numbers moved by a factor drawn from the name, plus two terms the
-    twin lacks."""
-    rng = random.Random(zlib.crc32(name.encode()))
+    twin lacks. A draw whose idle engine does not meet the SLO is drawn again (`idle_feasible`)."""
+    rng = random.Random(zlib.crc32(sc.name.encode()))
     nom = CostParams()
 
     def moved(v: float, lo: float, hi: float, cap: float | None = None) -> float:
         x = v * math.exp(rng.choice((-1, 1)) * rng.uniform(lo, hi))
         return min(x, cap) if cap else x
 
-    return CostParams(bw_eff=moved(nom.bw_eff, 0.2, 0.5, 0.95), gemm_eff=moved(nom.gemm_eff, 0.3, 0.6, 0.95),
-                      attn_eff=moved(nom.attn_eff, 0.3, 0.7, 0.95),
-                      step_overhead_s=moved(nom.step_overhead_s, 0.5, 1.1),
-                      per_seq_overhead_s=moved(nom.per_seq_overhead_s, 0.5, 1.1),
-                      per_request_s=rng.uniform(0.5e-3, 3e-3), attn_superlinear=rng.uniform(0.2, 0.8))
+    for _ in range(MAX_DRAWS):
+        truth = CostParams(bw_eff=moved(nom.bw_eff, 0.2, 0.5, 0.95), gemm_eff=moved(nom.gemm_eff, 0.3, 0.6, 0.95),
+                           attn_eff=moved(nom.attn_eff, 0.3, 0.7, 0.95),
+                           step_overhead_s=moved(nom.step_overhead_s, 0.5, 1.1),
+                           per_seq_overhead_s=moved(nom.per_seq_overhead_s, 0.5, 1.1),
+                           per_request_s=rng.uniform(0.5e-3, 3e-3), attn_superlinear=rng.uniform(0.2, 0.8))
+        if idle_feasible(sc, truth):
+            return truth
+    raise RuntimeError(f"{sc.name}: no draw in {MAX_DRAWS} meets the SLO when idle")
+
+
+def idle_feasible(sc, truth: CostParams) -> bool:
+    """Whether the drawn engine, idle (0.1 req/s) with vLLM's defaults, meets the SLO with `IDLE_MARGIN` to
+    spare (the SLO's own per-request check, `tuner.slo.badness`) on each of the careful truth's request
+    samples. Without it the capacity is not the engine's: chat-rtx4090's first draw (prefill 2.5x slower
+    than nominal) had an idle p99 TTFT of 252, 334 and 287 ms on three samples against a 300 ms limit, so
+    whether a configuration met the SLO at any rate was the sample's and the knee search's path (1.21 and
+    1.58 req/s for two identical engines on one sample; 0.26 over three). That draw's results stay in
+    RESULTS.md as measured."""
+    from _harness import load_settings
+
+    from tuner.capacity.measure import measure
+    from tuner.engine.sim import SimEngine
+    from tuner.slo import badness
+
+    workload, slo = sc.workload(), sc.slo()
+    for sample in SAMPLES:
+        server = SimEngine(sc.gpu, sc.model, cost_params=truth,
+                           token_times="itl" in slo.thresholds).launch(Knobs())
+        _, run = measure(server, workload, slo, 0.1, replace(load_settings(sc), seed=sample), seed=sample)
+        if badness([r for r in run.records if r.in_window], slo) > IDLE_MARGIN:
+            return False
+    return True
 
 
 def scenarios(names: list[str]):
-    return [replace(sc, name=f"{sc.name}-hidden", truth=hidden_truth(sc.name))
+    return [replace(sc, name=f"{sc.name}-hidden", truth=hidden_truth(sc))
             for sc in SCENARIOS if sc.name in names]
 
 
