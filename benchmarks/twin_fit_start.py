@@ -9,7 +9,7 @@ same for the capacity relative to the defaults (what the twin ranks by), and the
 best among the set. More configurations per fit than a study verifies (one or two), so the comparison
 is not down to one pick's luck.
 
-Run: python benchmarks/twin_fit_start.py [--seeds 3] [--scenarios ...] [--jobs 2]
+Run: python benchmarks/twin_fit_start.py [--seeds 3] [--scenarios ...] [--jobs 2] [--starts launch] [--out F]
 """
 
 from __future__ import annotations
@@ -40,14 +40,14 @@ def config_set(gt: dict, top: int, every: int) -> list[str]:
 
 
 def one(args) -> dict:
-    sc, seed, top, every = args
+    sc, seed, top, every, starts = args
     workload, slo = sc.workload(), sc.slo()
     gt = ground_truth(sc)
     runner = noisy_runner(sc, seed, workload, slo)
     base = fitted_baseline(runner, Budget(max_trials=1))
     keys = config_set(gt, top, every)
     out = {"scenario": sc.name, "seed": seed, "baseline_measured": base.capacity_rps, "variants": {}}
-    for launch_start in (False, True):
+    for launch_start in [s == "launch" for s in starts]:
         t0 = time.perf_counter()
         twin = Twin.build(sc.gpu, sc.model, workload, slo, load_settings(sc, seed), seed=seed,
                           launch_start=launch_start)
@@ -80,13 +80,15 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=8)
     ap.add_argument("--every", type=int, default=8)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--starts", default="nominal,launch", help="the first fit's starts to compare")
+    ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
     scs = scenarios(args.scenarios.split(","))
     t0 = time.perf_counter()
-    jobs = [(sc, seed, args.top, args.every) for seed in range(args.seeds) for sc in scs]
+    jobs = [(sc, seed, args.top, args.every, args.starts.split(",")) for seed in range(args.seeds) for sc in scs]
     with ProcessPoolExecutor(args.jobs) as pool:
         results = list(pool.map(one, jobs))
-    OUT.write_text(json.dumps(results, indent=1))
+    args.out.write_text(json.dumps(results, indent=1))
     print(f"{'scenario':26s} {'seed':>4s}  {'start':8s} {'loss':>6s} {'|err|':>6s} {'|ratio err|':>11s} "
           f"{'best of set':>11s}  fit s")
     agg: dict[str, dict[str, list]] = {}
