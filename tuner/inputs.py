@@ -116,3 +116,21 @@ def option_error(e: ValidationError, names: dict[str, str]) -> UserError:
 def file_sha256(path: str | Path) -> str:
     """The digest a study and its gate record of each input file (a gate refuses a changed one)."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+#: What a resumed study must be run with as it was started (StudyInfo field -> the option that sets it):
+#: the stored launches were measured under these, and a study that mixed two of them would compare
+#: launches of different workloads, SLOs or engines, or follow a plan another strategy made.
+RESUME_MUST_MATCH = {"strategy": "--strategy", "workload_sha256": "--workload", "slo_sha256": "--slo",
+                     "engine": "--engine", "gpu": "--gpu", "model": "--model",
+                     "search_space": "--search-space"}
+
+
+def check_resume(stored: dict, now: dict) -> None:
+    """`--resume` with an option that differs from the study's start is a user error (exit 2), named."""
+    for field, option in RESUME_MUST_MATCH.items():
+        if field in stored and stored[field] != now.get(field):
+            what = "contents" if field.endswith("sha256") else "value"
+            was = "" if field.endswith("sha256") or field == "search_space" else f" ({stored[field]})"
+            raise UserError(f"this study was started with another {what}{was}; resume it with the options it "
+                            "was started with, or start a new study in another --out", field=option)

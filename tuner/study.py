@@ -23,7 +23,7 @@ from tuner.engine.base import Engine
 from tuner.storage.optuna_study import STUDY_NAME, close_orphans, open_study  # noqa: F401  (re-exported)
 from tuner.engine.registry import EngineSpec, create as create_engine, engine_class, names as engine_names
 from tuner.errors import UserError
-from tuner.inputs import check_out_dir, file_sha256, option_error
+from tuner.inputs import check_out_dir, check_resume, file_sha256, option_error
 from tuner.capacity.knee import KneeSettings
 from tuner.capacity.measure import LoadSettings, engine_load_settings
 from tuner.storage.records import StudyInfo
@@ -301,14 +301,17 @@ def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outco
             reap_stale(d)
     url = storage_url(opts)
     study = open_study(url, create=True, resume=opts.resume)
+    load = load_settings(opts, engine)
+    info = study_info(opts, workload, slo, space, load).model_dump(mode="json")
+    if opts.resume and "info" in study.user_attrs:
+        check_resume(study.user_attrs["info"], info)  # before anything of the study is touched
     if opts.resume and url.startswith("sqlite"):
         close_orphans(study)
     if not url.startswith("sqlite"):
         (opts.out / "storage.txt").write_text(url + "\n")
     (opts.out / "study_name.txt").write_text(STUDY_NAME + "\n")
-    load = load_settings(opts, engine)
     if "info" not in study.user_attrs:
-        study.set_user_attr("info", study_info(opts, workload, slo, space, load).model_dump(mode="json"))
+        study.set_user_attr("info", info)
     noise_floor = opts.noise_floor if opts.noise_floor is not None else opts.precision
     runner = TrialRunner(study=study, engine=engine, workload=workload, slo=slo, space=space,
                          load=load, knee=KneeSettings(precision=opts.precision),

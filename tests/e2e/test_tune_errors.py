@@ -87,3 +87,35 @@ def test_usage_errors_are_one_line_and_exit_2(tmp_path: Path, bad: list[str], ex
     p = tune("--workload", WORKLOAD, "--slo", SLO, "--gpu", GPU, "--model", MODEL, "--out", tmp_path / "o",
              *bad, timeout=60)
     assert_one_line_exit_2(p, expected)
+
+
+def test_resume_with_another_strategy_or_workload_is_refused_and_the_study_left_as_it_was(tmp_path: Path) -> None:
+    """`--resume` continues the study that was started: an option it was started with, changed, would mix
+    launches of two workloads or follow another strategy's plan. One line naming the option, exit 2,
+    the stored study untouched; the resume command as started still runs."""
+    import optuna
+
+    from tests.e2e.conftest import sqlite_url
+
+    out = tmp_path / "run"
+    workload = tmp_path / "chat.jsonl"
+    workload.write_bytes(Path(WORKLOAD).read_bytes())
+    base = ["--workload", workload, "--slo", SLO, "--engine", "sim", "--gpu", GPU, "--model", MODEL,
+            "--out", out, "--search-space", str(Path(__file__).parents[1] / "fixtures" / "tune" / "space2.yaml"),
+            "--requests-per-run", "200", "--strategy", "guided", "--no-confirm"]
+    p = tune(*base, "--max-trials", "1")
+    assert p.returncode == 0, p.stderr
+
+    def trials():
+        st = optuna.load_study(study_name="slo-tuner", storage=sqlite_url(out))
+        return [(t.number, t.state, t.datetime_complete) for t in st.get_trials(deepcopy=False)]
+    before = trials()
+    line = assert_one_line_exit_2(tune(*base, "--max-trials", "2", "--resume", "--strategy", "grid"), "--strategy")
+    assert "guided" in line, line
+    workload.write_bytes(workload.read_bytes() + workload.read_bytes().splitlines(keepends=True)[0])
+    assert_one_line_exit_2(tune(*base, "--max-trials", "2", "--resume"), "--workload")
+    assert trials() == before
+    workload.write_bytes(Path(WORKLOAD).read_bytes())
+    p = tune(*base, "--max-trials", "2", "--resume")
+    assert p.returncode == 0, p.stderr
+    assert len(trials()) > len(before)

@@ -66,6 +66,8 @@ def open_study(url: str, *, create: bool, resume: bool) -> optuna.Study:
                         field="--out")
     if STUDY_NAME not in names and not create:
         raise UserError("no study in this storage", field="--storage")
+    if STUDY_NAME in names:  # loaded, not "created": Optuna's "Using an existing study" line is no news
+        return optuna.load_study(study_name=STUDY_NAME, storage=storage)
     return optuna.create_study(study_name=STUDY_NAME, storage=storage, direction="maximize",
                                load_if_exists=True)
 
