@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import GPU, MODEL, SLO, WORKLOAD, tune
+import optuna
+
+from tests.e2e.conftest import GPU, MODEL, SLO, WORKLOAD, sqlite_url, tune
 
 pytestmark = pytest.mark.e2e
 
@@ -93,10 +95,6 @@ def test_resume_with_another_strategy_or_workload_is_refused_and_the_study_left_
     """`--resume` continues the study that was started: an option it was started with, changed, would mix
     launches of two workloads or follow another strategy's plan. One line naming the option, exit 2,
     the stored study untouched; the resume command as started still runs."""
-    import optuna
-
-    from tests.e2e.conftest import sqlite_url
-
     out = tmp_path / "run"
     workload = tmp_path / "chat.jsonl"
     workload.write_bytes(Path(WORKLOAD).read_bytes())
@@ -109,6 +107,7 @@ def test_resume_with_another_strategy_or_workload_is_refused_and_the_study_left_
     def trials():
         st = optuna.load_study(study_name="slo-tuner", storage=sqlite_url(out))
         return [(t.number, t.state, t.datetime_complete) for t in st.get_trials(deepcopy=False)]
+
     before = trials()
     line = assert_one_line_exit_2(tune(*base, "--max-trials", "2", "--resume", "--strategy", "grid"), "--strategy")
     assert "guided" in line, line
