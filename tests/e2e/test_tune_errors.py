@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 import optuna
+import pytest
 
 from tests.e2e.conftest import GPU, MODEL, SLO, WORKLOAD, sqlite_url, tune
 
