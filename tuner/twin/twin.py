@@ -22,8 +22,8 @@ from tuner.twin.anchor import scaled_slo, slo_scale
 from tuner.twin.predict import FULL, freshen, predict, rank_space, rerank, twin_load
 from tuner.workload.model import Workload
 
-FIT_TRIALS = 40   # simulated replays of every launch in the first fit (CMA-ES over six parameters)
-REFIT_TRIALS = 24  # in a refit, warm-started from the last one
+FIT_TRIALS = 80   # simulated replays of every launch in the first fit (CMA-ES over six parameters)
+REFIT_TRIALS = 48  # in a refit, warm-started from the last one
 RERANK_TOP = 6    # configurations predicted again after each refit (and the incumbent)
 
 
