@@ -151,14 +151,26 @@ def test_the_twin_judges_a_scaled_slo_with_the_same_percentiles(chat):
 
 
 def test_the_anchor_puts_the_twins_knee_of_a_launched_configuration_where_it_was_measured(chat, truth_baseline):
-    """Fitted and anchored, the twin's own knee of the baseline is the measured one within its 3% bracket
-    plus the fit's error, whatever constant bias in latency its structure leaves."""
+    """Fitted and anchored (its SLO, then its capacities), the twin's own knee of the baseline is the
+    measured one within its 3% bracket, whatever constant bias in latency its structure leaves."""
     wl, slo = chat
     twin = Twin.build(GPU, MODEL, wl, slo, LOAD, fit_trials=12)
     res = twin.refit([truth_baseline])
-    assert 0.2 <= res.params.slo_scale <= 5.0
+    assert 0.2 <= res.params.slo_scale <= 5.0 and 0.5 <= res.params.capacity_scale <= 2.0
     pred = twin.predict(Knobs(), start_rate=truth_baseline.capacity_rps)
-    assert pred.capacity_rps == pytest.approx(truth_baseline.capacity_rps, rel=0.10)
+    assert pred.capacity_rps == pytest.approx(truth_baseline.capacity_rps, rel=0.04)
+    assert [r for r, _ in pred.curve] and max(r for r, _ in pred.curve) >= pred.capacity_rps  # launches' scale
+
+
+def test_the_capacity_scale_is_the_launches_measured_over_predicted():
+    from tuner.twin.anchor import capacity_scale
+
+    anchors = [("a", 10.0), ("b", 20.0), ("c", 5.0)]
+    twin_says = {"a": 8.0, "b": 25.0, "c": None}   # c: the twin predicts no capacity, no anchor
+    scale = capacity_scale(anchors, lambda k, rate: twin_says[k])
+    assert scale == pytest.approx(((10 / 8) * (20 / 25)) ** 0.5)
+    assert capacity_scale([("a", 10.0)], lambda k, rate: 1.0) == 2.0   # clipped: no rescue of a bad fit
+    assert capacity_scale([("c", 5.0)], lambda k, rate: None) == 1.0
 
 
 def _run(rate: float, e2e_ms: float, tpot_ms: float, ttft_ms: float) -> "LoadRunSummary":

@@ -78,14 +78,16 @@ def predict(params: TwinParams, gpu, model, knobs: Knobs, workload: Workload, sl
     except LaunchFailure as e:
         return Prediction(knobs=knobs.set_only(), launch_failure=f"{e.kind}: {e.message[:200]}",
                           params_after_trial=after_trial)
+    cs = params.capacity_scale   # the twin's rates are the launches' over this (`TwinParams`)
     with server:
-        r = find_capacity(server, workload, slo, start_rate=start_rate, load=twin_load(load, fidelity),
+        r = find_capacity(server, workload, slo, start_rate=start_rate / cs, load=twin_load(load, fidelity),
                           knee=fidelity.knee, max_num_seqs=server.cfg.max_num_seqs)
     passing = next((p for p in r.points if p.rate == r.capacity), None)
     d = diagnose(r.fail_summary, r.fail_digest or r.pass_digest, passing)
-    curve = [(round(p.rate, 4), None if p.badness is None else round(p.badness, 4))
+    curve = [(round(p.rate * cs, 4), None if p.badness is None else round(p.badness, 4))
              for p in sorted(r.points, key=lambda p: p.rate) if p.rate < 1e5]
-    return Prediction(knobs=knobs.set_only(), capacity_rps=r.capacity, binding=d.kind if d else None,
+    return Prediction(knobs=knobs.set_only(), capacity_rps=r.capacity and r.capacity * cs,
+                      binding=d.kind if d else None,
                       curve=curve, params_after_trial=after_trial, screened=fidelity != FULL)
 
 

@@ -18,7 +18,7 @@ from tuner.storage.records import TrialRecord
 from tuner.storage.twin import FitResult, Prediction, Ranking, TwinParams
 from tuner.twin.fit import FitContext, Observation, fit
 from tuner.twin.params import nominal
-from tuner.twin.anchor import scaled_slo, slo_scale
+from tuner.twin.anchor import capacity_scale, scaled_slo, slo_scale
 from tuner.twin.predict import FULL, freshen, predict, rank_space, rerank, twin_load
 from tuner.workload.model import Workload
 
@@ -65,7 +65,12 @@ class Twin:
         anchors = [(o.knobs, o.capacity_rps) for o in obs if o.capacity_rps]
         scale = slo_scale(self.gpu, self.model, res.params, anchors, self.workload, self.slo,
                           twin_load(self.load), FULL.knee, shapes=self.shapes)
-        res = res.model_copy(update={"params": res.params.model_copy(update={"slo_scale": scale})})
+        params = res.params.model_copy(update={"slo_scale": scale})
+        judged = scaled_slo(self.slo, scale)
+        cap = capacity_scale(anchors, lambda k, rate: predict(
+            params, self.gpu, self.model, k, self.workload, judged, self.load, start_rate=rate,
+            shapes=self.shapes).capacity_rps)
+        res = res.model_copy(update={"params": params.model_copy(update={"capacity_scale": cap})})
         self.fits.append(res)
         return res
 
