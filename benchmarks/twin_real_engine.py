@@ -266,6 +266,13 @@ def grid_predictions(out: Path, table: dict[str, float], seed: int = 0) -> dict:
             "twin_best": best_pred, "twin_best_of_optimum": table[best_pred] / max(table.values())}
 
 
+def predict_sources(args, truth: dict) -> list[tuple[str, Path]]:
+    """The studies whose defaults launch `predict` fits the twin to (`--predict-from`)."""
+    if args.predict_from == "passes":
+        return [(p["seed"], pass_dir(p["code"], p["seed"])) for p in truth["passes"]]
+    return [(seed, CACHE / f"twin-{truth['key']['code']}-{args.predict_from}-s{seed}") for seed in args.seeds.split(",")]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--phases", default="truth,predict,twin,tpe",
@@ -274,6 +281,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", default="0", help="seeds of the twin and guided studies, e.g. 0,1")
     ap.add_argument("--tag", default="", help="a name for fresh twin/guided studies (a changed strategy is "
                                                "measured in new study folders; without it, the cached ones resume)")
+    ap.add_argument("--predict-from", default="passes",
+                    help="whose defaults launch `predict` fits to: passes (the truth's), or a tag of twin studies "
+                         "(their baselines, with --seeds: launches measured today, when the passes' studies are "
+                         "not on this host)")
     ap.add_argument("--passes", type=int, default=PASSES, help="launches per configuration in the truth")
     args = ap.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -293,15 +304,15 @@ def main(argv=None) -> int:
     from tuner.search.space import load_space
 
     if "predict" in phases:
-        result["predict"] = []
-        for p in truth["passes"]:
-            out = pass_dir(p["code"], p["seed"])
+        name = "predict" + (f"-{args.predict_from}" if args.predict_from != "passes" else "")
+        result[name] = []
+        for seed, out in predict_sources(args, truth):
             if not (out / "study.db").exists():
-                print(f"predict: pass seed {p['seed']} has no study here ({out.name}); skipped")
+                print(f"predict: {out.name} has no study here; skipped")
                 continue
             g = grid_predictions(out, table)
-            result["predict"].append(g)
-            print(f"predict from pass seed {p['seed']}'s defaults launch ({g['baseline_rps']:.2f} req/s): fit "
+            result[name].append(g)
+            print(f"predict from {out.name}'s defaults launch ({g['baseline_rps']:.2f} req/s): fit "
                   f"loss {g['fit_loss']:.3f} (nominal {g['nominal_loss']:.3f}, from the {g['fit_start']} point), "
                   f"{g['wall_s']} s; median |error| "
                   f"{g['median_abs_error']:.1%}; twin's best {g['twin_best']} = {g['twin_best_of_optimum']:.1%}")
@@ -309,7 +320,7 @@ def main(argv=None) -> int:
                 err = f"{r['error']:+.0%}" if r["error"] is not None else "-"
                 print(f"   {k:55s} truth {r['truth']:6.2f}  twin {r['predicted'] or 0:6.2f}  {err:>5s}  "
                       f"binds {r['binding']}")
-        errs = [abs(r["error"]) for g in result["predict"] for r in g["rows"].values() if r["error"] is not None]
+        errs = [abs(r["error"]) for g in result[name] for r in g["rows"].values() if r["error"] is not None]
         if errs:
             print(f"predict: median |error| over {len(errs)} predictions: {statistics.median(errs):.1%}")
     for strategy in ("twin", "guided"):
