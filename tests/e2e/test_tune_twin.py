@@ -82,10 +82,12 @@ def test_twin_on_real_vllm_fits_the_host_and_verifies_its_predictions(tmp_path: 
     assert log["configurations"] == 9                      # the 8 of the space and vLLM's defaults
     rep = json.loads((out / "report.json").read_text())
     tw = rep["twin"]
-    # the launched baseline, predicted by the twin fitted to it, lands near what it measured
-    base = next(r for r in tw["ranking"] if r["knobs"] == {})
+    # the launched baseline, predicted by the twin fitted to it alone, lands near what it measured (the
+    # final ranking is anchored to both launches, and two launches of the same configuration on this
+    # host have measured 17 and 35 req/s: on 2026-12-04 it put the baseline at 26.3 against 16.8)
+    base = next(r for r in log["first_ranking"]["predictions"] if r["knobs"] == {})
     measured = study.trials[0].user_attrs["record"]["capacity_rps"]
-    assert measured and abs(base["predicted_rps"] / measured - 1) < 0.25, (base, measured)
+    assert measured and abs(base["capacity_rps"] / measured - 1) < 0.25, (base, measured)
     # The second launch is a verified prediction: the first verification is launched even where the
     # twin predicts nothing beats the defaults (its error off the baseline is unmeasured until then).
     launched = [t for t in study.trials if t.user_attrs.get("record", {}).get("launched")]
