@@ -266,11 +266,11 @@ def grid_predictions(out: Path, table: dict[str, float], seed: int = 0) -> dict:
             "twin_best": best_pred, "twin_best_of_optimum": table[best_pred] / max(table.values())}
 
 
-def predict_sources(args, truth: dict) -> list[tuple[str, Path]]:
+def predict_sources(args, truth: dict) -> list[Path]:
     """The studies whose defaults launch `predict` fits the twin to (`--predict-from`)."""
     if args.predict_from == "passes":
-        return [(p["seed"], pass_dir(p["code"], p["seed"])) for p in truth["passes"]]
-    return [(seed, CACHE / f"twin-{truth['key']['code']}-{args.predict_from}-s{seed}") for seed in args.seeds.split(",")]
+        return [pass_dir(p["code"], p["seed"]) for p in truth["passes"]]
+    return [CACHE / f"twin-{truth['key']['code']}-{args.predict_from}-s{seed}" for seed in args.seeds.split(",")]
 
 
 def main(argv=None) -> int:
@@ -306,7 +306,7 @@ def main(argv=None) -> int:
     if "predict" in phases:
         name = "predict" + (f"-{args.predict_from}" if args.predict_from != "passes" else "")
         result[name] = []
-        for seed, out in predict_sources(args, truth):
+        for out in predict_sources(args, truth):
             if not (out / "study.db").exists():
                 print(f"predict: {out.name} has no study here; skipped")
                 continue

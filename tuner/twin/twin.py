@@ -65,13 +65,10 @@ class Twin:
         anchors = [(o.knobs, o.capacity_rps) for o in obs if o.capacity_rps]
         scale = slo_scale(self.gpu, self.model, res.params, anchors, self.workload, self.slo,
                           twin_load(self.load), FULL.knee, shapes=self.shapes)
-        params = res.params.model_copy(update={"slo_scale": scale})
-        judged = scaled_slo(self.slo, scale)
-        cap = capacity_scale(anchors, lambda k, rate: predict(
-            params, self.gpu, self.model, k, self.workload, judged, self.load, start_rate=rate,
-            shapes=self.shapes).capacity_rps)
-        res = res.model_copy(update={"params": params.model_copy(update={"capacity_scale": cap})})
-        self.fits.append(res)
+        self.fits.append(res.model_copy(update={"params": res.params.model_copy(update={"slo_scale": scale})}))
+        cap = capacity_scale(anchors, lambda k, rate: self.predict(k, start_rate=rate).capacity_rps)
+        res = self.fits[-1]
+        self.fits[-1] = res = res.model_copy(update={"params": res.params.model_copy(update={"capacity_scale": cap})})
         return res
 
     @property
