@@ -94,6 +94,7 @@ def bench(
 ) -> None:
     """One load run against a running server, printed as `vllm bench serve` prints it."""
     from tuner.bench.result import bench_result, bench_schedule, format_table
+    from tuner.replay.check import bound_ms, check_run
     from tuner.replay.client import run_load_http
     from tuner.slo import load_slo
     from tuner.workload.loader import load_workload
@@ -115,15 +116,24 @@ def bench(
           + (f", at most {max_concurrency} in flight" if max_concurrency else ""), file=sys.stderr)
     run = run_load_http(url, reqs, times, offered_rate=rate if math.isfinite(rate) else 0.0, model=name,
                         api=api, api_key=api_key, request_timeout_s=request_timeout,
-                        stall_timeout_s=request_timeout, metrics=False, max_concurrency=max_concurrency,
-                        max_in_flight=max(2048, len(reqs)))
+                        stall_timeout_s=request_timeout, metrics=True, sample_interval_s=0,
+                        max_concurrency=max_concurrency, max_in_flight=max(2048, len(reqs)))
+    # the server's own histograms over the run (two scrapes, none during it): the witness that tells a
+    # slow server from a client that waited for a CPU
+    check = check_run(run, bound_ms(the_slo.ttft.max_ms if the_slo is not None and the_slo.ttft else None))
     res = bench_result(run, rate=rate, burstiness=burstiness, max_concurrency=max_concurrency, model=name,
                        api=api, percentiles=percentiles, slo=the_slo)
     for w in run.warnings:
         print(f"warning: {w}", file=sys.stderr)
     print(format_table(res, percentiles))
+    print(f"{'Server-side check':-^50}")
+    print(check.line() or "(the server exports no latency histograms)")
+    if check.client_bound:
+        print("CLIENT-BOUND: these timings are the client's, not the server's: " + "; ".join(check.reasons)
+              + " (docs/measurement.md, 'Who gets the CPU')")
     if json_out is not None:
-        json_out.write_text(json.dumps(res.model_dump(mode="json"), indent=2) + "\n")
+        json_out.write_text(json.dumps({**res.model_dump(mode="json"), "client_check": check.model_dump(mode="json")},
+                                       indent=2) + "\n")
     if save_run is not None:  # an interrupted run too: what was measured is kept
         from tuner.replay.store import save_load_run
 

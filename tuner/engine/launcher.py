@@ -177,7 +177,7 @@ class ManagedProcess:
         self._watch_fd: int | None = None
         self.argv = list(argv)
         self.pid = popen.pid
-        self.pgid = popen.pid  # start_new_session: the child leads its own session and group
+        self.pgid = popen.pid  # process_group=0: the child leads its own process group
         self.host = host
         self.port = port
         self.run_dir = run_dir
@@ -339,7 +339,17 @@ def _tail(text: str, lines: int = 40) -> str:
 def start_process(argv: Sequence[str], *, run_dir: str | Path, port: int, host: str = "127.0.0.1",
                   env: Mapping[str, str] | None = None, log_name: str = "server.log",
                   cwd: str | Path | None = None) -> ManagedProcess:
-    """Exec `argv` as a new session with pdeathsig, stdout+stderr to `run_dir/log_name`; write the pidfile.
+    """Exec `argv` as a new process group with pdeathsig, stdout+stderr to `run_dir/log_name`; write the
+    pidfile.
+
+    A process group, not a session: the group is what `stop` signals (and what keeps a terminal's Ctrl-C
+    away from the server), while staying in the tool's session keeps the server in the tool's scheduling
+    group. Linux's autogroup scheduler (`kernel.sched_autogroup_enabled`, on by default) shares the CPU
+    between sessions by their recent load: a server launched as its own session, whose engine threads
+    busy-poll, left the load client (mostly asleep, so a light group) waiting ~10 ms on the run queue at
+    every wake-up. On a 2-core host that made the client read whole responses long after the server
+    streamed them: mean TTFT 300-600 ms where vLLM's own histogram said 10 ms (docs/measurement.md,
+    "Who gets the CPU").
 
     `env` is added to this process's environment. Raises `UserError` when the program does not exist.
     """
@@ -354,7 +364,7 @@ def start_process(argv: Sequence[str], *, run_dir: str | Path, port: int, host: 
     with signals.deferred(), open(log_path, "ab") as logf:
         try:
             popen = _Spawner.popen(list(argv), stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
-                                   env=full_env, cwd=cwd, start_new_session=True,
+                                   env=full_env, cwd=cwd, process_group=0,
                                    preexec_fn=_pdeathsig_preexec(), close_fds=True)
         except FileNotFoundError as e:
             raise UserError(f"cannot run {argv[0]!r}: not found ({e.strerror})", field="command") from e

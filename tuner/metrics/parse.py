@@ -20,6 +20,8 @@ from pydantic import BaseModel, Field
 from tuner.metrics.window import HistogramDelta
 
 PREFIX = "vllm:"
+#: The HTTP simulator's own counters (how far its step loop fell behind), kept under their full names.
+SIM_PREFIX = "sim:"
 
 #: old name -> current name (both without prefix; counters without `_total`).
 RENAMED = {
@@ -92,6 +94,8 @@ def parse_metrics(text: str, *, only: tuple[str, ...] | None = None, t: float | 
     cache_config: dict[str, str] = {}
     for fam in text_string_to_metric_families(text):
         if not fam.name.startswith(PREFIX):
+            if fam.name.startswith(SIM_PREFIX) and fam.type == "counter":  # the HTTP simulator's own
+                counters[fam.name] = sum(s.value for s in fam.samples if s.name.endswith("_total"))
             continue
         name = _strip(fam.name)
         if fam.type == "gauge":

@@ -108,6 +108,7 @@ class _Runner:
         self.stopped_s: float | None = None
         self.scale = 1.0
         self.t0 = 0.0
+        self._sched0: tuple[float, float] | None = None
         self.in_flight = self.sent = self.done = self.good = self.cap_hits = 0
         self.warnings: list[str] = []
         span = max(self.send_times, default=0.0)
@@ -263,8 +264,9 @@ class _Runner:
                 if self.max_concurrency is not None:
                     self._slots = asyncio.Semaphore(self.max_concurrency)
                 self.t0 = time.monotonic() + START_DELAY_S
+                self._sched0 = _thread_schedstat()
                 started_unix = time.time() + START_DELAY_S
-                if before is not None:
+                if before is not None and self.sample_interval_s > 0:
                     sampler = GaugeSampler(self.base, interval_s=self.sample_interval_s,
                                            api_key=self.api_key, t0=self.t0, time_scale=self.scale)
                     helpers.append(asyncio.create_task(sampler.run(client)))
@@ -295,7 +297,7 @@ class _Runner:
                     h.cancel()
                 await asyncio.gather(*helpers, return_exceptions=True)
                 after = await self._scrape(client) if before is not None else None
-                mw = window(before, after, sampler.samples) if before and after else None
+                mw = window(before, after, sampler.samples if sampler else []) if before and after else None
                 self.result = self._finish(end, mw, started_unix)
                 return self.result
             except asyncio.CancelledError:
@@ -315,6 +317,10 @@ class _Runner:
     def _finish(self, end: float, mw: MetricsWindow | None, started_unix: float,
                 interrupted: bool = False) -> LoadRun:
         self._report()
+        sched0, sched1 = self._sched0, _thread_schedstat()
+        cpu_s = runq_s = None
+        if sched0 is not None and sched1 is not None:
+            cpu_s, runq_s = sched1[0] - sched0[0], sched1[1] - sched0[1]
         if self.cap_hits:
             self.warnings.append(f"{self.cap_hits} requests hit the in-flight cap ({self.max_in_flight}) "
                                  "and were recorded as errors; the server is far past saturation")
@@ -325,7 +331,8 @@ class _Runner:
         return LoadRun(offered_rate=self.offered_rate, duration_s=max(0.0, self.clock(end)),
                        window_start_s=self.window[0], window_end_s=self.window[1], records=self.records,
                        metrics=mw, warnings=self.warnings, engine=self.engine, time_scale=self.scale,
-                       interrupted=interrupted, started_unix=started_unix, stopped_s=self.stopped_s)
+                       interrupted=interrupted, started_unix=started_unix, stopped_s=self.stopped_s,
+                       client_cpu_s=cpu_s, client_runq_s=runq_s)
 
 
 async def run_load_async(base_url: str, requests: Sequence[WorkloadRequest], send_times: Sequence[float],
@@ -333,6 +340,18 @@ async def run_load_async(base_url: str, requests: Sequence[WorkloadRequest], sen
     """`run_load_http` for callers already inside an event loop; cancellation propagates after the
     partial run is built (it is lost to the caller then; use `run_load_http` to keep it)."""
     return await _Runner(base_url, requests, send_times, **_defaults(kw)).run()
+
+
+def _thread_schedstat() -> tuple[float, float] | None:
+    """(seconds on a CPU, seconds runnable but waiting for one) of the calling thread, from Linux's
+    schedstat; None elsewhere. The event loop's thread is the client: its run-queue wait is the time the
+    host did not give the client, which no latency figure of its own can tell apart from the server's."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            cpu_ns, wait_ns = f.read().split()[:2]
+        return int(cpu_ns) / 1e9, int(wait_ns) / 1e9
+    except (OSError, ValueError):
+        return None
 
 
 def _defaults(kw: dict) -> dict:
@@ -359,7 +378,7 @@ def run_load_http(base_url: str, requests: Sequence[WorkloadRequest], send_times
     `model=None` takes the first model of `/v1/models`. `prompt_salt` seeds the request-unique part of
     synthesised prompts; the default is fresh per run so a second run on the same server does not hit the
     first run's prefix cache. With `metrics`, `/metrics` is scraped before and after (counter and
-    histogram deltas) and its gauges sampled every `sample_interval_s`. `progress(sent, done, ok)` is
+    histogram deltas) and its gauges sampled every `sample_interval_s` (0: not sampled). `progress(sent, done, ok)` is
     called about every 0.2 s. On Ctrl-C the partial run is returned with `interrupted=True`.
     `max_concurrency=C` makes it a closed loop of at most C requests in flight (see the module docstring).
     """
