@@ -30,6 +30,9 @@ BADNESS_CAP = 4.0  # beyond this a point is simply "far over": do not extrapolat
 #: the rate for hours.
 ALL_FAIL_SHARE = 0.9
 OVERLOAD_CAUSES = ("timeout", "in_flight_cap")
+#: A load run whose timings were the client's (`tuner.replay.check`) is run again this many times; still
+#: the client's, the search stops: what it would measure on this host is the host, not the server.
+CLIENT_BOUND_RERUNS = 2
 
 
 def _causes(p: LoadRunSummary) -> str:
@@ -91,6 +94,9 @@ class KneeResult:
     #: Set when nearly every request of a load run failed before any rate passed: that, in one line
     #: with the server's own words (the trial is then a failure, not a capacity).
     requests_failed: str | None = None
+    #: Set when load runs kept measuring the client instead of the server (`tuner.replay.check`): that,
+    #: with both figures; the trial is then a failure, not a capacity.
+    client_bound: str | None = None
 
     @property
     def runs(self) -> int:
@@ -135,14 +141,27 @@ class KneeSearch:
         load = self.load
         runs: list[Measured] = []
         seed = self.load.seed
+        dropped: list = []
         while True:
             m = measure_run(self.server, self.workload, self.slo, rate, load, seed=seed,
                             salt=self._next_salt(), sequential=sequential)
             self.result.engine_s += m.run.duration_s
+            check = m.run.client_check
+            if check is not None and check.client_bound:
+                # neither a pass nor a fail of the server: run again; the dropped run stays on record
+                dropped.append(check)
+                if len(dropped) <= CLIENT_BOUND_RERUNS:
+                    continue
+                self.result.client_bound = (
+                    f"{len(dropped)} load runs at {rate:.3g} req/s measured the client, not the server: "
+                    + "; ".join(check.reasons) + f" ({check.line()})")
             runs.append(m)
             records = [r for x in runs for r in x.run.records]
             s = summarize(records, self.slo, rate, [x.run for x in runs], [x.verdict for x in runs],
                           sum(x.wall_s for x in runs))
+            if self.result.client_bound is not None:  # not the server's: neither a pass nor a fail
+                s.verdict, s.passed, s.decided = "client_bound", False, False
+                break
             # too short to tell, or (virtual time, where a longer run is cheap) a verdict inside the
             # noise: the same rate again with more requests, the shorter run dropped
             if s.verdict == "too_short" or (not s.decided and self.load.max_duration_s is None
@@ -165,6 +184,7 @@ class KneeSearch:
                 break
             seed = self._next_seed()
         last = runs[-1].run if runs else m.run
+        s.client_bound_runs = dropped
         meas = Measurement(s, digest(last.metrics, rate, self.max_num_seqs,
                                      (last.window_start_s, last.window_end_s)), records)
         self._record(meas)
@@ -197,6 +217,10 @@ class KneeSearch:
             r.requests_failed = r.why_none = (
                 f"{s.errors} of {s.n} requests failed at {s.offered_rps or s.rate:.3g} req/s ({causes})"
                 + (f": {said}" if said else ""))
+        if s.verdict == "client_bound":  # on record, but says nothing about the server
+            if self.on_point:
+                self.on_point(s)
+            return
         if s.rate >= self.knee.saturation_rate:
             self._probe = s
             if self.on_point:
@@ -398,7 +422,7 @@ class KneeSearch:
         if race_rate is not None:
             m = self.evaluate(race_rate)
             s = m.summary
-            if not s.passed and (s.badness is None or s.badness > 1 + self.knee.race_band
+            if not s.passed and s.verdict != "client_bound" and (s.badness is None or s.badness > 1 + self.knee.race_band
                                  or s.verdict == "overloaded"):
                 self.result.raced_out = True
                 return self.result.finish(self.knee.saturation_rate)
@@ -408,7 +432,8 @@ class KneeSearch:
                 # everything at once still met the SLO: the burst says nothing about the knee
                 self._probe = None
         try:
-            while self.result.runs < self.knee.max_runs and self.result.requests_failed is None:
+            while self.result.runs < self.knee.max_runs and self.result.requests_failed is None \
+                    and self.result.client_bound is None:
                 nxt = self.next_rate(start_rate)
                 if nxt is None:
                     break

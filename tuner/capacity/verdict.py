@@ -61,7 +61,8 @@ class Verdict:
     ci_high: float = 1.0
     design_effect: float = 1.0   # the outcomes' clustering in send order (1: independent)
     offered_rps: float | None = None   # realised: in-window sends per second of their span
-    served_rps: float | None = None    # offered - growth of the in-flight count
+    served_rps: float | None = None    # offered - growth of the in-flight count, at most offered
+    departure_rps: float | None = None  # the same unclamped (above offered when requests were cut)
     growth_rps: float = 0.0
     growth_se: float = 0.0
     span_s: float = 0.0                # scored window's send span
@@ -168,6 +169,16 @@ def _growth(sent: np.ndarray, end: np.ndarray, t0: float, t1: float, batches: in
     return slope, se, float(inflight.max())
 
 
+def _served(offered: float | None, growth: float) -> float | None:
+    """What the server achieved: requests leaving it per second (offered minus the growth of the
+    in-flight count, the departure rate of a system whose backlog grows by `growth`), never above the
+    rate offered. Unclamped it read above offered on runs whose requests were cut or dropped at the
+    end (an error also ends a request, so the count fell): a server cannot serve more than it was sent."""
+    if offered is None:
+        return None
+    return min(offered, offered - growth)
+
+
 def design_effect(bad: np.ndarray, batches: int = 10) -> float:
     """How much the requests' outcomes cluster in send order (a burst makes its neighbours slow too):
     the variance of the bad fraction over `batches` stretches against the binomial one, in [1, 10].
@@ -218,7 +229,7 @@ def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: Stead
     g1 = float(w_sent.max())
     growth, growth_se, peak = _growth(sent, end, g0, g1)
     fit_sends = int(((w_sent >= g0) & (w_sent <= g1)).sum())
-    served = offered - growth if offered is not None else None
+    served = _served(offered, growth)
     final = now is None
     z = Z95 if final else Z_STOP
     order = np.argsort(w_sent, kind="stable")
@@ -243,7 +254,8 @@ def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: Stead
         clearly_growing = clearly_growing and fit_sends >= st.early_overload_sends and growth > max(
             2 * st.tolerance * offered, st.tolerance * offered + 3 * growth_se)
     v = Verdict(False, False, "inconclusive", n=n, good=good, unknown=unknown, errors=errors,
-                ci_low=lo, ci_high=hi, design_effect=deff, offered_rps=offered, served_rps=served, growth_rps=growth, growth_se=growth_se,
+                ci_low=lo, ci_high=hi, design_effect=deff, offered_rps=offered, served_rps=served,
+                departure_rps=offered - growth if offered is not None else None, growth_rps=growth, growth_se=growth_se,
                 span_s=span, p99_e2e_s=p99)
     # "errors" when the failures alone break the target and outnumber the slow requests
     slow = n - good - unknown - errors

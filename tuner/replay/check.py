@@ -24,7 +24,8 @@ from __future__ import annotations
 import math
 
 from tuner.metrics.parse import E2EL, QUEUE_TIME, TTFT
-from tuner.replay.record import ClientCheck, LoadRun
+from tuner.replay.record import LoadRun
+from tuner.storage.records import ClientCheck
 from tuner.replay.schedule import percentile
 
 #: A run is the client's when its sends were this late (p99), or its mean TTFT exceeded the server's by

@@ -332,7 +332,7 @@ class _Runner:
                        window_start_s=self.window[0], window_end_s=self.window[1], records=self.records,
                        metrics=mw, warnings=self.warnings, engine=self.engine, time_scale=self.scale,
                        interrupted=interrupted, started_unix=started_unix, stopped_s=self.stopped_s,
-                       client_cpu_s=cpu_s, client_runq_s=runq_s)
+                       client_cpu_s=cpu_s, client_runq_s=runq_s, wall_clock=True)
 
 
 async def run_load_async(base_url: str, requests: Sequence[WorkloadRequest], send_times: Sequence[float],

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from tuner.metrics.window import MetricsWindow
+from tuner.storage.records import ClientCheck
 
 
 class RequestRecord(BaseModel):
@@ -104,51 +105,6 @@ def error_cause(error: str) -> str:
     return "failed"
 
 
-class ClientCheck(BaseModel):
-    """Whether a load run measured the server or the client's own waiting (`tuner.replay.check`).
-
-    Means are over every request that got a first token, on the client and in the server's histograms
-    (the same population: the server's histograms are the difference of two scrapes around the run).
-    """
-
-    bound_ms: float
-    #: Sends: how late the client sent its requests (sent_s - scheduled_s), p99.
-    lateness_p99_ms: float | None = None
-    client_ttft_mean_ms: float | None = None
-    server_ttft_mean_ms: float | None = None
-    client_e2e_mean_ms: float | None = None
-    server_e2e_mean_ms: float | None = None
-    server_queue_mean_ms: float | None = None
-    #: Share of the run the client's event-loop thread spent runnable but waiting for a CPU (Linux
-    #: schedstat); near 1 the client was starved by other processes.
-    client_runq_share: float | None = None
-    client_cpu_share: float | None = None
-    #: The HTTP simulator: mean wall-clock lateness of its engine steps (its step loop behind the clock).
-    sim_step_lateness_ms: float | None = None
-    #: Why the run is the client's (or the simulator host's), not the server's; empty when it is the server's.
-    reasons: list[str] = Field(default_factory=list)
-
-    @property
-    def client_bound(self) -> bool:
-        return bool(self.reasons)
-
-    def line(self) -> str:
-        """The figures, one line: 'client mean TTFT 510 ms vs the server's 12 ms; sends p99 620 ms late'."""
-        parts = []
-        if self.client_ttft_mean_ms is not None and self.server_ttft_mean_ms is not None:
-            parts.append(f"client mean TTFT {self.client_ttft_mean_ms:.0f} ms vs the server's own "
-                         f"{self.server_ttft_mean_ms:.0f} ms")
-        if self.client_e2e_mean_ms is not None and self.server_e2e_mean_ms is not None:
-            parts.append(f"mean E2E {self.client_e2e_mean_ms:.0f} vs {self.server_e2e_mean_ms:.0f} ms")
-        if self.lateness_p99_ms is not None:
-            parts.append(f"sends p99 {self.lateness_p99_ms:.0f} ms late")
-        if self.client_runq_share is not None:
-            parts.append(f"client waited for a CPU {100 * self.client_runq_share:.0f}% of the run")
-        if self.sim_step_lateness_ms is not None:
-            parts.append(f"simulator steps {self.sim_step_lateness_ms:.1f} ms late on average")
-        return "; ".join(parts)
-
-
 class LoadRun(BaseModel):
     """One open-loop load run at one offered rate against one launched configuration."""
 
@@ -173,5 +129,8 @@ class LoadRun(BaseModel):
     #: CPU, and seconds runnable but waiting for one. None where the kernel does not say.
     client_cpu_s: float | None = None
     client_runq_s: float | None = None
+    #: Measured in real time by the HTTP client (not simulated in virtual time): its timings may be the
+    #: client's own waiting, which `tuner.replay.check` tells apart.
+    wall_clock: bool = False
     #: Filled by `tuner.replay.check.check_run` (the caller knows the bound).
     client_check: ClientCheck | None = None

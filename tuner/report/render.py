@@ -99,7 +99,7 @@ def _trials(rep: Report) -> list[Block]:
     for t in rep.trials:
         if t.launch_failure_kind == "ruled_out":
             outcome = f"not launched: {(t.launch_failure_message or '')[:160]}"
-        elif t.launch_failure_kind == "requests_failed":
+        elif t.launch_failure_kind in ("requests_failed", "client_bound"):
             outcome = f"launched; {(t.launch_failure_message or '')[:200]}"
         elif not t.launched and t.launch_failure_kind:
             outcome = f"launch failed ({t.launch_failure_kind}): {(t.launch_failure_message or '')[:160]}"

@@ -27,7 +27,8 @@ class RichReporter:
         self._status.start()
 
     def point(self, number: int, p: LoadRunSummary) -> None:
-        mark = "[green]pass[/]" if p.passed else "[yellow]unproven[/]" if p.verdict == "too_short" else "[red]fail[/]"
+        mark = "[green]pass[/]" if p.passed else "[yellow]unproven[/]" if p.verdict == "too_short" else \
+            "[yellow]not the server's[/]" if p.verdict == "client_bound" else "[red]fail[/]"
         p99 = ", ".join(f"{m} {v:.0f}" for m, v in p.p99_ms.items() if v is not None and m != "itl")
         rate = "burst (all at once)" if p.rate >= 1e5 else f"{p.rate:8.2f} req/s"
         why = {"overloaded": "overloaded", "too_short": "too short to tell", "errors": "errors"}.get(p.verdict)
@@ -39,6 +40,10 @@ class RichReporter:
             self.console.print(f"      [yellow]errors:[/] {causes}")
         for w in p.warnings:
             self.console.print(f"      [yellow]warning:[/] {w[:200]}")
+        for c in p.client_bound_runs:
+            self.console.print(f"      [yellow]run again, client-bound:[/] {'; '.join(c.reasons)[:240]}")
+        if p.client_check is not None and p.client_check.server_ttft_mean_ms is not None:
+            self.console.print(f"      [dim]server's own view: {p.client_check.line()[:240]}[/]")
         if self._status:
             inc = self.incumbent.capacity_rps if self.incumbent and self.incumbent.capacity_rps else None
             self._status.update(f"trial {number}: last load run {rate.strip()}, "
@@ -49,7 +54,8 @@ class RichReporter:
         if self._status:
             self._status.stop()
             self._status = None
-        what = {"requests_failed": "its requests failed", "ruled_out": "not launched"}
+        what = {"requests_failed": "its requests failed", "ruled_out": "not launched",
+                "client_bound": "not measured (the client's timings, not the server's)"}
         if rec.launch_failure_kind:
             self.console.print(f"   [yellow]{what.get(rec.launch_failure_kind, 'launch failed')}[/] "
                                f"({rec.launch_failure_kind}): {(rec.launch_failure_message or '')[:200]}")

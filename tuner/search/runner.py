@@ -289,13 +289,15 @@ class TrialRunner:
         rec.raced_out = result.raced_out
         if result.requests_failed:  # the server fails requests: a failed trial, not a capacity search
             rec.launch_failure_kind, rec.launch_failure_message = "requests_failed", result.requests_failed
+        elif result.client_bound:  # the load client measured itself: no capacity of the server's
+            rec.launch_failure_kind, rec.launch_failure_message = "client_bound", result.client_bound
         rec.knee_metrics = result.fail_digest or result.pass_digest
         if not result.raced_out:
             passing = next((p for p in rec.load_runs if p.rate == result.capacity), None)
             rec.diagnosis = diagnose(result.fail_summary, rec.knee_metrics, passing)
             if result.pass_records:
                 rec.latency_at_capacity = latency_quantiles(result.pass_records)
-        state = TrialState.FAIL if result.requests_failed else \
+        state = TrialState.FAIL if result.requests_failed or result.client_bound else \
             TrialState.PRUNED if result.raced_out else TrialState.COMPLETE
         return self._tell(trial, rec, state, t0)
 

@@ -262,6 +262,8 @@ def fit_to_host(runner: TrialRunner, rec: TrialRecord) -> Knobs | None:
 def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: int = 3,
            max_visits: int = 2, race_margin: float = 0.0, confirm: bool = True) -> Outcome:
     first = fitted_baseline(runner, budget)
+    if first.launch_failure_kind == "client_bound":  # every other launch would be measured the same way
+        return Outcome(first, None, f"the load client could not measure the baseline: {first.launch_failure_message}")
     if first.launch_failure_kind == "requests_failed" and not (first.diagnosis and first.diagnosis.knobs):
         # vLLM's defaults launched and failed nearly every request for a reason no knob answers (a wrong
         # model name, an API key, a broken server): every other launch would fail them too
@@ -352,6 +354,8 @@ def whole_space(runner: TrialRunner, budget: Budget, *, sampler: str, noise_floo
                 seed: int = 0, race: bool = False) -> Outcome:
     """Peer-style blind search over the whole space, after the same baseline trial."""
     base = fitted_baseline(runner, budget)
+    if base.launch_failure_kind == "client_bound":
+        return Outcome(base, None, f"the load client could not measure the baseline: {base.launch_failure_message}")
     if base.launch_failure_kind == "requests_failed" and not (base.diagnosis and base.diagnosis.knobs):
         return Outcome(base, None, f"the baseline failed its requests: {base.launch_failure_message}")
     best = base if base.capacity_rps else None

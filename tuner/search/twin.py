@@ -52,6 +52,8 @@ def twin_search(runner: TrialRunner, budget: Budget, twin: Twin, *, noise_floor:
     if stored is not None:  # a resumed study: the predictions made before its launches stand
         log.predicted_before_launch = stored.predicted_before_launch
     base = fitted_baseline(runner, budget)
+    if base.launch_failure_kind == "client_bound":
+        return Outcome(base, None, f"the load client could not measure the baseline: {base.launch_failure_message}")
     if base.launch_failure_kind == "requests_failed" and not (base.diagnosis and base.diagnosis.knobs):
         return Outcome(base, None, f"the baseline failed its requests: {base.launch_failure_message}")
     fitres = twin.refit(_launched(runner))

@@ -16,12 +16,60 @@ from tuner.metrics.window import GaugeSample
 SCHEMA_VERSION = 1
 
 
+class ClientCheck(BaseModel):
+    """Whether a load run measured the server or the client's own waiting (`tuner.replay.check`).
+
+    Means are over every request that got a first token, on the client and in the server's histograms
+    (the same population: the server's histograms are the difference of two scrapes around the run).
+    """
+
+    bound_ms: float
+    #: Sends: how late the client sent its requests (sent_s - scheduled_s), p99.
+    lateness_p99_ms: float | None = None
+    client_ttft_mean_ms: float | None = None
+    server_ttft_mean_ms: float | None = None
+    client_e2e_mean_ms: float | None = None
+    server_e2e_mean_ms: float | None = None
+    server_queue_mean_ms: float | None = None
+    #: Share of the run the client's event-loop thread spent runnable but waiting for a CPU (Linux
+    #: schedstat); near 1 the client was starved by other processes.
+    client_runq_share: float | None = None
+    client_cpu_share: float | None = None
+    #: The HTTP simulator: mean wall-clock lateness of its engine steps (its step loop behind the clock).
+    sim_step_lateness_ms: float | None = None
+    #: Why the run is the client's (or the simulator host's), not the server's; empty when it is the server's.
+    reasons: list[str] = Field(default_factory=list)
+
+    @property
+    def client_bound(self) -> bool:
+        return bool(self.reasons)
+
+    def line(self) -> str:
+        """The figures, one line: 'client mean TTFT 510 ms vs the server's 12 ms; sends p99 620 ms late'."""
+        parts = []
+        if self.client_ttft_mean_ms is not None and self.server_ttft_mean_ms is not None:
+            parts.append(f"client mean TTFT {self.client_ttft_mean_ms:.0f} ms vs the server's own "
+                         f"{self.server_ttft_mean_ms:.0f} ms")
+        if self.client_e2e_mean_ms is not None and self.server_e2e_mean_ms is not None:
+            parts.append(f"mean E2E {self.client_e2e_mean_ms:.0f} vs {self.server_e2e_mean_ms:.0f} ms")
+        if self.lateness_p99_ms is not None:
+            parts.append(f"sends p99 {self.lateness_p99_ms:.0f} ms late")
+        if self.client_runq_share is not None:
+            parts.append(f"client waited for a CPU {100 * self.client_runq_share:.0f}% of the run")
+        if self.sim_step_lateness_ms is not None:
+            parts.append(f"simulator steps {self.sim_step_lateness_ms:.1f} ms late on average")
+        return "; ".join(parts)
+
+
 class LoadRunSummary(BaseModel):
     """One load run at one offered rate: a point of the knee curve."""
 
     rate: float                       # the rate asked for (the schedule's nominal rate)
     offered_rps: float | None = None  # the rate actually sent in the scored window (realised)
-    served_rps: float | None = None   # offered minus the growth of the in-flight count
+    served_rps: float | None = None   # offered minus the growth of the in-flight count, at most offered
+    #: The same figure unclamped (the twin's fit compares it with the simulator's; it reads above offered
+    #: when requests were cut or dropped, since an error also ends a request).
+    departure_rps: float | None = None
     verdict: str = ""                 # meets | misses | errors | overloaded | too_short | inconclusive
     decided: bool = False             # the verdict's interval cleared the target (not a coin flip)
     stopped_early: bool = False       # the sequential test ended the run before its schedule did
@@ -45,6 +93,11 @@ class LoadRunSummary(BaseModel):
     repeats: int = 1                  # load runs pooled into this point (noise-aware re-measurement)
     duration_s: float = 0.0           # engine time the run took (virtual or real)
     wall_s: float = 0.0
+    #: The server's own view of the scored run beside the client's (HTTP engines; `tuner.replay.check`).
+    client_check: ClientCheck | None = None
+    #: Load runs at this rate measured and dropped because they were the client's, not the server's
+    #: (their checks, for the report and the run line).
+    client_bound_runs: list[ClientCheck] = Field(default_factory=list)
 
 
 class MetricsDigest(BaseModel):

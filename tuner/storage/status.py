@@ -42,6 +42,11 @@ def study_status(records: Iterable[TrialRecord]) -> tuple[Status, str | None]:
         return "no_launch", (f"no configuration launched: {len(failed)} launch"
                              f"{'es' if len(failed) != 1 else ''} failed ({what})"
                              + (f"; first: {first[:200]}" if first else ""))
+    bound = [r for r in launched if r.launch_failure_kind == "client_bound"]
+    if bound and len(bound) == len(launched):
+        said = " ".join((bound[0].launch_failure_message or "").split())
+        return "no_pass", (f"the load client measured itself, not the server, in every launch "
+                           f"({len(launched)}); first: {said[:300]}; see docs/measurement.md, 'Who gets the CPU'")
     failing = [r for r in launched if r.launch_failure_kind == "requests_failed"]
     if len(failing) == len(launched):
         said = " ".join((failing[0].launch_failure_message or "").split())

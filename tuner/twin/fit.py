@@ -124,7 +124,8 @@ def _terms(measured: LoadRunSummary, sim: LoadRunSummary) -> list[tuple[str, flo
     if measured.rate >= 1e5:
         add("throughput", measured.throughput_rps, sim.throughput_rps)
     else:
-        add("served", measured.served_rps or measured.throughput_rps, sim.served_rps or sim.throughput_rps)
+        add("served", measured.departure_rps or measured.served_rps or measured.throughput_rps,
+            sim.departure_rps or sim.served_rps or sim.throughput_rps)
     return out
 
 

@@ -37,7 +37,7 @@ def _batch_and_tpot(p: LoadRunSummary) -> tuple[float, float] | None:
     if p.rate >= 1e5 or p.verdict not in STEADY:
         return None
     e2e, tpot = p.p50_ms.get("e2el"), p.p50_ms.get("tpot")
-    rate = p.served_rps or p.rate
+    rate = p.departure_rps or p.served_rps or p.rate
     if not e2e or not tpot or e2e <= 0 or tpot <= 0:
         return None
     return rate * e2e / 1000.0, tpot / 1000.0
