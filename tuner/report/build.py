@@ -7,6 +7,7 @@ trial records, so `tune report RUN_DIR` on a copied run directory reproduces the
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import shlex
 import time
@@ -34,13 +35,23 @@ def serve_args(knobs: dict) -> list[str]:
     return Knobs(**knobs).flags()
 
 
-def serve_command(model: str | None, knobs: dict) -> str:
-    return shlex.join(["vllm", "serve", model or "MODEL", *serve_args(knobs)])
+def hardware(info) -> str:
+    """The hardware in words: the simulated GPU, or what the study recorded of a real engine's host."""
+    if info.simulated or not info.host:
+        return info.gpu or "this host"
+    return info.host + (f" (profile {info.gpu})" if info.gpu else "")
 
 
-def config_yaml(model: str | None, knobs: dict) -> str:
+def serve_command(model: str | None, knobs: dict, extra_args: list[str] | tuple[str, ...] = ()) -> str:
+    """The tuned `vllm serve` command: the knobs' flags, then every other argument the measured launches
+    used (`--vllm-arg`, e.g. `--enforce-eager`): a command without them is not what was measured."""
+    return shlex.join(["vllm", "serve", model or "MODEL", *serve_args(knobs), *extra_args])
+
+
+def config_yaml(model: str | None, knobs: dict, extra_args: list[str] | tuple[str, ...] = ()) -> str:
     """A vLLM `--config` file: keys are the flag names without dashes. A knob set to off is written as
-    `no-<flag>: true`, which every vLLM version's config loader turns into `--no-<flag>`."""
+    `no-<flag>: true`, which every vLLM version's config loader turns into `--no-<flag>`. The other
+    server arguments the measured launches used follow the knobs (`--flag value` or a bare `--flag`)."""
     body: dict = {}
     for name, value in Knobs(**knobs).model_dump().items():
         if value is None:
@@ -52,11 +63,33 @@ def config_yaml(model: str | None, knobs: dict) -> str:
             body[key] = json.loads(value)
         else:
             body[key] = value
+    body.update(_extra_args_config(extra_args))
     head = (f"# vLLM --config file for the tuned configuration, written by slo-tuner.\n"
             f"# Use: vllm serve {model or 'MODEL'} --config tuned-config.yaml\n")
     if not body:
         return head + "# vLLM's defaults were best: nothing to set.\n{}\n"
     return head + yaml.safe_dump(body, sort_keys=False, default_flow_style=False)
+
+
+def _extra_args_config(args: list[str] | tuple[str, ...]) -> dict:
+    """`--enforce-eager --kv-cache-memory-bytes 4194304` (or `--flag=value`) as config keys."""
+    out: dict = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--"):
+            i += 1
+            continue
+        key, eq, value = arg[2:].partition("=")
+        if eq:
+            out[key] = value
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            out[key] = args[i + 1]
+            i += 1
+        else:
+            out[key] = True
+        i += 1
+    return out
 
 
 def _summary(label: str, t: TrialView | None) -> ConfigSummary:
@@ -133,9 +166,44 @@ def _trial_row(t: TrialView, chain: list[int] | None = None) -> TrialRow:
                     load_runs=sum(x.repeats for x in r.load_runs), engine_s=r.engine_s, diagnosis=r.diagnosis)
 
 
+@dataclass
+class Spread:
+    """One configuration launched more than once (the baseline's confirmation, a winner confirmed)."""
+
+    label: str
+    capacities: list[float]
+
+    @property
+    def spread(self) -> float:
+        return max(self.capacities) / min(self.capacities) - 1.0
+
+
+def launch_spreads(trials: list[TrialView]) -> list[Spread]:
+    """Every configuration the study launched more than once with a capacity each: the measured
+    launch-to-launch spread, which no single launch's bracket shows."""
+    groups: dict[str, list[TrialView]] = {}
+    for t in sorted(trials, key=lambda t: t.number):
+        if t.record.launched and t.record.capacity_rps:
+            groups.setdefault(json.dumps(t.record.knobs, sort_keys=True), []).append(t)
+    out = []
+    for ts in groups.values():
+        if len(ts) > 1:
+            knobs = ts[0].record.knobs
+            label = ("vLLM's defaults" if not knobs else
+                     " ".join(f"{k}={v}" for k, v in knobs.items())) + f" (trials {', '.join(str(t.number) for t in ts)})"
+            out.append(Spread(label, [float(t.record.capacity_rps) for t in ts]))
+    return out
+
+
+def effective_floor(configured: float, spreads: list[Spread]) -> float:
+    """The noise floor a gain must clear: the configured one, never below a spread the study measured."""
+    return max([configured] + [sp.spread for sp in spreads])
+
+
 def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: dict[str, int],
-            gain_pct: float | None, status: str = "tuned") -> list[str]:
+            gain_pct: float | None, status: str = "tuned", spreads: list[Spread] | None = None) -> list[str]:
     """What the numbers do not say, in plain words, always in the report."""
+    spreads = spreads or []
     out = []
     if status == "no_launch":
         # nothing was measured: no hardware, quality or noise statement applies
@@ -151,7 +219,7 @@ def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: 
                    + ("confirm with `tune gate gate.yaml --engine vllm` on the real hardware." if status == "tuned"
                       else "check them with `tune --engine vllm` on the real hardware."))
     else:
-        out.append(f"Measured on real vLLM (engine `{info.engine}`) on {info.gpu or 'the local GPU'}.")
+        out.append(f"Measured on real vLLM (engine `{info.engine}`) on {hardware(info)}.")
     quality = {k: tuned.knobs[k] for k in QUALITY_KNOBS if tuned.knobs.get(k) not in (None, KNOB_SPECS[k].neutral)}
     if status != "tuned":
         pass  # no tuned configuration to say anything about
@@ -162,9 +230,17 @@ def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: 
     else:
         out.append("The tuned configuration does not quantize weights or the KV cache. (Quantized "
                    "configurations change output quality, which this tool does not measure.)")
+    floor = effective_floor(info.noise_floor, spreads)
     out.append(f"Noise floor: capacities are bracketed to within {info.precision:.0%} and differences below "
-               f"{info.noise_floor:.0%} are not meaningful; each capacity is the highest offered rate that "
+               f"{floor:.0%} are not meaningful; each capacity is the highest offered rate that "
                f"kept attainment at the SLO target under open-loop {info.arrival} arrivals of this workload.")
+    for sp in spreads:
+        caps = " and ".join(f"{c:.3g}" for c in sp.capacities)
+        out.append(f"Launch-to-launch spread: {sp.label} launched {len(sp.capacities)} times measured {caps} "
+                   f"req/s ({sp.spread:.0%} apart)"
+                   + (f", above the configured {info.noise_floor:.0%} floor: the floor used is {floor:.0%}"
+                      if sp.spread > info.noise_floor else f", within the {info.noise_floor:.0%} floor")
+                   + "; the lower capacity stands.")
     for c in (base, tuned) if tuned.trial != base.trial else (base,):
         if c.capacity_rps:
             lo, hi = c.capacity_low_rps, c.capacity_high_rps
@@ -186,7 +262,7 @@ def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: 
         warns = list(dict.fromkeys(w for p in c.knee for w in p.warnings))
         for w in warns[:5]:
             out.append(f"{c.label.capitalize()}, client warning: {w}")
-    if gain_pct is not None and abs(gain_pct) < 100 * info.noise_floor:
+    if gain_pct is not None and abs(gain_pct) < 100 * floor:
         out.append(f"The gain over vLLM's defaults ({gain_pct:+.1f}%) is within the noise floor: the "
                    "defaults are as good as anything found.")
     if tuned.capacity_rps is None:
@@ -248,18 +324,19 @@ def build_report(run_dir: str | Path) -> Report:
         except UserError as e:
             plan_text = f"no capacity plan: {e.format()}"
     title = (f"{'SIMULATED: ' if info.simulated else ''}vLLM tuning report: {info.model or 'model'} on "
-             f"{info.gpu or 'the local GPU'}, workload {Path(info.workload_path).name}"
+             f"{hardware(info)}, workload {Path(info.workload_path).name}"
              + {"no_launch": ": NO RESULT (no configuration launched)",
                 "no_pass": ": NO RESULT (no configuration met the SLO)"}.get(status, ""))
     if status != "tuned":
         serve, cfg = "", f"# No tuned configuration: {status_text}\n"
     else:
-        serve, cfg = serve_command(info.model, tuned.knobs), config_yaml(info.model, tuned.knobs)
+        serve = serve_command(info.model, tuned.knobs, info.extra_args)
+        cfg = config_yaml(info.model, tuned.knobs, info.extra_args)
     gate = Path(run_dir) / "gate.yaml"
 
     return Report(
         generated_unix=time.time(), tool_version=info.tool_version or __version__, title=title,
-        simulated=info.simulated, engine=info.engine, gpu=info.gpu, model=info.model,
+        simulated=info.simulated, engine=info.engine, gpu=info.gpu, model=info.model, hardware=hardware(info),
         study_name=data.study_name, storage=_storage_label(data), strategy=info.strategy,
         arrival=info.arrival, noise_floor=info.noise_floor, precision=info.precision,
         workload=WorkloadRef(path=info.workload_path, sha256=info.workload_sha256,
@@ -274,7 +351,7 @@ def build_report(run_dir: str | Path) -> Report:
         counts=counts,
         engine_s=sum(t.record.engine_s for t in data.trials),
         serve_command=serve, config_yaml=cfg, plan=plan, plan_text=plan_text,
-        caveats=caveats(info, tuned, base, counts, head.capacity_gain_pct, status),
+        caveats=caveats(info, tuned, base, counts, head.capacity_gain_pct, status, launch_spreads(data.trials)),
         status=status, status_text=status_text, gate_written=gate.exists(),
         learned=[f"{c.text()}: {' '.join(c.message.split())[:240]}"
                  for t in sorted(data.trials, key=lambda t: t.number) for c in t.record.learned],

@@ -94,6 +94,8 @@ class Report(BaseModel):
     simulated: bool
     engine: str
     gpu: str | None = None
+    #: The hardware in words (`tuner.report.build.hardware`): the simulated GPU, or the real host.
+    hardware: str | None = None
     model: str | None = None
     study_name: str
     storage: str                               # "study.db" or the storage URL of storage.txt

@@ -189,7 +189,7 @@ def blocks(rep: Report, figures: set[str]) -> list[Block]:
     if rep.simulated:
         out.append(Block("note", "SIMULATED: these numbers were measured on slo-tuner's vLLM simulator, not on "
                                  "a GPU. See the caveats."))
-    out.append(Block("p", f"Model `{rep.model}` on {rep.gpu or 'the local GPU'}, engine `{rep.engine}`. Workload `{w.path}` "
+    out.append(Block("p", f"Model `{rep.model}` on {rep.hardware or rep.gpu or 'this host'}, engine `{rep.engine}`. Workload `{w.path}` "
                           f"({w.requests} requests, mean {w.mean_prompt_tokens:.0f} prompt / "
                           f"{w.mean_output_tokens:.0f} output tokens, {rep.arrival} arrivals"
                           + (f"; {w.token_count}" if w.token_count else "") + "). SLO: "

@@ -178,8 +178,11 @@ class LaunchNoise:
 
     def floor(self, configured: float) -> float:
         """The gain a candidate must show: the configured floor, or 1% on a deterministic engine, which
-        resolves any gain the knee search's bracket does."""
-        return NEGLIGIBLE_SPREAD if self.negligible else configured
+        resolves any gain the knee search's bracket does, and never less than the largest spread two
+        launches of one configuration showed (a gain smaller than that is the launch, not the knob)."""
+        if self.negligible:
+            return NEGLIGIBLE_SPREAD
+        return max([configured] + [math.expm1(s) for s in self.spreads])
 
 
 def _launch_again(runner: TrialRunner, rec: TrialRecord, against: float | None,

@@ -236,3 +236,5 @@ class StudyInfo(BaseModel):
     workload_lengths: dict | None = None
     #: Server arguments the study passed after the knobs (`--vllm-arg`), for the gate and workers.
     extra_args: list[str] = Field(default_factory=list)
+    #: The hardware a real engine ran on (`tuner.profiles.host.describe_host`); empty for the simulators.
+    host: str = ""
