@@ -79,7 +79,8 @@ COMMITTED = DATA / "reference_capacity.json"
 RUNS = CACHE / "reference"
 DRIVER = HERE / "_vllm_bench_driver.py"
 WORKLOAD = DATA / "ref-128in-32out.jsonl"
-SLO_FILES = {"loose": DATA / "ref-loose.slo.yaml", "tight": DATA / "ref-tight.slo.yaml"}
+SLO_FILES = {"loose": DATA / "ref-loose.slo.yaml", "tight": DATA / "ref-tight.slo.yaml",
+             "ttft": DATA / "ref-ttft.slo.yaml"}
 
 MIB = 1024 * 1024
 # What the tests pass too (tests/conformance/test_vllm.py): no graph capture on CPU, a 4 MiB KV pool

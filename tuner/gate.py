@@ -241,7 +241,8 @@ def check_rate(server, workload, slo, rate: float, load, *, max_runs: int = MAX_
     """Load runs at `rate`, pooled while the attainment's 95% interval straddles the target.
 
     Returns (pooled summary, verdict): "holds" (attainment >= target), "noise" (below the target but the
-    interval still reaches it: not a demonstrated regression) or "broken" (the whole interval is below).
+    interval still reaches it: not a demonstrated regression), "broken" (the whole interval is below), or
+    "unmeasured" (every try was client-bound, `tuner.replay.check`: the gate cannot pass on it).
     A regression gate must fail on a regression, not on one unlucky draw of a p99 from a few hundred
     requests, and must not pass on a lucky one either: hence pooling, then the interval."""
     from tuner.capacity.measure import measure_run, summarize
@@ -251,10 +252,20 @@ def check_rate(server, workload, slo, rate: float, load, *, max_runs: int = MAX_
 
     from tuner.capacity.measure import run_size
 
+    from tuner.capacity.knee import CLIENT_BOUND_RERUNS
+
     runs = []
     longer = 0
     for i in range(max_runs):
         m = measure_run(server, workload, slo, rate, load, seed=load.seed + GATE_SEED + i)
+        for _ in range(CLIENT_BOUND_RERUNS):  # the client's timings, not the server's: as the knee search
+            if m.run.client_check is None or not m.run.client_check.client_bound:
+                break
+            m = measure_run(server, workload, slo, rate, load, seed=load.seed + GATE_SEED + i)
+        if m.run.client_check is not None and m.run.client_check.client_bound:
+            s = summarize(m.run.records, slo, rate, [m.run], [m.verdict], m.wall_s)
+            s.verdict, s.passed = "client_bound", False
+            return s, "unmeasured"
         while m.verdict.reason == "too_short" and longer < 2:  # as the knee search: longer, never passed
             bigger = replace(load, requests=2 * load.requests)
             if run_size(rate, bigger) <= run_size(rate, load):
@@ -314,12 +325,14 @@ def _measure(gate: GateFile, engine_name: str, knobs: dict, workload_path: Path,
         # reaching the knee: the gate compares a warmed server with a warmed server
         measure(server, workload, slo, rate / 2, load, seed=load.seed + GATE_SEED - 1)
         s, verdict = check_rate(server, workload, slo, rate, load)
-        held = {"holds": "holds", "noise": "holds within the noise", "broken": "BROKEN"}[verdict]
+        held = {"holds": "holds", "noise": "holds within the noise", "broken": "BROKEN",
+                "unmeasured": "NOT MEASURED (the load client measured itself, not the server: "
+                              + "; ".join(s.client_check.reasons if s.client_check else []) + ")"}[verdict]
         why = "" if s.passed else (f", {s.errors} failed or timed out" if s.errors else "") + (
             f", binding {s.binding}" if s.binding else "") + "".join(
             f", p99 {k.upper()} {s.p99_ms.get(k):.0f} ms" for k in slo.thresholds
             if s.p99_ms.get(k) is not None)
-        checks.append(Check(name=f"slo at {rate:.3g} req/s", passed=verdict != "broken",
+        checks.append(Check(name=f"slo at {rate:.3g} req/s", passed=verdict not in ("broken", "unmeasured"),
                             seconds=time.perf_counter() - t0,
                             message=(f"SLO {held} at {rate:.3g} req/s (gated {gate.capacity_rps:.3g} x "
                                      f"{1 - gate.tolerance:g}): attainment {s.attainment:.4f} vs target "
