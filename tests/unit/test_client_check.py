@@ -80,3 +80,20 @@ def test_served_is_never_above_offered_on_a_cut_run_with_connection_errors():
     assert v.offered_rps is not None and v.served_rps is not None
     assert v.departure_rps is not None and v.departure_rps > v.offered_rps  # what was printed before
     assert v.served_rps <= v.offered_rps
+
+
+def test_a_run_stopped_by_the_sequential_test_prints_the_verdict_that_decided_it():
+    """The line of a run stopped early showed the final records' attainment (0.995) under a verdict that
+    had failed it (its interval below 0.99 when it decided): the line now carries the deciding figures."""
+    from tuner.capacity.measure import summarize
+    from tuner.capacity.verdict import Verdict
+
+    slo = SLO(ttft={"max_ms": 1000}, target=0.99)
+    recs = [RequestRecord(index=i, scheduled_s=i * 0.05, sent_s=i * 0.05, first_token_s=i * 0.05 + 0.1,
+                          finish_s=i * 0.05 + 0.2, end_s=i * 0.05 + 0.2, output_tokens=8, expected_output_tokens=8)
+            for i in range(200)]
+    run = LoadRun(offered_rate=20.0, duration_s=10.0, records=recs, stopped_s=8.0)
+    decided = Verdict(False, True, "misses", n=150, good=140, ci_low=0.88, ci_high=0.97, offered_rps=20.0)
+    s = summarize(recs, slo, 20.0, [run], [decided], 10.0)
+    assert not s.passed and s.verdict == "misses"
+    assert s.n == 150 and s.attainment < slo.target and s.ci_high < slo.target

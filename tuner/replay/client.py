@@ -38,16 +38,16 @@ import random
 import time
 from typing import Callable, Literal, Sequence
 
+import aiohttp
 import httpx
 
 from tuner.metrics.parse import Snapshot
 from tuner.metrics.sampler import GaugeSampler
 from tuner.metrics.scrape import ascrape, window
 from tuner.metrics.window import MetricsWindow
-from tuner.replay.pool import ShardedClient
 from tuner.replay.record import CUT, NOT_SENT, LoadRun, RequestRecord
 from tuner.replay.schedule import sleep_until
-from tuner.replay.sse import build_request, stream_request
+from tuner.replay.sse import stream_request_aiohttp
 from tuner.workload.model import WorkloadRequest
 from tuner.workload.prompts import render_messages, render_prompt
 
@@ -64,8 +64,6 @@ LEAD_S = 0.05
 #: Time between the run's setup and the first scheduled send.
 START_DELAY_S = 0.1
 CAP_ERROR = "in-flight cap"
-#: Connection pools to spread streams over (see tuner.replay.pool).
-SHARDS = 16
 CANCELLED = "cancelled"
 
 
@@ -137,18 +135,17 @@ class _Runner:
             body["prompt"] = render_prompt(req, i, salt=self.salt)
         return json.dumps(body).encode()
 
-    async def _one(self, pool: ShardedClient, url: str, i: int, deadline: float) -> None:
+    async def _one(self, session, url: str, i: int, deadline: float) -> None:
         rec = self.records[i]
-        request = build_request(url, self._body(i), self.headers,
-                                stall_timeout_s=self.stall_timeout_s * self.scale)
+        body = self._body(i)
         await sleep_until(deadline)
         if self._slots is None:
-            await self._send(pool, request, rec)
+            await self._send(session, url, body, rec)
             return
         async with self._slots:  # closed loop: wait for one of the C slots
-            await self._send(pool, request, rec)
+            await self._send(session, url, body, rec)
 
-    async def _send(self, pool: ShardedClient, request: httpx.Request, rec: RequestRecord) -> None:
+    async def _send(self, session, url: str, body: bytes, rec: RequestRecord) -> None:
         self.sent += 1
         if self.in_flight >= self.max_in_flight:
             rec.sent_s = self.clock(time.monotonic())
@@ -159,15 +156,13 @@ class _Runner:
             return
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-        shard = pool.pick()
         try:
-            await stream_request(pool.transports[shard], request, rec, self.clock,
-                                 request_timeout_s=self.request_timeout_s * self.scale,
-                                 stall_timeout_s=self.stall_timeout_s * self.scale)
+            await stream_request_aiohttp(session, url, body, self.headers, rec, self.clock,
+                                         request_timeout_s=self.request_timeout_s * self.scale,
+                                         stall_timeout_s=self.stall_timeout_s * self.scale)
         except Exception as e:  # one odd request must not end the run; it is simply not good
             rec.error = f"client error: {e!r}"
         finally:
-            pool.release(shard)
             self.in_flight -= 1
             self.done += 1
             if rec.ok:
@@ -250,8 +245,10 @@ class _Runner:
         before: Snapshot | None = None
         sampler: GaugeSampler | None = None
         started_unix = time.time()
-        async with ShardedClient(SHARDS) as pool:
-            client = pool.client
+        # control calls (models, metrics) on httpx; the load on aiohttp, whose streamed request costs the
+        # client about half httpx's CPU (the server pays for the client's CPU on a small host: RESULTS.md)
+        async with httpx.AsyncClient(timeout=30.0) as client, aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None), auto_decompress=False) as session:
             try:
                 await self._discover(client)
                 if self.metrics:
@@ -286,7 +283,7 @@ class _Runner:
                             pass
                     if self.stop_action is not None:
                         break
-                    tasks.append(asyncio.create_task(self._one(pool, url, i, deadline)))
+                    tasks.append(asyncio.create_task(self._one(session, url, i, deadline)))
                     self._task_recs.append(self.records[i])
                 if tasks:  # a task the stop rule cancelled ends in CancelledError: returned, not raised
                     await asyncio.gather(*tasks, return_exceptions=True)
