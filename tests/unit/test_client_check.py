@@ -97,3 +97,15 @@ def test_a_run_stopped_by_the_sequential_test_prints_the_verdict_that_decided_it
     s = summarize(recs, slo, 20.0, [run], [decided], 10.0)
     assert not s.passed and s.verdict == "misses"
     assert s.n == 150 and s.attainment < slo.target and s.ci_high < slo.target
+
+
+def test_a_client_bound_flag_voids_a_pass_and_an_unconfirmed_failure_never_a_servers_own():
+    from tuner.replay.check import voids
+
+    starved = check_run(_run(late_s=0.2))
+    assert voids(starved, True, "meets")           # a pass on fewer sends than asked: the client's
+    assert voids(starved, False, "overloaded")     # the server's queue time says nothing of it
+    assert not voids(starved, False, "errors")     # failed requests are the server's
+    starved.server_queue_mean_ms = 400.0           # the server's own histogram: requests waited
+    assert not voids(starved, False, "overloaded") and voids(starved, True, "meets")
+    assert not voids(check_run(_run()), True, "meets")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tuner.engine.base import Server
+from tuner.replay.check import voids
 from tuner.replay.record import RequestRecord
 from tuner.capacity.measure import (LoadSettings, Measured, Measurement, digest, measure_run, run_size,
                                   summarize)
@@ -147,7 +148,7 @@ class KneeSearch:
                             salt=self._next_salt(), sequential=sequential)
             self.result.engine_s += m.run.duration_s
             check = m.run.client_check
-            if check is not None and check.client_bound:
+            if check is not None and voids(check, m.verdict.passed, m.verdict.reason):
                 # neither a pass nor a fail of the server: run again; the dropped run stays on record
                 dropped.append(check)
                 if len(dropped) <= CLIENT_BOUND_RERUNS:

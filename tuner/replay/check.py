@@ -89,3 +89,21 @@ def check_run(run: LoadRun, bound: float = BOUND_MS) -> ClientCheck:
                          f"(bound {SIM_SHARE * bound:.0f} ms): its host, not the simulated GPU, set the pace")
     run.client_check = c
     return c
+
+
+def voids(check: ClientCheck, passed: bool, reason: str) -> bool:
+    """Whether a client-bound flag voids the run's verdict (the run is then measured again).
+
+    A pass always: late sends offered less than the nominal rate, so the pass may be the client's. A
+    failure on errors never: failed requests are the server's (a server dropping connections under load).
+    A latency or overload failure only when the server's own queue time does not confirm it: a server
+    whose own histogram says requests waited more than the bound on average was overloaded whatever the
+    client saw, while a starved client reads ends late and its in-flight count seems to grow by itself.
+    """
+    if not check.client_bound:
+        return False
+    if passed:
+        return True
+    if reason == "errors":
+        return False
+    return check.server_queue_mean_ms is None or check.server_queue_mean_ms <= check.bound_ms
