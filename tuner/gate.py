@@ -252,18 +252,15 @@ def check_rate(server, workload, slo, rate: float, load, *, max_runs: int = MAX_
 
     from tuner.capacity.measure import run_size
 
-    from tuner.capacity.knee import CLIENT_BOUND_RERUNS
-    from tuner.replay.check import voids
+    from tuner.capacity.measure import CLIENT_BOUND_RERUNS, rerun_client_bound
 
     runs = []
     longer = 0
     for i in range(max_runs):
-        m = measure_run(server, workload, slo, rate, load, seed=load.seed + GATE_SEED + i)
-        for _ in range(CLIENT_BOUND_RERUNS):  # the client's timings, not the server's: as the knee search
-            if m.run.client_check is None or not voids(m.run.client_check, m.verdict.passed, m.verdict.reason):
-                break
-            m = measure_run(server, workload, slo, rate, load, seed=load.seed + GATE_SEED + i)
-        if m.run.client_check is not None and voids(m.run.client_check, m.verdict.passed, m.verdict.reason):
+        dropped: list = []  # the client's timings, not the server's: run again, as the knee search does
+        m = rerun_client_bound(lambda: measure_run(server, workload, slo, rate, load,
+                                                   seed=load.seed + GATE_SEED + i), dropped)
+        if len(dropped) > CLIENT_BOUND_RERUNS:
             s = summarize(m.run.records, slo, rate, [m.run], [m.verdict], m.wall_s)
             s.verdict, s.passed = "client_bound", False
             return s, "unmeasured"

@@ -109,3 +109,23 @@ def test_a_client_bound_flag_voids_a_pass_and_an_unconfirmed_failure_never_a_ser
     starved.server_queue_mean_ms = 400.0           # the server's own histogram: requests waited
     assert not voids(starved, False, "overloaded") and voids(starved, True, "meets")
     assert not voids(check_run(_run()), True, "meets")
+
+
+def test_a_client_bound_run_is_measured_again_twice_then_left_as_the_clients():
+    from tuner.capacity.measure import CLIENT_BOUND_RERUNS, Measured, rerun_client_bound
+    from tuner.capacity.verdict import Verdict
+
+    def measured(bound: bool) -> Measured:
+        run = _run(late_s=0.2 if bound else 0.0)
+        check_run(run)
+        return Measured(run, Verdict(True, True, "meets"), 1.0)
+
+    outcomes = iter([True, True, False])
+    dropped: list = []
+    seen: list = []
+    m = rerun_client_bound(lambda: measured(next(outcomes)), dropped, seen.append)
+    assert not m.run.client_check.client_bound and len(dropped) == 2 and len(seen) == 3
+
+    dropped = []
+    m = rerun_client_bound(lambda: measured(True), dropped)
+    assert m.run.client_check.client_bound and len(dropped) == CLIENT_BOUND_RERUNS + 1

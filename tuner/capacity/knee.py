@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from tuner.engine.base import Server
-from tuner.replay.check import voids
 from tuner.replay.record import RequestRecord
-from tuner.capacity.measure import (LoadSettings, Measured, Measurement, digest, measure_run, run_size,
-                                  summarize)
-from tuner.storage.records import LoadRunSummary, MetricsDigest
+from tuner.capacity.measure import (CLIENT_BOUND_RERUNS, LoadSettings, Measured, Measurement, digest,
+                                    measure_run, rerun_client_bound, run_size, summarize)
+from tuner.storage.records import ClientCheck, LoadRunSummary, MetricsDigest
 from tuner.slo import SLO
 from tuner.workload.model import Workload
 
@@ -31,9 +30,6 @@ BADNESS_CAP = 4.0  # beyond this a point is simply "far over": do not extrapolat
 #: the rate for hours.
 ALL_FAIL_SHARE = 0.9
 OVERLOAD_CAUSES = ("timeout", "in_flight_cap")
-#: A load run whose timings were the client's (`tuner.replay.check`) is run again this many times; still
-#: the client's, the search stops: what it would measure on this host is the host, not the server.
-CLIENT_BOUND_RERUNS = 2
 
 
 def _causes(p: LoadRunSummary) -> str:
@@ -142,17 +138,17 @@ class KneeSearch:
         load = self.load
         runs: list[Measured] = []
         seed = self.load.seed
-        dropped: list = []
-        while True:
-            m = measure_run(self.server, self.workload, self.slo, rate, load, seed=seed,
-                            salt=self._next_salt(), sequential=sequential)
+        dropped: list[ClientCheck] = []  # runs whose timings were the client's: on record, not scored
+
+        def engine_time(m: Measured) -> None:
             self.result.engine_s += m.run.duration_s
-            check = m.run.client_check
-            if check is not None and voids(check, m.verdict.passed, m.verdict.reason):
-                # neither a pass nor a fail of the server: run again; the dropped run stays on record
-                dropped.append(check)
-                if len(dropped) <= CLIENT_BOUND_RERUNS:
-                    continue
+
+        while True:
+            m = rerun_client_bound(
+                lambda: measure_run(self.server, self.workload, self.slo, rate, load, seed=seed,
+                                    salt=self._next_salt(), sequential=sequential), dropped, engine_time)
+            if len(dropped) > CLIENT_BOUND_RERUNS:
+                check = dropped[-1]
                 self.result.client_bound = (
                     f"{len(dropped)} load runs at {rate:.3g} req/s measured the client, not the server: "
                     + "; ".join(check.reasons) + f" ({check.line()})")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from typing import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,9 +19,9 @@ from tuner.engine.base import Server
 from tuner.bench.result import run_span, sent_records
 from tuner.metrics.window import (MetricsWindow, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, SPEC_ACCEPTED,
                                   SPEC_DRAFT_TOKENS, SPEC_DRAFTS)
-from tuner.replay.check import bound_ms, check_run
+from tuner.replay.check import bound_ms, check_run, voids
 from tuner.replay.record import LoadRun, RequestRecord
-from tuner.storage.records import LatencyQuantiles, LoadRunSummary, MetricsDigest
+from tuner.storage.records import ClientCheck, LatencyQuantiles, LoadRunSummary, MetricsDigest
 from tuner.capacity.verdict import SteadySettings, StopRule, Verdict, judge
 from tuner.slo import SLO, Score, badness, is_good, score
 from tuner.speculative import measured_acceptance
@@ -324,6 +325,28 @@ def measure_run(server: Server, workload: Workload, slo: SLO, rate: float, setti
     if run.wall_clock:  # a real-time run: whose timings are they?
         check_run(run, bound_ms(slo.ttft.max_ms if slo.ttft is not None else None))
     return Measured(run, verdict, wall)
+
+
+#: A load run whose timings were the client's (`tuner.replay.check.voids`) is run again this many times;
+#: still the client's, it says nothing about the server (the knee search and the gate then stop).
+CLIENT_BOUND_RERUNS = 2
+
+
+def rerun_client_bound(measure_once: Callable[[], Measured], dropped: list[ClientCheck],
+                       on_run: Callable[[Measured], None] | None = None) -> Measured:
+    """`measure_once()`, again while its client-bound flag voids its verdict, until `dropped` (the checks of
+    the voided runs, shared by the caller's other attempts at the same rate) holds more than
+    `CLIENT_BOUND_RERUNS`. The last run is returned; it is still the client's when `dropped` is that long."""
+    while True:
+        m = measure_once()
+        if on_run is not None:
+            on_run(m)
+        c = m.run.client_check
+        if c is None or not voids(c, m.verdict.passed, m.verdict.reason):
+            return m
+        dropped.append(c)
+        if len(dropped) > CLIENT_BOUND_RERUNS:
+            return m
 
 
 def measure(server: Server, workload: Workload, slo: SLO, rate: float, settings: LoadSettings, *,
