@@ -104,6 +104,7 @@ SKIP_FRAC = 0.10
 MAX_FINE_POINTS = 12
 REPEAT_KNEES = True
 TIME_BUDGET_S = 22 * 60     # no new fine point or repeat after this (the last run then takes ~1.5 min)
+SETTLE_BUDGET_S = 34 * 60   # ... except those that settle a capacity a failed repeat unseated (`settle`)
 
 
 # --- SLOs and scoring (independent of tuner.slo) ----------------------------------------------------------
@@ -323,6 +324,23 @@ def long_n(rate: float) -> int:
     return int(round(rate * min(max(LONG_MIN_N / rate, LONG_S), LONG_MAX_S)))
 
 
+def settle(name: str, fine: dict[int, list[dict]], at, repeat, time_left, mu: float, slos: dict) -> None:
+    """Until the SLO's capacity stands on a rate run twice whose pooled runs pass: repeat the rate the
+    pooled grid now names, or, when no rate passes any more (a repeat failed where the first run passed:
+    near saturation this server swings from 240 ms to 1.8 s p99 TTFT between two 62 s runs), walk down
+    below the lowest rate run. Without it the walk never went back below its coarse start, and a failed
+    repeat left the tight and TTFT-bound references at "0 req/s"."""
+    while time_left():
+        cap = capacity_of([pool(v, slos) for v in fine.values()], name)
+        k = next((k for k in fine if lattice(mu, k) == cap), None)
+        if k is None:
+            at(min(fine) - 1)
+        elif len(fine[k]) < 2:
+            fine[k].append(repeat(k))
+        else:
+            return
+
+
 def measure(python: str, model: Path, quick: bool = False) -> dict:
     from tuner.engine.vllm import VllmEngine
     from tuner.knobs import Knobs
@@ -393,6 +411,10 @@ def measure(python: str, model: Path, quick: bool = False) -> dict:
                     if kk in fine and len(fine[kk]) == 1 and time.time() - t_start < TIME_BUDGET_S:
                         r = lattice(mu, kk)
                         fine[kk].append(run("repeat", r, max(int(long_n(r) * scale), 50)))
+            for name in slos:
+                settle(name, fine, at, lambda k: run("repeat", lattice(mu, k), max(int(long_n(lattice(mu, k))
+                                                                                       * scale), 50)),
+                       lambda: time.time() - t_start < SETTLE_BUDGET_S, mu, slos)
     finally:
         if bench is not None:
             bench.close()

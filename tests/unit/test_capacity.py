@@ -110,3 +110,21 @@ def test_a_capped_run_inside_the_noise_is_pooled_with_more_runs():
     pooled = [p for p in r.points if p.repeats > 1]
     assert pooled and max(p.repeats for p in pooled) > 2, [(p.rate, p.repeats) for p in r.points]
     assert all(p.repeats <= 1 + knee.capped_remeasure for p in r.points)
+
+
+def test_a_realtime_search_starts_from_a_short_burst_and_passes_nothing_early_above_it():
+    """Real time (runs capped by --max-run-s): the burst is twice max_num_seqs deep (at least 200), not the
+    run's 4,000-request cap; its throughput starts the search near the knee and is the ceiling above
+    which no run passes before its schedule is done."""
+    from tuner.capacity.knee import KneeSearch
+
+    load = LoadSettings(requests=4000, max_duration_s=60.0)
+    search = KneeSearch(server(max_num_seqs=64), chat(), slo(), load, KneeSettings(max_runs=4), max_num_seqs=64)
+    r = search.run(1.0)
+    probe = r.points[0]
+    assert probe.rate >= 1e5 and 160 <= probe.n <= 200 and probe.throughput_rps  # n: the scored window
+    assert search.load.pass_ceiling_rps == probe.throughput_rps
+    first = r.points[1]
+    assert first.rate == pytest.approx(0.8 * probe.throughput_rps)
+    assert all(not p.stopped_early or not p.passed or (p.offered_rps or 0) <= probe.throughput_rps
+               for p in r.points[1:])

@@ -12,7 +12,7 @@ failing there, it cannot be better, and the trial ends after that one load run.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from tuner.engine.base import Server
@@ -23,6 +23,8 @@ from tuner.storage.records import ClientCheck, LoadRunSummary, MetricsDigest
 from tuner.slo import SLO
 from tuner.workload.model import Workload
 
+#: A real-time rate-inf burst sends at least this many requests (`KneeSearch._burst_requests`).
+REALTIME_BURST_MIN = 200
 WARMUP_SPAN_S = 5.0  # the prefix-cache warm-up of a fresh server sends its requests within this span
 BADNESS_CAP = 4.0  # beyond this a point is simply "far over": do not extrapolate from it
 #: A load run in which this share of the requests failed, before any rate passed: the server fails
@@ -132,10 +134,14 @@ class KneeSearch:
         self._probe: LoadRunSummary | None = None  # the rate-inf run: an upper-bound hint, not a point
 
     # -- measuring ----------------------------------------------------------------------------
-    def evaluate(self, rate: float, *, sequential: bool | None = None) -> Measurement:
-        """Measure `rate`. A run too short to tell is run again longer (the short one is dropped); one
-        whose verdict is a coin flip is measured again with fresh requests and pooled."""
-        load = self.load
+    def evaluate(self, rate: float, *, sequential: bool | None = None, requests: int | None = None
+                 ) -> Measurement:
+        """Measure `rate` (with `requests` instead of the load settings' cap, if given). A run too short
+        to tell is run again longer (the short one is dropped); one whose verdict is a coin flip is
+        measured again with fresh requests and pooled. The rate-inf burst is not checked for the client's
+        timings: it is sent all at once on purpose, and only its completion rate is used."""
+        load = self.load if requests is None else replace(self.load, requests=requests)
+        probe = rate >= self.knee.saturation_rate
         runs: list[Measured] = []
         seed = self.load.seed
         dropped: list[ClientCheck] = []  # runs whose timings were the client's: on record, not scored
@@ -144,9 +150,13 @@ class KneeSearch:
             self.result.engine_s += m.run.duration_s
 
         while True:
-            m = rerun_client_bound(
-                lambda: measure_run(self.server, self.workload, self.slo, rate, load, seed=seed,
-                                    salt=self._next_salt(), sequential=sequential), dropped, engine_time)
+            once = lambda: measure_run(self.server, self.workload, self.slo, rate, load, seed=seed,  # noqa: E731
+                                       salt=self._next_salt(), sequential=sequential)
+            if probe:
+                m = once()
+                engine_time(m)
+            else:
+                m = rerun_client_bound(once, dropped, engine_time)
             if len(dropped) > CLIENT_BOUND_RERUNS:
                 check = dropped[-1]
                 self.result.client_bound = (
@@ -189,7 +199,6 @@ class KneeSearch:
 
     def _longer(self, load: LoadSettings, rate: float, most: int) -> LoadSettings | None:
         """The same run with twice the requests, if the run's bounds allow any more at this rate."""
-        from dataclasses import replace
 
         now = run_size(rate, load)
         cap = self.load.requests * most
@@ -393,21 +402,25 @@ class KneeSearch:
                 f"{m.upper()} of {single or 0:.3g} ms (median {at})")
 
     # -- the search ---------------------------------------------------------------------------
-    def _burst_saturates(self) -> bool:
-        """A rate-inf burst measures the engine's maximum throughput only if it is several batches
-        deep; a burst the engine takes in one batch measures requests / latency instead."""
+    def _burst_requests(self) -> int | None:
+        """Requests in the rate-inf burst, or None for no burst. It measures the engine's maximum
+        throughput only if it is several batches deep (twice `max_num_seqs`); a burst the engine takes
+        in one batch measures requests / latency instead. In real time the burst is just that deep (at
+        least `REALTIME_BURST_MIN` requests), not the run's request cap: a few seconds of engine time
+        that bound the knee from above and start the search near it instead of doubling up from 1 req/s."""
+        mns = self.max_num_seqs
+        if mns is None:
+            return None
         n = self.load.requests
-        if self.load.max_duration_s:
-            return False  # real-time engines cap their runs: the burst would be small
-        return self.max_num_seqs is not None and n >= 2 * self.max_num_seqs
+        if self.load.max_duration_s is not None:
+            n = min(n, max(2 * mns, REALTIME_BURST_MIN))
+        return n if n >= 2 * mns else None
 
     def warm_up(self, rate: float) -> None:
         """Shared prefixes into the fresh server's prefix cache; measured, never scored or counted."""
         n = self.load.warmup_requests
         if n <= 0:
             return
-        from dataclasses import replace
-
         warm = replace(self.load, requests=n, max_duration_s=None)
         rate = max(rate, n / WARMUP_SPAN_S)  # not n / rate seconds: at the default 1 req/s, 50 s a launch
         m = measure_run(self.server, self.workload, self.slo, rate, warm, seed=self.load.seed + 7919,
@@ -423,11 +436,14 @@ class KneeSearch:
                                  or s.verdict == "overloaded"):
                 self.result.raced_out = True
                 return self.result.finish(self.knee.saturation_rate)
-        elif self.knee.probe_saturation and self._burst_saturates():
-            m = self.evaluate(self.knee.saturation_rate, sequential=False)
+        elif self.knee.probe_saturation and (burst := self._burst_requests()) is not None:
+            m = self.evaluate(self.knee.saturation_rate, sequential=False, requests=burst)
             if m.summary.passed:
                 # everything at once still met the SLO: the burst says nothing about the knee
                 self._probe = None
+            elif self._probe is not None and self._probe.throughput_rps:
+                # no rate above what the engine served flat out passes before its whole schedule ran
+                self.load = replace(self.load, pass_ceiling_rps=self._probe.throughput_rps)
         try:
             while self.result.runs < self.knee.max_runs and self.result.requests_failed is None \
                     and self.result.client_bound is None:

@@ -58,6 +58,9 @@ class LoadSettings:
     #: send waits for a free slot. None (the default): open loop, the only honest capacity measurement
     #: (REFERENCE.md section 1); set it to reproduce a published closed-loop measurement.
     max_concurrency: int | None = None
+    #: A measured maximum throughput above which no run passes early (`SteadySettings.pass_ceiling_rps`);
+    #: the knee search sets it from its rate-inf burst.
+    pass_ceiling_rps: float | None = None
 
 
 #: A real-time load run's request cap: it only bounds a very high rate (the run's duration bounds the rest).
@@ -208,7 +211,7 @@ def digest(metrics: MetricsWindow | None, rate: float, max_num_seqs: int | None,
 def steady_settings(settings: LoadSettings) -> SteadySettings:
     return SteadySettings(tolerance=settings.steady_tolerance, latency_spans=settings.latency_spans,
                           early_overload_sends=100 if settings.max_duration_s is None else
-                          REALTIME_EARLY_OVERLOAD_SENDS)
+                          REALTIME_EARLY_OVERLOAD_SENDS, pass_ceiling_rps=settings.pass_ceiling_rps)
 
 
 def _throughput(records: list[RequestRecord]) -> float | None:

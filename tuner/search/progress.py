@@ -33,6 +33,9 @@ class RichReporter:
         rate = "burst (all at once)" if p.rate >= 1e5 else f"{p.rate:8.2f} req/s"
         why = {"overloaded": "overloaded", "too_short": "too short to tell", "errors": "errors"}.get(p.verdict)
         served = f" served {p.served_rps:.3g}/s" if p.served_rps is not None and p.rate < 1e5 else ""
+        if p.rate >= 1e5:  # the burst: a bound for the search, not a point of the knee curve
+            thr = f"{p.throughput_rps:.3g} req/s" if p.throughput_rps else "not measured"
+            mark, served = "[dim]maximum throughput[/]", f" {thr}"
         self.console.print(f"   {rate}  {mark}{f' ({why})' if why else ''}  n={p.n}{served}  attainment "
                            f"{p.attainment:.3f} [{p.ci_low:.3f}, {p.ci_high:.3f}]  p99 ms: {p99}")
         causes = ", ".join(f"{k} {v}" for k, v in p.errors_by_cause.items())
