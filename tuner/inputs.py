@@ -36,7 +36,13 @@ def decode_utf8(raw: bytes, path: str | Path, encoding: str = "utf-8") -> str:
                         line=line) from None
 
 
-def read_text(path: str | Path, what: str = "file", field: str | None = None) -> str:
+#: Input files (YAML, a model's config.json) larger than this are refused unread: every such file the tool
+#: reads is a few kilobytes, and a gigabyte one (or /dev/zero) would otherwise be read into memory first.
+MAX_INPUT_BYTES = 8 * 1024 * 1024
+
+
+def read_text(path: str | Path, what: str = "file", field: str | None = None,
+              max_bytes: int = MAX_INPUT_BYTES) -> str:
     """The text of an input file that must exist and be a regular file (`what` names it in errors)."""
     p = Path(path).expanduser()
     if not p.exists():
@@ -44,22 +50,23 @@ def read_text(path: str | Path, what: str = "file", field: str | None = None) ->
     if p.is_dir():
         raise UserError(f"is a directory, not a {what}", file=path, field=field)
     try:
-        raw = p.read_bytes()
+        with p.open("rb") as f:
+            raw = f.read(max_bytes + 1)
     except OSError as e:
         raise UserError(f"cannot read: {e.strerror or e}", file=path, field=field) from None
+    if len(raw) > max_bytes:
+        raise UserError(f"larger than {max_bytes // (1024 * 1024)} MiB: not a {what}", file=path, field=field)
     return decode_utf8(raw, path)
 
 
 def parse_yaml(text: str, path: str | Path) -> tuple[Any, Any]:
-    """(data, composed node tree for line lookups) of a YAML document; a syntax error names its line."""
-    import yaml
+    """(data, composed node tree for line lookups) of a YAML document: the one YAML reader of every input
+    file. A syntax error names its line; so do a duplicate key (YAML's last-one-wins would silently drop
+    the first `ttft:` of an SLO) and aliases that expand past `MAX_YAML_NODES` (a "billion laughs" file
+    would otherwise be expanded into gigabytes, then printed back in an error)."""
+    from tuner.yaml_strict import load
 
-    try:
-        return yaml.safe_load(text), yaml.compose(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise UserError(f"invalid YAML: {problem}", file=path, line=mark.line + 1 if mark else None) from None
+    return load(text, path)
 
 
 def yaml_line(root: Any, path: Iterable[Any]) -> int | None:
@@ -84,15 +91,30 @@ def yaml_line(root: Any, path: Iterable[Any]) -> int | None:
 
 
 def check_out_dir(path: str | Path, field: str | None = None) -> Path:
-    """A directory to be created or reused: neither it nor any parent may be an existing non-directory."""
+    """A directory to be created or reused: neither it nor any parent may be an existing non-directory,
+    and the nearest existing one must take a new entry (`/proc/x`, a read-only mount, a folder without
+    write permission for this user): proved by creating and removing a scratch entry there, because
+    permission bits say nothing of /proc or of root on a read-only file system."""
     p = Path(path).expanduser()
     for q in (p, *p.parents):
         if q.exists():
             if not q.is_dir():
                 what = "is a file, not a directory" if q == p else f"{q} is a file, not a directory"
                 raise UserError(what, file=path, field=field)
+            _probe_writable(q, path, field)
             break
     return p
+
+
+def _probe_writable(folder: Path, path: str | Path, field: str | None) -> None:
+    import tempfile
+
+    try:
+        scratch = tempfile.mkdtemp(prefix=".tune-probe-", dir=folder)
+    except OSError as e:
+        where = "" if Path(path).expanduser() == folder else f" in {folder}"
+        raise UserError(f"cannot create anything{where}: {e.strerror or e}", file=path, field=field) from None
+    Path(scratch).rmdir()
 
 
 def check_out_file(path: str | Path, field: str | None = None) -> Path:
@@ -100,6 +122,8 @@ def check_out_file(path: str | Path, field: str | None = None) -> Path:
     p = Path(path).expanduser()
     if p.is_dir():
         raise UserError("is a directory, not a file", file=path, field=field)
+    if p.exists() and not p.is_file():
+        raise UserError("is not a regular file", file=path, field=field)
     check_out_dir(p.parent, field)
     return p
 

@@ -7,10 +7,12 @@ launch so an impossible combination costs nothing.
 
 from __future__ import annotations
 
+import itertools
+import math
 import operator
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -78,11 +80,7 @@ class SearchSpace(BaseModel):
             if KNOB_TABLE[k].kind == "json":  # one spelling per value: a YAML mapping becomes vLLM's JSON
                 spec.values = [None if v is None else getattr(Knobs(**{k: v}), k) for v in spec.values]
         for c in self.constraints:
-            m = _CONSTRAINT.match(c)
-            if not m:
-                raise ValueError(f"constraint {c!r} is not of the form 'knob OP knob-or-number'")
-            if m.group(1) not in KNOB_NAMES:
-                raise ValueError(f"constraint {c!r}: unknown knob {m.group(1)!r}")
+            check_constraint(c)
         if self.host_gpus is not None and "data_parallel_size" in self.knobs:
             raise ValueError("data_parallel_size is set from host_gpus (the host filled with replicas): "
                              "drop one of them")
@@ -110,17 +108,50 @@ class SearchSpace(BaseModel):
                 return c
         return None
 
-    def grid(self) -> list[Knobs]:
-        """Every combination (the exhaustive ground truth for benchmarks), constraints applied."""
-        import itertools
+    def size(self) -> int:
+        """Configurations in the space before constraints (the product of the value counts), computed,
+        not enumerated: a 10^7-configuration space is refused by its size, not by a MemoryError."""
+        return math.prod(len(spec.values) for spec in self.knobs.values())
 
+    def iter_grid(self) -> Iterator[Knobs]:
+        """Every combination, constraints applied, one at a time (nothing held but the current one)."""
         names = list(self.knobs)
-        out = []
         for combo in itertools.product(*(self.knobs[n].values for n in names)):
             k = self.layout(Knobs(**{n: v for n, v in zip(names, combo) if v is not None}))
             if self.allows(k) is None:
-                out.append(k)
-        return out
+                yield k
+
+    def grid(self) -> list[Knobs]:
+        """Every combination (the exhaustive ground truth for benchmarks), constraints applied."""
+        return list(self.iter_grid())
+
+
+_NUMERIC = ("int", "tokens", "fraction")
+
+
+def check_constraint(c: str) -> None:
+    """A constraint compares a numeric knob with another numeric knob or a finite number (raises
+    `ValueError` otherwise): both sides are checked here, so a typo on the right is found when the
+    space is read, not as a traceback when the first configuration is checked against it."""
+    if not isinstance(c, str):
+        raise ValueError(f"constraint {c!r} is not a string 'knob OP knob-or-number'")
+    m = _CONSTRAINT.match(c)
+    if not m:
+        raise ValueError(f"constraint {c!r} is not of the form 'knob OP knob-or-number'")
+    left, _, right = m.groups()
+    for side in (left, right):
+        if side in KNOB_NAMES:
+            if KNOB_TABLE[side].kind not in _NUMERIC:
+                raise ValueError(f"constraint {c!r}: {side} is not a number (a {KNOB_TABLE[side].kind} knob)")
+        elif side is left or not _is_number(side):
+            raise ValueError(f"constraint {c!r}: unknown knob {side!r}" + ("" if side is left else " (nor a finite number)"))
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
 
 
 def knob_value_error(knob: str, value: Any) -> str | None:
@@ -166,6 +197,12 @@ def load_space(name_or_path: str | Path) -> SearchSpace:
         space = SearchSpace(**data)
     except ValidationError as e:
         field, msg = first_error(e)
+        cons = data.get("constraints")
+        hit = [i for i, c in enumerate(cons) if isinstance(c, str) and repr(c) in msg] \
+            if msg.startswith("constraint ") and isinstance(cons, list) else []
+        if hit:
+            raise UserError(msg, file=str(p), line=yaml_line(root, ["constraints", hit[0]]),
+                            field=f"constraints.{hit[0]}") from None
         bad = re.search(r"unknown knob '(\w+)'", msg)
         key = bad.group(1) if bad else (field.split(".")[-1] if field else None)
         raise UserError(msg, file=str(p), line=_line_of(text, key) if key else None, field=field) from None

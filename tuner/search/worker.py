@@ -29,7 +29,7 @@ def enqueue_grid(runner: TrialRunner) -> int:
                                         if v is not None})))
              for t in runner.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
     n = 0
-    for knobs in runner.space.grid():
+    for knobs in runner.space.iter_grid():
         if knobs_key(knobs) in have:
             continue
         runner.study.enqueue_trial({k: getattr(knobs, k) for k in runner.space.knobs},

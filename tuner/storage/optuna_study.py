@@ -57,15 +57,19 @@ def open_study(url: str, *, create: bool, resume: bool) -> optuna.Study:
         new_arg = "heartbeat_stale_trial_callback" in inspect.signature(optuna.storages.RDBStorage).parameters
         retry = {("heartbeat_stale_trial_callback" if new_arg else "failed_trial_callback"):
                  (cls or optuna.storages.RetryFailedTrialCallback)(max_retry=2)}
-    storage = optuna.storages.RDBStorage(
-        url, heartbeat_interval=heartbeat, grace_period=grace, **retry,
-        engine_kwargs={"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {})
-    names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    try:
+        storage = optuna.storages.RDBStorage(
+            url, heartbeat_interval=heartbeat, grace_period=grace, **retry,
+            engine_kwargs={"connect_args": {"timeout": 30}} if url.startswith("sqlite") else {})
+        names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    except Exception as e:  # noqa: BLE001  (a damaged file, an old schema, a driver's refusal: the user's)
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UserError(f"cannot open the study storage: {first}", field="--storage") from None
     if STUDY_NAME in names and create and not resume:
         raise UserError("a study already exists here: pass --resume to continue it, or another --out",
                         field="--out")
-    if STUDY_NAME not in names and not create:
-        raise UserError("no study in this storage", field="--storage")
+    if STUDY_NAME not in names and (resume or not create):
+        raise UserError("no study in this storage to continue", field="--resume" if create else "--storage")
     if STUDY_NAME in names:  # loaded, not "created": Optuna's "Using an existing study" line is no news
         return optuna.load_study(study_name=STUDY_NAME, storage=storage)
     return optuna.create_study(study_name=STUDY_NAME, storage=storage, direction="maximize",
