@@ -104,16 +104,19 @@ class GateFile(BaseModel):
 
 def write_gate(run_dir: str | Path, *, path: str | Path | None = None,
                tolerance: float = DEFAULT_TOLERANCE, trial: int | None = None) -> Path | None:
-    """Write `gate.yaml` for the tuned configuration of the study in `run_dir` (the study runner calls this
+    """Write `gate.yaml` for the recommended configuration of the study in `run_dir` (the study runner calls this
     at the end of a run; `tune report` writes one if it is missing). Returns the file's path, or None when
     no configuration met the SLO at any rate: there is no capacity to hold a configuration to.
     `trial` gates another trial than the tuned one (e.g. the baseline, to watch vLLM upgrades)."""
-    from tuner.storage.select import pick_configs
+    from tuner.recommend import recommend_study
     from tuner.storage.reader import load_study_data
 
     data = load_study_data(run_dir)
     info = data.info
-    _, tuned = pick_configs(data.trials, data.outcome)
+    # the recommended configuration (`tuner.recommend`), as the report's headline and tuned-config.yaml
+    # name it: vLLM's defaults when no gain was significant
+    rec_trial = recommend_study(data).trial
+    tuned = next((t for t in data.trials if t.number == rec_trial), None) if rec_trial is not None else None
     if trial is not None:
         tuned = next((t for t in data.trials if t.number == trial), None)
         if tuned is None:

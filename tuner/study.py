@@ -61,6 +61,7 @@ class TuneOptions(BaseModel):
     strategy: str = "auto"   # `resolve_strategy`: the twin where it can be built, else guided
     max_trials: int = Field(15, ge=1, strict=True)
     confirm: bool = True
+    attribute: bool = False  # measure each knob's share of a multi-knob step (`tuner.search.attribute`)
     time_budget_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     storage: str | None = None
     resume: bool = False
@@ -325,6 +326,7 @@ def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outco
         # counting it then), so it decides exactly as the first time and never launches one twice.
         runner.account_stored()
     budget = Budget(max_trials=opts.max_trials, time_budget_s=opts.time_budget_s, started=time.monotonic())
+    twin = None
     with interrupt_cleanup(runner):
         if opts.strategy == "guided":
             outcome = guided(runner, budget, noise_floor=noise_floor, plateau=opts.plateau,
@@ -332,10 +334,15 @@ def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outco
         elif opts.strategy == "grid":
             outcome = grid(runner, opts.max_trials)
         elif opts.strategy == "twin":
-            outcome = twin_strategy(runner, budget, opts, workload, slo, load, noise_floor, reporter)
+            outcome, twin = twin_strategy(runner, budget, opts, workload, slo, load, noise_floor, reporter)
         else:
             outcome = whole_space(runner, budget, sampler=opts.strategy, noise_floor=noise_floor,
                                   seed=opts.seed)
+        if outcome.incumbent is not None:
+            from tuner.search.attribute import attribute_study
+
+            attribute_study(runner, budget, outcome, twin, noise_floor=noise_floor, verify=opts.attribute,
+                            say=getattr(reporter, "note", None))
     outcome.status, outcome.status_text = study_status(
         r for recs in runner.finished_all().values() for r in recs)
     study.set_user_attr("outcome", {"stop_reason": outcome.stop_reason, "status": outcome.status,
@@ -349,13 +356,13 @@ def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outco
 
 
 def twin_strategy(runner: TrialRunner, budget: Budget, opts: TuneOptions, workload, slo: SLO,
-                  load: LoadSettings, noise_floor: float, reporter) -> Outcome:
+                  load: LoadSettings, noise_floor: float, reporter):
     from tuner.search.twin import twin_search
     from tuner.twin.twin import Twin
 
     twin = Twin.build(opts.gpu, opts.model, workload, slo, load, seed=opts.seed)
     say = getattr(reporter, "note", None)
-    return twin_search(runner, budget, twin, noise_floor=noise_floor, on_fit=say)
+    return twin_search(runner, budget, twin, noise_floor=noise_floor, on_fit=say), twin
 
 
 def grid(runner: TrialRunner, max_trials: int) -> Outcome:

@@ -39,6 +39,9 @@ def register(app: typer.Typer) -> None:
         confirm: bool = typer.Option(True, help="Launch the baseline and every new incumbent twice and keep "
                                      "the lower capacity (guards against a lucky launch; off: one launch "
                                      "per configuration)."),
+        attribute: bool = typer.Option(False, help="Measure each knob's share of a step that changed several "
+                                       "knobs: one launch per knob, with that knob left out (without it the "
+                                       "shares are the fitted twin's predictions, labelled so)."),
         time_budget: Optional[float] = typer.Option(None, help="Stop starting trials after this many seconds."),
         out: Optional[Path] = typer.Option(None, help="Run directory (default runs/<timestamp>)."),
         storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: SQLite in --out)."),
@@ -73,7 +76,7 @@ def register(app: typer.Typer) -> None:
                            precision=precision, start_rate=start_rate, requests_per_run=requests_per_run,
                            max_run_s=max_run_s, arrival=arrival, noise=noise, time_scale=time_scale,
                            vllm_python=vllm_python, vllm_command=vllm_command, vllm_args=list(vllm_arg or []),
-                           api_key=api_key)
+                           api_key=api_key, attribute=attribute)
         _sigterm_to_interrupt()
         reporter = RichReporter()
         try:
@@ -158,6 +161,16 @@ def _summary(outcome, run_dir: Path, json_out: bool) -> None:
     print(f"stopped: {outcome.stop_reason}")
     if outcome.status != "tuned":
         print(f"NO RESULT: {outcome.status_text}")
+    elif report_json.exists() and rep.get("recommendation"):
+        # the report's own decision (`tuner.recommend`): the lines its headline opens with
+        from tuner.recommend import Recommendation
+
+        r = Recommendation.model_validate(rep["recommendation"])
+        print(f"baseline (vLLM defaults, trial {rows['baseline']['trial']}): "
+              f"{f'{b:.2f} req/s' if b else 'no rate met the SLO'}")
+        print(r.line())
+        if r.best_line():
+            print(r.best_line())
     else:
         print(f"baseline (vLLM defaults, trial {rows['baseline']['trial']}): "
               f"{f'{b:.2f} req/s' if b else 'no rate met the SLO'}")

@@ -44,13 +44,41 @@ def test_tune_leaves_report_plan_and_gate(run):
     # the terminal's summary names the trials the report names
     said = run.with_suffix(".stdout").read_text()
     assert f"baseline (vLLM defaults, trial {rep['baseline']['trial']}): " in said, said
-    if rep["tuned"]["trial"] != rep["baseline"]["trial"]:
-        assert f"tuned (trial {rep['tuned']['trial']}): {rep['tuned']['capacity_rps']:.2f} req/s" in said, said
-    else:
-        assert "no configuration beat vLLM's defaults" in said, said
     assert "None" not in said and " ?" not in said
     md = (run / "report.md").read_text()
     assert "## Headline" in md and "vllm serve Qwen/Qwen2.5-7B-Instruct" in md
+
+
+def test_the_summary_headline_config_and_gate_agree_and_keep_the_defaults_inside_the_noise(run):
+    """The README's main job (chat on the simulated RTX 4090): the twin's best measured configuration gains
+    +4.9% with four knobs, fp8 KV among them, inside the 5% noise floor. One decision (`tuner.recommend`):
+    the CLI, report.md's headline, tuned-config.yaml and gate.yaml all keep vLLM's defaults, and the best
+    measured configuration is still shown as not significant."""
+    import yaml
+
+    from tuner.recommend import Recommendation
+
+    rep = json.loads((run / "report.json").read_text())
+    r = Recommendation.model_validate(rep["recommendation"])
+    said = run.with_suffix(".stdout").read_text()
+    md = (run / "report.md").read_text()
+    cfg = yaml.safe_load((run / "tuned-config.yaml").read_text())
+    gate = yaml.safe_load((run / "gate.yaml").read_text())
+    line = r.line()
+    assert line in said and line[0].upper() + line[1:] in md.split("## Headline")[0], (said, md[:2000])
+    assert rep["tuned"]["trial"] == r.trial == gate["source_trial"]
+    assert gate["knobs"] == r.knobs == rep["tuned"]["knobs"]
+    assert gate["capacity_rps"] == r.capacity_rps
+    assert {k.replace("-", "_"): v for k, v in (cfg or {}).items()} == r.knobs
+    assert r.best_trial is not None and r.best_gain_pct is not None
+    if r.best_gain_pct <= 100 * r.floor:  # the figures as measured (+4.9% inside 5%): keep the defaults
+        assert r.kind == "defaults" and r.knobs == {} and r.trial == rep["baseline"]["trial"]
+        assert line.startswith("keep vLLM's defaults") and "keep vLLM's defaults" in md.lower()
+        if r.best_trial != r.trial:
+            assert r.best_line().startswith("best measured, not significant") and r.best_line() in said
+            assert "best measured, not significant" in md.split("## Headline")[0].lower()
+        assert "kv_cache_dtype" not in (run / "tuned-config.yaml").read_text()
+    assert r.kind == "defaults", "the main job's +4.9% is inside the 5% noise floor"
 
 
 def test_tune_report_rebuilds_the_same_report_from_storage(run, tmp_path):
@@ -62,7 +90,7 @@ def test_tune_report_rebuilds_the_same_report_from_storage(run, tmp_path):
     shutil.rmtree(copy / "plots")
     p = tune("report", copy, cwd=ROOT)
     assert p.returncode == 0, p.stderr
-    assert "capacity: baseline" in p.stdout
+    assert "baseline: " in p.stdout and "keep vLLM's defaults" in p.stdout
     after = json.loads((copy / "report.json").read_text())
     assert before.pop("generated_unix") != 0 and after.pop("generated_unix") != 0
     assert after == before

@@ -144,7 +144,7 @@ def test_write_report_files_are_consistent_and_self_contained(run, tmp_path):
     Report.model_validate(data)
     md = (tmp_path / "report.md").read_text()
     figs = re.findall(r"!\[[^\]]*\]\((plots/[^)]+)\)", md)
-    assert len(figs) == 5
+    assert len(figs) == 6  # the five charts and the knob-by-knob shares beside their table
     for f in figs:
         svg = (tmp_path / f).read_text()
         assert svg.lstrip().startswith(("<?xml", "<svg")) and "</svg>" in svg
@@ -153,7 +153,7 @@ def test_write_report_files_are_consistent_and_self_contained(run, tmp_path):
                                                             "http://www.w3.org/1999/xlink"}, f
         assert not re.findall(r"""(?:href|src)\s*=\s*["'](?!#)""", svg), f
     html = (tmp_path / "report.html").read_text()
-    assert html.count('<img ') == 5 and html.count("data:image/svg+xml;base64,") == 5
+    assert html.count('<img ') == 6 and html.count("data:image/svg+xml;base64,") == 6
     assert not re.findall(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", html, flags=re.I)
     assert "<script" not in html.lower() and "@import" not in html and "url(" not in html
     assert (tmp_path / "tuned-config.yaml").read_text() == rep.config_yaml

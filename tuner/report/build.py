@@ -7,8 +7,6 @@ trial records, so `tune report RUN_DIR` on a copied run directory reproduces the
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-
 import shlex
 import time
 from pathlib import Path
@@ -21,15 +19,15 @@ from tuner.knobs import KNOB_SPECS, Knobs
 from tuner.plan import format_plan, plan_for_study
 from tuner.report.model import (ConfigSummary, Headline, HeadlineRow, Report, TrialRow, WorkloadRef)
 from tuner.report.twin import twin_section
+from tuner.recommend import (OUTPUT_KNOBS as QUALITY_KNOBS, Recommendation, Spread,  # noqa: F401
+                             effective_floor, launch_spreads as _spreads, recommend_study)
+from tuner.storage.shares import SharesLog
 from tuner.storage.select import (attribution, closest_run, knee_curve, pick_configs,
                                   saturation_throughput)
 from tuner.storage.reader import StudyData, TrialView, load_study_data
 from tuner.storage.records import StudyInfo
 from tuner.storage.status import study_status
 from tuner.slo import SLO
-
-QUALITY_KNOBS = tuple(k for k, spec in KNOB_SPECS.items() if spec.changes_outputs)
-
 
 def serve_args(knobs: dict) -> list[str]:
     return Knobs(**knobs).flags()
@@ -48,7 +46,8 @@ def serve_command(model: str | None, knobs: dict, extra_args: list[str] | tuple[
     return shlex.join(["vllm", "serve", model or "MODEL", *serve_args(knobs), *extra_args])
 
 
-def config_yaml(model: str | None, knobs: dict, extra_args: list[str] | tuple[str, ...] = ()) -> str:
+def config_yaml(model: str | None, knobs: dict, extra_args: list[str] | tuple[str, ...] = (),
+                note: str = "") -> str:
     """A vLLM `--config` file: keys are the flag names without dashes. A knob set to off is written as
     `no-<flag>: true`, which every vLLM version's config loader turns into `--no-<flag>`. The other
     server arguments the measured launches used follow the knobs (`--flag value` or a bare `--flag`)."""
@@ -64,10 +63,10 @@ def config_yaml(model: str | None, knobs: dict, extra_args: list[str] | tuple[st
         else:
             body[key] = value
     body.update(_extra_args_config(extra_args))
-    head = (f"# vLLM --config file for the tuned configuration, written by slo-tuner.\n"
-            f"# Use: vllm serve {model or 'MODEL'} --config tuned-config.yaml\n")
+    head = (f"# vLLM --config file for the recommended configuration, written by slo-tuner.\n"
+            f"# Use: vllm serve {model or 'MODEL'} --config tuned-config.yaml\n" + note)
     if not body:
-        return head + "# vLLM's defaults were best: nothing to set.\n{}\n"
+        return head + "# vLLM's defaults are recommended: nothing to set.\n{}\n"
     return head + yaml.safe_dump(body, sort_keys=False, default_flow_style=False)
 
 
@@ -166,43 +165,16 @@ def _trial_row(t: TrialView, chain: list[int] | None = None) -> TrialRow:
                     load_runs=sum(x.repeats for x in r.load_runs), engine_s=r.engine_s, diagnosis=r.diagnosis)
 
 
-@dataclass
-class Spread:
-    """One configuration launched more than once (the baseline's confirmation, a winner confirmed)."""
-
-    label: str
-    capacities: list[float]
-
-    @property
-    def spread(self) -> float:
-        return max(self.capacities) / min(self.capacities) - 1.0
-
-
 def launch_spreads(trials: list[TrialView]) -> list[Spread]:
-    """Every configuration the study launched more than once with a capacity each: the measured
-    launch-to-launch spread, which no single launch's bracket shows."""
-    groups: dict[str, list[TrialView]] = {}
-    for t in sorted(trials, key=lambda t: t.number):
-        if t.record.launched and t.record.capacity_rps:
-            groups.setdefault(json.dumps(t.record.knobs, sort_keys=True), []).append(t)
-    out = []
-    for ts in groups.values():
-        if len(ts) > 1:
-            knobs = ts[0].record.knobs
-            label = ("vLLM's defaults" if not knobs else
-                     " ".join(f"{k}={v}" for k, v in knobs.items())) + f" (trials {', '.join(str(t.number) for t in ts)})"
-            out.append(Spread(label, [float(t.record.capacity_rps) for t in ts]))
-    return out
-
-
-def effective_floor(configured: float, spreads: list[Spread]) -> float:
-    """The noise floor a gain must clear: the configured one, never below a spread the study measured."""
-    return max([configured] + [sp.spread for sp in spreads])
+    """Every configuration the study launched more than once (`tuner.recommend.launch_spreads`)."""
+    return _spreads(t.record for t in trials)
 
 
 def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: dict[str, int],
-            gain_pct: float | None, status: str = "tuned", spreads: list[Spread] | None = None) -> list[str]:
-    """What the numbers do not say, in plain words, always in the report."""
+            gain_pct: float | None, status: str = "tuned", spreads: list[Spread] | None = None,
+            rec: Recommendation | None = None) -> list[str]:
+    """What the numbers do not say, in plain words, always in the report. `tuned` is the recommended
+    configuration (`tuner.recommend`); `rec` says how it was chosen against the best measured one."""
     spreads = spreads or []
     out = []
     if status == "no_launch":
@@ -225,10 +197,10 @@ def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: 
         pass  # no tuned configuration to say anything about
     elif quality:
         what = ", ".join(f"{k}={v}" for k, v in quality.items())
-        out.append(f"The tuned configuration uses {what}. Quantization changes the model's outputs; output "
+        out.append(f"The recommended configuration uses {what}. Quantization changes the model's outputs; output "
                    f"quality was NOT measured. Check accuracy on your own task before deploying it.")
     else:
-        out.append("The tuned configuration does not quantize weights or the KV cache. (Quantized "
+        out.append("The recommended configuration does not quantize weights or the KV cache. (Quantized "
                    "configurations change output quality, which this tool does not measure.)")
     floor = effective_floor(info.noise_floor, spreads)
     out.append(f"Noise floor: capacities are bracketed to within {info.precision:.0%} and differences below "
@@ -262,17 +234,15 @@ def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: 
         warns = list(dict.fromkeys(w for p in c.knee for w in p.warnings))
         for w in warns[:5]:
             out.append(f"{c.label.capitalize()}, client warning: {w}")
-    if gain_pct is not None and abs(gain_pct) < 100 * floor:
-        out.append(f"The gain over vLLM's defaults ({gain_pct:+.1f}%) is within the noise floor: the "
-                   "defaults are as good as anything found.")
+    out += _recommendation_caveats(rec, gain_pct, floor)
     if tuned.capacity_rps is None:
         low = min((r.rate for r in tuned.knee), default=None)
         out.append("No configuration met the SLO at any offered rate"
                    + (f" (the lowest tried: {low:.3g} req/s)" if low else "")
                    + ": the SLO may be out of reach on this hardware; `tune plan` checks it against the "
                      "decode floor.")
-    elif tuned.trial is not None and tuned.trial == base.trial:
-        out.append("No configuration beat vLLM's defaults: the tuned configuration is the baseline.")
+    elif tuned.trial is not None and tuned.trial == base.trial and (rec is None or rec.best_trial == base.trial):
+        out.append("No configuration beat vLLM's defaults: the recommended configuration is the baseline.")
     skipped = counts.get("PRUNED", 0) + counts.get("FAIL", 0)
     if skipped:
         out.append(f"{counts.get('PRUNED', 0)} trial(s) were raced out or pruned and {counts.get('FAIL', 0)} "
@@ -281,6 +251,25 @@ def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: 
     if counts.get("RUNNING", 0) or counts.get("WAITING", 0):
         out.append("The study was interrupted: some trials never finished. `tune` resumes it.")
     return out
+
+
+def _recommendation_caveats(rec: Recommendation | None, gain_pct: float | None, floor: float) -> list[str]:
+    """Why the recommendation is not the best measured configuration, when it is not."""
+    if rec is None or rec.kind == "none":
+        if gain_pct is not None and abs(gain_pct) < 100 * floor:
+            return [f"The gain over vLLM's defaults ({gain_pct:+.1f}%) is within the noise floor: the "
+                    "defaults are as good as anything found."]
+        return []
+    if rec.best_trial == rec.trial:
+        return []
+    if rec.kind == "defaults":
+        return [f"The best measured configuration (trial {rec.best_trial}) gained {rec.best_gain_pct:+.1f}% over "
+                f"vLLM's defaults, within the {rec.floor:.0%} noise floor: not significant, so the "
+                "recommendation, `tuned-config.yaml` and `gate.yaml` keep vLLM's defaults."]
+    return [f"The best measured configuration (trial {rec.best_trial}, {rec.best_capacity_rps:.3g} req/s) is not "
+            f"the recommended one (trial {rec.trial}, {rec.capacity_rps:.3g} req/s): {rec.why}; fewer knobs "
+            "changed from vLLM's defaults are fewer things to carry, and no output-changing knob is "
+            "recommended for a gain the noise can hide."]
 
 
 def _storage_label(data: StudyData) -> str:
@@ -302,16 +291,24 @@ def build_report(run_dir: str | Path) -> Report:
     info = data.info
     if not data.trials:
         raise UserError("the study has no trials yet", file=run_dir)
-    base_t, tuned_t = pick_configs(data.trials, data.outcome)
+    base_t, best_t = pick_configs(data.trials, data.outcome)
     status, status_text = study_status(t.record for t in data.trials
                                        if t.state not in ("RUNNING", "WAITING"))
+    rec = recommend_study(data)  # the one decision the headline, the config file and the gate all show
+    by_number = {t.number: t for t in data.trials}
+    tuned_t = by_number.get(rec.trial) if rec.kind != "none" else None
     if status != "tuned":
-        tuned_t = None  # nothing is "best": no configuration met the SLO (or none launched)
+        best_t = None  # nothing is "best": no configuration met the SLO (or none launched)
     forced = base_t.record.knobs if base_t is not None else {}
     base = _summary("baseline (vLLM defaults" + (f"; {', '.join(f'{k}={v}' for k, v in forced.items())} to fit "
                                                  "this host)" if forced else ")"), base_t)
-    tuned = _summary("tuned", tuned_t)
-    head = headline(base, tuned)
+    tuned = _summary("keep vLLM's defaults" if rec.kind == "defaults" else "recommended", tuned_t)
+    best = _summary("best measured" + ("" if rec.best_significant else ", not significant"), best_t)
+    # the headline compares the defaults with what is recommended, or, when that is the defaults, with
+    # the best measured configuration (labelled as not significant)
+    shown = best if tuned_t is not None and tuned_t is base_t and best_t is not None else tuned
+    head = headline(base, shown)
+    head.tuned_label = shown.label + (f" (trial {shown.trial})" if shown.trial is not None else "")
     counts: dict[str, int] = {}
     for t in data.trials:
         counts[t.state] = counts.get(t.state, 0) + 1
@@ -331,7 +328,8 @@ def build_report(run_dir: str | Path) -> Report:
         serve, cfg = "", f"# No tuned configuration: {status_text}\n"
     else:
         serve = serve_command(info.model, tuned.knobs, info.extra_args)
-        cfg = config_yaml(info.model, tuned.knobs, info.extra_args)
+        cfg = config_yaml(info.model, tuned.knobs, info.extra_args,
+                          note=f"# Keep vLLM's defaults: {rec.why}.\n" if rec.kind == "defaults" else "")
     gate = Path(run_dir) / "gate.yaml"
 
     return Report(
@@ -345,14 +343,17 @@ def build_report(run_dir: str | Path) -> Report:
                              mean_output_tokens=info.workload_mean_output_tokens,
                              token_count=info.workload_token_count),
         slo_path=info.slo_path, slo_sha256=info.slo_sha256, slo=info.slo, slo_text=slo.describe(),
-        baseline=base, tuned=tuned, headline=head,
-        attribution=attribution(data.trials, base_t, tuned_t, info.vllm_defaults, data.outcome),
+        baseline=base, tuned=tuned, best=best, recommendation=rec, headline=head,
+        attribution=attribution(data.trials, base_t, best_t, info.vllm_defaults, data.outcome, data.shares,
+                                floor=rec.floor),
         trials=[_trial_row(t, (data.outcome or {}).get("incumbent_chain")) for t in data.trials],
         counts=counts,
         engine_s=sum(t.record.engine_s for t in data.trials),
         serve_command=serve, config_yaml=cfg, plan=plan, plan_text=plan_text,
-        caveats=caveats(info, tuned, base, counts, head.capacity_gain_pct, status, launch_spreads(data.trials)),
+        caveats=caveats(info, tuned, base, counts, head.capacity_gain_pct, status, launch_spreads(data.trials),
+                        rec),
         status=status, status_text=status_text, gate_written=gate.exists(),
         learned=[f"{c.text()}: {' '.join(c.message.split())[:240]}"
                  for t in sorted(data.trials, key=lambda t: t.number) for c in t.record.learned],
-        twin=twin_section(data))
+        twin=twin_section(data), simplification=SharesLog.read({"shares": data.shares}).simplification
+        if data.shares else None)

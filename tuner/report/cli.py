@@ -30,12 +30,14 @@ def report(run_dir: Path = typer.Argument(..., help="Run directory of `tune` (st
         write_gate(run_dir, path=dest / "gate.yaml")
     rep = write_report(run_dir, out)
     where = out or run_dir
-    t, b = rep.tuned.capacity_rps, rep.baseline.capacity_rps
-    gain = rep.headline.capacity_gain_pct
+    b = rep.baseline.capacity_rps
     print(f"{rep.title}")
-    print(f"capacity: baseline {f'{b:.3g}' if b is not None else 'n/a'} -> tuned "
-          f"{f'{t:.3g}' if t is not None else 'n/a'} req/s"
-          + (f" ({gain:+.1f}%)" if gain is not None else ""))
+    print(f"baseline: {f'{b:.3g} req/s' if b is not None else 'n/a'}")
+    r = rep.recommendation  # the decision the headline, tuned-config.yaml and gate.yaml carry
+    if r is not None:
+        print(r.line())
+        if r.best_line():
+            print(r.best_line())
     print(f"wrote {where}/report.html, report.md, report.json, tuned-config.yaml")
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from tuner.plan import Plan
+from tuner.recommend import Recommendation
+from tuner.storage.shares import Simplification
 from tuner.storage.select import KnobStep
 from tuner.storage.records import Diagnosis, LatencyQuantiles, LoadRunSummary, MetricsDigest
 
@@ -54,6 +56,7 @@ class Headline(BaseModel):
     tuned_run_rate: float | None = None       # within 15% of it, so no same-rate comparison)
     tuned_closest_rate: float | None = None   # set when the tuned config was not measured near the rate
     capacity_gain_pct: float | None = None
+    tuned_label: str = "tuned"                # what the second column is: recommended, or best measured
     rows: list[HeadlineRow] = Field(default_factory=list)
 
 
@@ -109,7 +112,13 @@ class Report(BaseModel):
     slo: dict
     slo_text: str
     baseline: ConfigSummary
+    #: the recommended configuration (`tuner.recommend`): vLLM's defaults when no gain was significant
     tuned: ConfigSummary
+    #: the best measured configuration (the search's incumbent), recommended or not
+    best: ConfigSummary | None = None
+    recommendation: Recommendation | None = None
+    #: the recommendation less the knobs whose predicted share was within noise, and its confirming launch
+    simplification: Simplification | None = None
     headline: Headline
     attribution: list[KnobStep] = Field(default_factory=list)
     trials: list[TrialRow] = Field(default_factory=list)

@@ -256,6 +256,40 @@ def twin_curves(rep: Report) -> str | None:
 PLOTS["twin"] = twin_curves
 
 
+def knob_shares(rep: Report) -> str | None:
+    """One bar a knob: its share of its step's gain (solid: measured, hatched: predicted by the twin),
+    beside each step's measured total, the noise floor as a band around zero."""
+    rows = [(s, r) for s in rep.attribution for r in s.rows]
+    if not rows:
+        return None
+    with plt.rc_context(RC):
+        labels, vals, styles = [], [], []
+        for s in rep.attribution:
+            if len(s.rows) > 1:
+                labels.append(f"trial {s.trial}: all {len(s.rows)} knobs (measured total)")
+                vals.append(s.gain_pct or 0.0)
+                styles.append(("#2ca02c", None))
+            for r in s.rows:
+                labels.append(f"trial {s.trial}: {r.knob} ({r.source})")
+                vals.append(r.share_pct if r.share_pct is not None else math.nan)
+                styles.append(("#9ecae1", "//") if r.source == "predicted" else ("#1f77b4", None))
+        fig, ax = plt.subplots(figsize=(6.4, 0.35 * len(labels) + 1.2))
+        ys = list(range(len(labels)))[::-1]
+        for y, v, (c, h) in zip(ys, vals, styles):
+            ax.barh(y, v, color=c if h is None else "white", hatch=h, edgecolor=c, height=0.6)
+        floor = 100 * (rep.recommendation.floor if rep.recommendation else rep.noise_floor)
+        ax.axvspan(-floor, floor, color="#dddddd", alpha=0.5, lw=0, label=f"noise floor (±{floor:.0f}%)")
+        ax.set_yticks(ys)
+        ax.set_yticklabels(labels, fontsize=7)
+        ax.set_xlabel("share of the step's capacity gain (% of the capacity before the step)")
+        ax.legend(fontsize=7, loc="lower right")
+        ax.set_title("Each knob's share (hatched: predicted by the fitted twin, not measured)", fontsize=9)
+        return _svg(fig)
+
+
+PLOTS["shares"] = knob_shares
+
+
 def all_plots(rep: Report) -> dict[str, str]:
     out = {}
     for name, f in PLOTS.items():

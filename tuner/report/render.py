@@ -46,9 +46,24 @@ def _knobs(k: dict) -> str:
     return ", ".join(f"{n}={fmt_value(v)}" for n, v in k.items()) or "vLLM defaults"
 
 
+def _recommendation(rep: Report) -> list[Block]:
+    """The answer first, in the words the CLI prints (`tuner.recommend.Recommendation.line`)."""
+    rec = rep.recommendation
+    if rec is None or rec.kind == "none":
+        return []
+    out = [Block("h2", "Recommendation"), Block("note", rec.line()[0].upper() + rec.line()[1:])]
+    best = rec.best_line()
+    if best:
+        out.append(Block("p", best[0].upper() + best[1:] + "."))
+    if rec.kind == "defaults":
+        out.append(Block("p", "`tuned-config.yaml` sets nothing and `gate.yaml` holds vLLM's defaults to their "
+                              "measured capacity."))
+    return out
+
+
 def _headline(rep: Report) -> list[Block]:
     h = rep.headline
-    rows = [["", rep.baseline.label, "tuned", "change"]]
+    rows = [["", rep.baseline.label, h.tuned_label, "change"]]
     for r in h.rows:
         if r.metric.startswith("capacity"):
             name = r.metric
@@ -67,28 +82,58 @@ def _headline(rep: Report) -> list[Block]:
                  f"{_n(h.tuned_closest_rate)} req/s), so its same-rate cells are empty: compare the "
                  f"at-capacity rows, where each configuration carries its own (higher) load")
     else:
-        note += f" ({_n(h.baseline_run_rate)} req/s for the baseline, {_n(h.tuned_run_rate)} req/s tuned)"
+        note += f" ({_n(h.baseline_run_rate)} req/s for the baseline, {_n(h.tuned_run_rate)} req/s for the other)"
     return [Block("h2", "Headline"), Block("table", rows=rows), Block("p", note + ".")]
 
 
-def _attribution(rep: Report) -> list[Block]:
+def _share(r) -> str:
+    if r.share_pct is None:
+        return "n/a (not predicted)"
+    out = f"{r.share_pct:+.1f}% ({r.source})"
+    if r.source == "measured" and r.predicted_share_pct is not None:
+        out += f"; predicted {r.predicted_share_pct:+.1f}%"
+    return out
+
+
+def _attribution(rep: Report, figures: set[str] = frozenset()) -> list[Block]:
     out = [Block("h2", "Where the gain came from, knob by knob")]
     if not rep.attribution:
         out.append(Block("p", "No trial beat the baseline: nothing to attribute."))
         return out
-    rows = [["trial", "change", "capacity before -> after (req/s)", "gain", "why this knob (diagnosis)"]]
+    knobs_of = {t.number: t.knobs for t in rep.trials}
+    rows = [["trial", "knob", "change", "share of the gain", "step total (measured, req/s)",
+             "in the recommendation", "why this knob (diagnosis)"]]
     for s in rep.attribution:
-        rows.append([str(s.trial), s.change, f"{_n(s.before_rps)} -> {_n(s.after_rps)}", _pct(s.gain_pct),
-                     s.why or ""])
-    out += [Block("table", rows=rows),
-            Block("p", "Each accepted trial became the new incumbent; its gain is measured against the "
-                       "incumbent it replaced, so the steps add up to the total gain.")]
+        total = f"{_n(s.before_rps)} -> {_n(s.after_rps)} ({_pct(s.gain_pct)})"
+        for i, r in enumerate(s.rows):
+            value = knobs_of.get(s.trial, {}).get(r.knob)
+            kept = "yes" if value is not None and rep.tuned.knobs.get(r.knob) == value else "no"
+            if kept == "no" and r.within_noise:
+                kept = "no (within noise)"
+            rows.append([str(s.trial), r.knob, r.change, _share(r),
+                         total if i == 0 else f"(trial {s.trial}, same step)", kept, s.why or ""])
+    multi = any(len(s.rows) > 1 for s in rep.attribution)
+    text = ("Each accepted trial became the new incumbent; its gain is measured against the incumbent it "
+            "replaced, so the steps add up to the total gain.")
+    if multi:
+        text += (" A step that changed several knobs at once gets each knob's share predicted by the fitted "
+                 "twin: the step's configuration with that knob left as before, predicted, against the step "
+                 "predicted whole. Those shares are labelled predicted: they were not measured (`--attribute` "
+                 "measures them with one launch each). A knob whose share is within the noise floor is dropped "
+                 "from the recommendation, and the simpler configuration is launched to confirm it.")
+    out += [Block("table", rows=rows), Block("p", text)]
+    if rep.simplification is not None and rep.simplification.note:
+        out.append(Block("p", rep.simplification.note))
+    if "shares" in figures:
+        out.append(Block("fig", "Each knob's share of the gain (hatched: predicted)", lang="shares"))
     return out
 
 
 def _config(rep: Report) -> list[Block]:
-    return [Block("h2", "The tuned configuration"),
-            Block("p", f"Trial {rep.tuned.trial}: {_knobs(rep.tuned.knobs)}."),
+    what = ("vLLM's defaults: nothing to set" if rep.recommendation and rep.recommendation.kind == "defaults"
+            else _knobs(rep.tuned.knobs))
+    return [Block("h2", "The recommended configuration"),
+            Block("p", f"Trial {rep.tuned.trial}: {what}."),
             Block("code", rep.serve_command, lang="sh"),
             Block("p", "The same as a vLLM `--config` file (`tuned-config.yaml`, beside this report):"),
             Block("code", rep.config_yaml.rstrip("\n"), lang="yaml")]
@@ -103,6 +148,10 @@ def _trials(rep: Report) -> list[Block]:
             outcome = f"launched; {(t.launch_failure_message or '')[:200]}"
         elif not t.launched and t.launch_failure_kind:
             outcome = f"launch failed ({t.launch_failure_kind}): {(t.launch_failure_message or '')[:160]}"
+        elif t.role == "simplify" and t.state == "COMPLETE":
+            outcome = "the best less the knobs whose share was within noise, launched to confirm it"
+        elif t.role == "attribute" and t.state == "COMPLETE":
+            outcome = f"--attribute: its step without {t.changed_knob}, launched to measure that knob's share"
         elif t.raced_out:
             at = t.capacity_upper_rps or t.incumbent_before
             outcome = (f"raced out: failed its one load run at {_n(at)} req/s (incumbent: "
@@ -198,7 +247,7 @@ def blocks(rep: Report, figures: set[str]) -> list[Block]:
     if rep.status != "tuned":
         out += _no_result(rep)
     else:
-        out += _headline(rep) + _attribution(rep) + _config(rep)
+        out += _recommendation(rep) + _headline(rep) + _attribution(rep, figures) + _config(rep)
     if rep.plan_text:
         out += [Block("h2", "Capacity plan"), Block("code", rep.plan_text, lang="text")]
     out += [Block("h2", "Caveats"), Block("ul", rows=[[x] for x in rep.caveats])]

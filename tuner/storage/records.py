@@ -169,7 +169,10 @@ class TrialRecord(BaseModel):
 
     schema_version: int = SCHEMA_VERSION
     number: int = 0
-    role: Literal["baseline", "candidate", "confirm", "grid", "tpe", "random", "gate"] = "candidate"
+    #: simplify: the recommendation less the knobs within noise (`tuner.search.attribute`); attribute:
+    #: a leave-one-knob-out launch (`--attribute`)
+    role: Literal["baseline", "candidate", "confirm", "grid", "tpe", "random", "gate", "simplify",
+                  "attribute"] = "candidate"
     knobs: dict = Field(default_factory=dict)           # set knobs only; {} = vLLM's defaults
     changed_knob: str | None = None                     # the one knob this trial turned
     launched: bool = False

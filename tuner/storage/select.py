@@ -19,8 +19,22 @@ from tuner.storage.records import Diagnosis, LoadRunSummary
 KNOB_NAMES = tuple(Knobs.model_fields)
 
 
+class KnobRow(BaseModel):
+    """One knob of a step: its share of the step's gain. A one-knob step's share is the measured gain; a
+    step that changed several knobs gets each knob's share predicted by the fitted twin (leave that knob
+    out), labelled "predicted", and measured too where `--attribute` launched the knob's leave-one-out."""
+
+    knob: str
+    change: str                        # "max_num_seqs: default (256) -> 512"
+    share_pct: float | None = None     # the share shown: measured when known, else predicted
+    source: str = "measured"           # measured | predicted | unknown
+    predicted_share_pct: float | None = None
+    measured_share_pct: float | None = None
+    within_noise: bool = False         # the share is inside the noise floor: dropped from the recommendation
+
+
 class KnobStep(BaseModel):
-    """One accepted step of the search: the knob it turned and what that was worth."""
+    """One accepted step of the search: the knob(s) it turned and what that was worth."""
 
     trial: int
     knobs_changed: list[str]
@@ -30,6 +44,7 @@ class KnobStep(BaseModel):
     gain_rps: float | None
     gain_pct: float | None
     why: str | None = None             # the diagnosis of the incumbent that suggested this knob
+    rows: list[KnobRow] = []           # one knob a row (the knob-by-knob table)
 
 
 def _completed(t: TrialView) -> bool:
@@ -84,9 +99,35 @@ def _chain(trials: list[TrialView], outcome: dict | None) -> list[TrialView]:
     return [t for t in trials if t.record.accepted and _completed(t)]
 
 
+def _rows(changed: list[str], gain_pct: float | None, prev: dict, knobs: dict, defaults: dict | None,
+          stored: dict | None, floor: float) -> list[KnobRow]:
+    """One row per knob the step changed; shares of a several-knob step from the stored predictions."""
+    def change(k: str) -> str:
+        return f"{k}: {knob_value(prev, k, defaults)} -> {knob_value(knobs, k, defaults)}"
+
+    if len(changed) <= 1:
+        return [KnobRow(knob=k, change=change(k), share_pct=gain_pct, source="measured",
+                        measured_share_pct=gain_pct, within_noise=gain_pct is not None and gain_pct <= 100 * floor)
+                for k in changed]
+    shares = {s["knob"]: s for s in (stored or {}).get("knobs", [])}
+    rows = []
+    for k in changed:
+        sh = shares.get(k, {})
+        pred, meas = sh.get("predicted_share_pct"), sh.get("measured_share_pct")
+        shown = meas if meas is not None else pred
+        rows.append(KnobRow(knob=k, change=change(k), share_pct=shown,
+                            source="measured" if meas is not None else "predicted" if pred is not None else "unknown",
+                            predicted_share_pct=pred, measured_share_pct=meas,
+                            within_noise=bool(sh.get("within_noise"))))
+    return rows
+
+
 def attribution(trials: list[TrialView], base: TrialView | None, tuned: TrialView | None,
-                defaults: dict | None = None, outcome: dict | None = None) -> list[KnobStep]:
-    """Incumbent trials after the baseline, in order, up to the tuned one."""
+                defaults: dict | None = None, outcome: dict | None = None, shares: dict | None = None,
+                floor: float = 0.05) -> list[KnobStep]:
+    """Incumbent trials after the baseline, in order, up to the tuned one; each step's knobs one a row
+    (`shares`: the study's stored per-knob predictions, `tuner.storage.shares`)."""
+    steps_stored = {s["trial"]: s for s in (shares or {}).get("steps", [])}
     if base is None or tuned is None:
         return []
     chain = [t for t in _chain(trials, outcome) if t.number != base.number and t.number <= tuned.number
@@ -108,10 +149,12 @@ def attribution(trials: list[TrialView], base: TrialView | None, tuned: TrialVie
         change = ", ".join(f"{k}: {knob_value(prev_knobs, k, defaults)} -> {knob_value(knobs, k, defaults)}"
                            for k in changed) or "(no knob changed: re-measured)"
         gain = after - before if after is not None and before is not None else None
+        pct = (100.0 * gain / before) if gain is not None and before else None
         steps.append(KnobStep(trial=t.number, knobs_changed=changed, change=change, before_rps=before,
-                              after_rps=after, gain_rps=gain,
-                              gain_pct=(100.0 * gain / before) if gain is not None and before else None,
-                              why=prev_diag.summary if prev_diag else None))
+                              after_rps=after, gain_rps=gain, gain_pct=pct,
+                              why=prev_diag.summary if prev_diag else None,
+                              rows=_rows(changed, pct, prev_knobs, knobs, defaults, steps_stored.get(t.number),
+                                         floor)))
         prev_knobs, prev_cap, prev_diag = knobs, after, r.diagnosis
     return steps
 

@@ -1,0 +1,227 @@
+"""The recommendation policy: which measured configuration the tool tells the user to deploy.
+
+Written down once, here; `recommend` decides, and the CLI summary, the report's headline,
+`tuned-config.yaml` and `gate.yaml` all read its answer (through the report, which stores it in
+`report.json`, and the gate, which calls it on the same storage), so the four can never disagree.
+
+The policy:
+
+- A gain counts only above the noise floor (`effective_floor`: the configured floor, never below a
+  launch-to-launch spread the study measured). The best measured configuration whose gain over vLLM's
+  defaults is inside the floor is shown as "best measured, not significant", and the recommendation is
+  to keep vLLM's defaults (the gate then holds the defaults).
+- Of the configurations measured within the noise of the best, the simplest is recommended: fewest knobs
+  changed from vLLM's defaults. A gain the noise can hide is not worth a flag a future vLLM may
+  change, and each extra knob is one more thing an operator must carry.
+- An output-changing knob (quantization, KV-cache dtype, speculative decoding) is recommended only when
+  it earns a significant gain: the configuration carrying it must beat every measured configuration
+  without such a knob by more than the floor. Output quality is never measured, so a quality risk is
+  taken only for a gain the measurements can tell apart from noise.
+- A recommendation is always a configuration that was launched and measured (its capacity is the lower
+  of its launches); never a prediction.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Iterable, Literal
+
+from pydantic import BaseModel, Field
+
+from tuner.knobs import KNOB_SPECS
+from tuner.storage.records import TrialRecord
+
+OUTPUT_KNOBS = tuple(k for k, spec in KNOB_SPECS.items() if spec.changes_outputs)
+
+
+@dataclass
+class Spread:
+    """One configuration launched more than once (the baseline's confirmation, a winner confirmed)."""
+
+    label: str
+    capacities: list[float]
+
+    @property
+    def spread(self) -> float:
+        return max(self.capacities) / min(self.capacities) - 1.0
+
+
+def _key(knobs: dict) -> str:
+    return json.dumps(knobs, sort_keys=True)
+
+
+def launch_spreads(records: Iterable[TrialRecord]) -> list[Spread]:
+    """Every configuration the study launched more than once with a capacity each: the measured
+    launch-to-launch spread, which no single launch's bracket shows."""
+    groups: dict[str, list[TrialRecord]] = {}
+    for r in sorted(records, key=lambda r: r.number):
+        if r.launched and r.capacity_rps:
+            groups.setdefault(_key(r.knobs), []).append(r)
+    out = []
+    for rs in groups.values():
+        if len(rs) > 1:
+            knobs = rs[0].knobs
+            label = ("vLLM's defaults" if not knobs else " ".join(f"{k}={v}" for k, v in knobs.items())) \
+                + f" (trials {', '.join(str(r.number) for r in rs)})"
+            out.append(Spread(label, [float(r.capacity_rps) for r in rs]))
+    return out
+
+
+def effective_floor(configured: float, spreads: list[Spread]) -> float:
+    """The noise floor a gain must clear: the configured one, never below a spread the study measured."""
+    return max([configured] + [sp.spread for sp in spreads])
+
+
+def changed_knobs(knobs: dict, defaults: dict | None) -> list[str]:
+    """Knobs set to something other than what vLLM resolves them to (a knob set to its default, or to its
+    neutral value, changes nothing and costs the operator nothing)."""
+    out = []
+    for k, v in knobs.items():
+        if v is None or (defaults and k in defaults and defaults[k] == v):
+            continue
+        if k in KNOB_SPECS and KNOB_SPECS[k].neutral is not None and v == KNOB_SPECS[k].neutral:
+            continue
+        out.append(k)
+    return out
+
+
+def output_changing(knobs: dict, defaults: dict | None) -> list[str]:
+    return [k for k in changed_knobs(knobs, defaults) if k in OUTPUT_KNOBS]
+
+
+class Recommendation(BaseModel):
+    """What to deploy, and the best measured configuration beside it when the two differ."""
+
+    kind: Literal["tuned", "defaults", "none"]   # none: no configuration met the SLO (no result)
+    trial: int | None = None
+    knobs: dict = Field(default_factory=dict)
+    capacity_rps: float | None = None
+    gain_pct: float | None = None                # over vLLM's defaults, measured
+    floor: float = 0.05                          # the noise floor the gains were judged against
+    best_trial: int | None = None
+    best_knobs: dict = Field(default_factory=dict)
+    best_capacity_rps: float | None = None
+    best_gain_pct: float | None = None
+    best_significant: bool = False               # the best's gain over the defaults clears the floor
+    why: str = ""                                # one sentence: why this and not the best measured
+
+    def line(self) -> str:
+        """The one line the CLI prints and the report's headline opens with."""
+        if self.kind == "none":
+            return "no recommendation: no configuration met the SLO"
+        cap = f"{self.capacity_rps:.2f} req/s" if self.capacity_rps else "no capacity"
+        if self.kind == "defaults":
+            head = f"keep vLLM's defaults (trial {self.trial}): {cap}"
+        else:
+            kn = " ".join(f"{k}={v}" for k, v in self.knobs.items())
+            head = f"recommended (trial {self.trial}): {cap} ({self.gain_pct:+.1f}%) with {kn}"
+        return head + (f"; {self.why}" if self.why else "")
+
+    def best_line(self) -> str | None:
+        """The best measured configuration, when it is not the recommended one."""
+        if self.kind == "none" or self.best_trial is None or self.best_trial == self.trial:
+            return None
+        kn = " ".join(f"{k}={v}" for k, v in self.best_knobs.items()) or "vLLM's defaults"
+        gain = f" ({self.best_gain_pct:+.1f}%)" if self.best_gain_pct is not None else ""
+        tag = "best measured" + ("" if self.best_significant else ", not significant")
+        return f"{tag} (trial {self.best_trial}): {self.best_capacity_rps:.2f} req/s{gain} with {kn}"
+
+
+@dataclass
+class _Config:
+    """One measured configuration: its lowest-capacity launch stands for it."""
+
+    rec: TrialRecord
+    capacity: float
+
+
+def measured_configs(records: Iterable[TrialRecord]) -> dict[str, _Config]:
+    out: dict[str, _Config] = {}
+    for r in records:
+        if not (r.launched and r.capacity_rps) or getattr(r, "interrupted", False):
+            continue
+        k = _key(r.knobs)
+        if k not in out or r.capacity_rps < out[k].capacity:
+            out[k] = _Config(r, float(r.capacity_rps))
+    return out
+
+
+def _pct(cap: float | None, base: float | None) -> float | None:
+    return 100.0 * (cap / base - 1.0) if cap and base else None
+
+
+def recommend(records: list[TrialRecord], baseline: TrialRecord | None, best: TrialRecord | None, *,
+              floor: float, defaults: dict | None = None) -> Recommendation:
+    """The policy of this module's docstring over the measured `records`. `best` is the configuration
+    the search ended on (its confirmed incumbent), `baseline` vLLM's defaults (as the host allowed them)."""
+    configs = measured_configs(records)
+    if best is None or _key(best.knobs) not in configs:
+        return Recommendation(kind="none", floor=floor)
+    b = configs[_key(best.knobs)]
+    base = configs.get(_key(baseline.knobs)) if baseline is not None else None
+    base_cap = base.capacity if base else None
+
+    def significant(c: _Config, over: float | None) -> bool:
+        return over is None or c.capacity > over * (1 + floor)
+
+    neutral = [c.capacity for c in configs.values() if not output_changing(c.rec.knobs, defaults)]
+    best_neutral = max(neutral, default=None)
+
+    def admissible(c: _Config) -> bool:
+        if base is not None and c is base:
+            return True
+        if not significant(c, base_cap):
+            return False
+        return not output_changing(c.rec.knobs, defaults) or significant(c, best_neutral)
+
+    pool = [c for c in configs.values() if c.capacity * (1 + floor) >= b.capacity and admissible(c)]
+    pool.sort(key=lambda c: (len(changed_knobs(c.rec.knobs, defaults)), bool(output_changing(c.rec.knobs, defaults)),
+                             -c.capacity, c.rec.number))
+    pick = pool[0] if pool else base
+    out = Recommendation(kind="defaults", floor=floor, best_trial=b.rec.number, best_knobs=dict(b.rec.knobs),
+                         best_capacity_rps=b.capacity, best_gain_pct=_pct(b.capacity, base_cap),
+                         best_significant=significant(b, base_cap) and b is not base)
+    if pick is None:  # no baseline capacity and nothing admissible: the best is all there is
+        pick = b
+    kind = "defaults" if base is not None and pick is base else "tuned"
+    out = out.model_copy(update={"kind": kind, "trial": pick.rec.number, "knobs": dict(pick.rec.knobs),
+                                 "capacity_rps": pick.capacity, "gain_pct": _pct(pick.capacity, base_cap)})
+    return out.model_copy(update={"why": _why(out, b, pick, best_neutral, defaults)})
+
+
+def _why(r: Recommendation, best: _Config, pick: _Config, best_neutral: float | None,
+         defaults: dict | None) -> str:
+    """Why the recommendation is not simply the best measured configuration, in one clause."""
+    if pick is best:
+        if r.kind == "defaults":
+            return "no configuration measured better than vLLM's defaults"
+        return f"above the {r.floor:.0%} noise floor"
+    quality = output_changing(best.rec.knobs, defaults)
+    if quality and r.best_significant and best_neutral and best.capacity <= best_neutral * (1 + r.floor):
+        what = f"the best measured needs {', '.join(quality)} (changes outputs) for a gain within the " \
+               f"{r.floor:.0%} noise floor of one without it"
+    elif not r.best_significant:
+        what = f"the best measured gain ({r.best_gain_pct:+.1f}%) is within the {r.floor:.0%} noise floor"
+    else:
+        what = f"the simplest configuration within the {r.floor:.0%} noise floor of the best measured"
+    return what
+
+
+def recommend_study(data) -> Recommendation:
+    """The recommendation for a stored study (`tuner.storage.reader.StudyData`): what the report and the
+    gate both call, so the configuration the report recommends is the one the gate holds."""
+    from tuner.storage.select import pick_configs
+    from tuner.storage.status import study_status
+
+    info = data.info
+    done = [t.record for t in data.trials if t.state not in ("RUNNING", "WAITING")]
+    status, _ = study_status(done)
+    spreads = launch_spreads(done)
+    floor = effective_floor(info.noise_floor, spreads)
+    if status != "tuned":
+        return Recommendation(kind="none", floor=floor)
+    base_t, best_t = pick_configs(data.trials, data.outcome)
+    measured = [t.record for t in data.trials if t.state == "COMPLETE"]
+    return recommend(measured, base_t.record if base_t else None, best_t.record if best_t else None,
+                     floor=floor, defaults=info.vllm_defaults)
