@@ -11,8 +11,9 @@ there or not), `--resume` (a study to continue), `--strategy grid` (a space it c
 from __future__ import annotations
 
 import sqlite3
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from tuner.errors import UserError
 from tuner.limits import MAX_GRID_CONFIGS
@@ -101,19 +102,24 @@ def sqlite_studies(db: Path, field: str | None = None) -> list[str] | None:
     return names
 
 
-def check_study_target(url: str, out: Path, *, resume: bool) -> None:
-    """`--out` (and `--storage`) must hold no study unless `--resume`, and one if `--resume`."""
+def check_study_target(url: str, out: Path, *, resume: bool, worker: bool = False) -> None:
+    """`--out` (and `--storage`) must hold no study unless `--resume`, and one if `--resume` (or for
+    `tune worker`, which only ever joins a study)."""
     from sqlalchemy.engine import make_url
 
     u = check_storage_url(url, "--storage")
     if u.get_backend_name() != "sqlite":
         return  # a server database: the study is looked up when it is opened (no file is created here)
     db = Path(u.database)
-    names = sqlite_studies(db, "--resume" if resume else "--out")
     default = (out / "study.db").resolve() == db.resolve()
+    option = "--out" if worker else "--resume" if resume else "--out"
+    names = sqlite_studies(out / "study.db" if default else db, option)
     if resume and (names is None or STUDY_NAME not in names):
         where = str(out) if default else _shown(make_url(url))
-        raise UserError(f"no study to resume in {where}: start it without --resume", field="--resume")
+        if worker:
+            raise UserError(f"no study in {where} to work on: start one with `tune ... --out {out}`",
+                            field=option)
+        raise UserError(f"no study to resume in {where}: start it without --resume", field=option)
     if not resume and names and STUDY_NAME in names:
         raise UserError("a study already exists here: pass --resume to continue it, or another --out",
                         field="--out")
@@ -133,3 +139,65 @@ def check_grid_size(space: Any, strategy: str) -> None:
         raise UserError(f"the search space has {n:,} configurations; grid enumerates at most "
                         f"{MAX_GRID_CONFIGS:,} (use --strategy twin, tpe or random, or fewer values)",
                         field="--strategy")
+
+
+def stored_info(study: Any, run_dir: Path) -> Any:
+    """The stored study's `info` (what it was started with), or a `UserError`: a study another tool wrote,
+    or one whose record was damaged, is not something `tune worker` can continue."""
+    from pydantic import ValidationError
+
+    from tuner.storage.records import StudyInfo
+
+    raw = study.user_attrs.get("info")
+    if not isinstance(raw, dict):
+        raise UserError("the study has no record of how it was started: not written by `tune`", file=run_dir,
+                        field="--out")
+    try:
+        return StudyInfo(**raw)
+    except (ValidationError, TypeError) as e:
+        first = (str(e).strip().splitlines() or ["invalid"])[0]
+        raise UserError(f"the study's record is damaged ({first})", file=run_dir, field="--out") from None
+
+
+#: Trials that hold a measurement: finished ones, and failed ones that did not fail by an interruption
+#: (a launch that failed is a finding; a trial cut short, or still RUNNING after a crash, is not).
+_MEASURED = ("SELECT COUNT(*) FROM trials t WHERE t.state IN ('COMPLETE', 'PRUNED') OR (t.state = 'FAIL' AND "
+             "NOT EXISTS (SELECT 1 FROM trial_user_attributes a WHERE a.trial_id = t.trial_id AND "
+             "a.key = 'record' AND a.value_json LIKE '%\"interrupted\": true%'))")
+
+
+def _stored_trials(db: Path) -> int:
+    """Measured trials in the SQLite study `db` (0 when there is no readable study: nothing of value)."""
+    try:
+        con = sqlite3.connect(f"file:{db.resolve()}?mode=ro", uri=True, timeout=5)
+        try:
+            return int(con.execute(_MEASURED).fetchone()[0])
+        finally:
+            con.close()
+    except (sqlite3.Error, OSError):
+        return 0
+
+
+@contextmanager
+def keep_only_saved(run_dir: Path, *, resume: bool, own_storage: bool, state: dict) -> Iterator[None]:
+    """A new study that fails or is interrupted before its first trial was stored leaves nothing behind:
+    the entries of `run_dir` this run created are removed (the folder too, if it made it), so a user's
+    corrected command is not refused with "a study already exists here". `state["removed"]` tells the
+    caller not to claim the study was saved. A resumed study, or one in a shared database, is left as is."""
+    existed = run_dir.is_dir()
+    before = {p.name for p in run_dir.iterdir()} if existed else set()
+    state["removed"] = False
+    try:
+        yield
+    except BaseException:
+        if not resume and own_storage and not _stored_trials(run_dir / "study.db"):
+            import shutil
+
+            if not existed:
+                shutil.rmtree(run_dir, ignore_errors=True)
+            elif run_dir.is_dir():
+                for p in run_dir.iterdir():
+                    if p.name not in before:
+                        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+            state["removed"] = True
+        raise

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from tuner.errors import UserError
 from tuner.inputs import parse_yaml, read_text, yaml_line
 from tuner.replay.record import TOOL_CAUSES, LoadRun, RequestRecord
+from tuner.limits import MAX_RATE_RPS, MAX_SECONDS
 from tuner.validation import first_error
 
 METRICS: tuple[str, ...] = ("ttft", "tpot", "itl", "e2el")
@@ -32,7 +33,7 @@ class Threshold(BaseModel):
     """`metric <= max_ms` at `percentile` (the percentile only sets the default attainment target)."""
 
     model_config = ConfigDict(extra="forbid")
-    max_ms: float = Field(gt=0, allow_inf_nan=False, strict=True)
+    max_ms: float = Field(gt=0, le=MAX_SECONDS * 1000, allow_inf_nan=False, strict=True)
     percentile: float = Field(default=99.0, gt=0, le=100, strict=True)
 
 
@@ -71,9 +72,9 @@ class SLO(BaseModel):
     # Fraction of requests that must be good. Default: the strictest threshold percentile / 100.
     # strict: a number is written as a number (`true` is not 1 and "300" is not 300)
     target: float | None = Field(default=None, gt=0, le=1, strict=True)
-    peak_rate: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True)
+    peak_rate: float | None = Field(default=None, gt=0, le=MAX_RATE_RPS, allow_inf_nan=False, strict=True)
     headroom: float = Field(default=0.7, gt=0, le=1, strict=True)
-    price_per_gpu_hour: float | None = Field(default=None, ge=0, allow_inf_nan=False, strict=True)
+    price_per_gpu_hour: float | None = Field(default=None, ge=0, le=1e6, allow_inf_nan=False, strict=True)
 
     @model_validator(mode="before")
     @classmethod

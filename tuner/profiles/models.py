@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner.errors import UserError
 from tuner.inputs import read_text
@@ -33,15 +33,18 @@ class ModelProfile(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     name: str = ""
-    num_hidden_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None
-    intermediate_size: int
-    vocab_size: int
-    max_position_embeddings: int = 4096  # the longest context vLLM allows (after RoPE scaling)
-    default_max_model_len: int | None = None  # vLLM's default when shorter (LongRoPE: the original length)
+    # positive and far below anything that breaks the arithmetic (a 0 divides by zero, a 1e30 overflows)
+    num_hidden_layers: int = Field(ge=1, le=10_000, strict=True)
+    hidden_size: int = Field(ge=1, le=1_000_000, strict=True)
+    num_attention_heads: int = Field(ge=1, le=100_000, strict=True)
+    num_key_value_heads: int | None = Field(None, ge=1, le=100_000, strict=True)
+    head_dim: int | None = Field(None, ge=1, le=100_000, strict=True)
+    intermediate_size: int = Field(ge=1, le=100_000_000, strict=True)
+    vocab_size: int = Field(ge=1, le=100_000_000, strict=True)
+    # the longest context vLLM allows (after RoPE scaling)
+    max_position_embeddings: int = Field(4096, ge=1, le=2 ** 31 - 1, strict=True)
+    # vLLM's default when shorter (LongRoPE: the original length)
+    default_max_model_len: int | None = Field(None, ge=1, le=2 ** 31 - 1, strict=True)
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     quantization: str | None = None  # of the checkpoint itself (AWQ/GPTQ); fp8 is an online choice
@@ -225,13 +228,46 @@ def load_hf_config(path: str | Path) -> ModelProfile:
     inner = cfg.get("text_config", cfg)  # multimodal wrappers keep the LM config inside
     cfg = inner if isinstance(inner, dict) else cfg
     quant = checkpoint_quantization(cfg.get("quantization_config") or cfg.get("compression_config"), str(p))
+    _check_rope(cfg, str(p), text)
     longest, default = derived_max_len(cfg)
     lens = {"max_position_embeddings": longest, "default_max_model_len": default} if longest else {}
     try:
-        return ModelProfile(**{**cfg, **lens, "name": str(path), "quantization": quant, "source": str(p)})
+        profile = ModelProfile(**{**cfg, **lens, "name": str(path), "quantization": quant, "source": str(p)})
     except ValidationError as e:
         field, msg = first_error(e)
         raise UserError(msg, file=str(p), line=_json_line(text, field), field=field) from None
+    bad = shape_error(profile)
+    if bad:
+        raise UserError(bad[1], file=str(p), line=_json_line(text, bad[0]), field=bad[0])
+    return profile
+
+
+def shape_error(m: ModelProfile) -> tuple[str, str] | None:
+    """(field, why) where vLLM would refuse the architecture: the hidden state splits evenly into
+    attention heads (unless `head_dim` says otherwise), and query heads into groups of KV heads."""
+    if m.head_dim is None and m.hidden_size % m.num_attention_heads:
+        return "hidden_size", (f"{m.hidden_size} is not divisible by num_attention_heads "
+                               f"({m.num_attention_heads}), and no head_dim is given")
+    if m.num_key_value_heads is not None and m.num_attention_heads % m.num_key_value_heads:
+        return "num_key_value_heads", (f"num_attention_heads ({m.num_attention_heads}) is not divisible by "
+                                       f"num_key_value_heads ({m.num_key_value_heads})")
+    return None
+
+
+def _check_rope(cfg: dict, where: str, text: str) -> None:
+    """A RoPE scaling factor multiplies the context length: it must be a finite number > 0."""
+    import math
+
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = cfg.get(key)
+        groups = [rope] if isinstance(rope, dict) else []
+        groups += [g for g in (rope or {}).values() if isinstance(g, dict)] if isinstance(rope, dict) else []
+        for g in groups:
+            f = g.get("factor")
+            if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f)
+                                  or not 0 < f <= 1_000_000):
+                raise UserError(f"must be a finite number > 0, got {f!r}", file=where,
+                                line=_json_line(text, key), field=f"{key}.factor")
 
 
 def _json_line(text: str, field: str | None) -> int | None:

@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tuner.limits import MAX_SECONDS
+
+#: Tokens in one prompt or one output at most: beyond any model's context (10M), far below an overflow.
+MAX_TOKENS = 100_000_000
+
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -27,12 +32,12 @@ class WorkloadRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     prompt: str | None = None
-    prompt_tokens: int | None = Field(default=None, ge=1)
-    output_tokens: int = Field(ge=1)
+    prompt_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    output_tokens: int = Field(ge=1, le=MAX_TOKENS)
     messages: list[ChatMessage] | None = None
-    arrival_s: float | None = Field(default=None, ge=0.0)
+    arrival_s: float | None = Field(default=None, ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)
     prefix_hash_ids: list[int] | None = None
-    hash_block_size: int = Field(default=512, ge=1)
+    hash_block_size: int = Field(default=512, ge=1, le=MAX_TOKENS)
     tenant: str | None = None
 
     @model_validator(mode="after")
