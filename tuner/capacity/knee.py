@@ -17,6 +17,7 @@ from typing import Callable
 
 from tuner.engine.base import Server
 from tuner.replay.record import RequestRecord
+from tuner.capacity.explain import why_none
 from tuner.capacity.measure import (CLIENT_BOUND_RERUNS, LoadSettings, Measured, Measurement, digest,
                                     measure_run, rerun_client_bound, run_size, summarize)
 from tuner.storage.records import ClientCheck, LoadRunSummary, MetricsDigest
@@ -81,6 +82,8 @@ class KneeResult:
     fail_digest: MetricsDigest | None = None
     fail_summary: LoadRunSummary | None = None
     pass_records: list[RequestRecord] = field(default_factory=list, repr=False)
+    #: The lowest failing rate's requests: what a "no" is explained from (`tuner.capacity.explain`).
+    fail_records: list[RequestRecord] = field(default_factory=list, repr=False)
     engine_s: float = 0.0
     interrupted: bool = False
     #: The capacity (what reports and plans show), and its uncertainty: the highest rate that passed with its interval clear of the target, and the
@@ -239,7 +242,7 @@ class KneeSearch:
             pass  # not a failure: the search goes up (`next_rate`), where a run holds more sends
         else:
             if r.upper is None or s.rate < r.upper:
-                r.upper, r.fail_digest, r.fail_summary = s.rate, m.digest, s
+                r.upper, r.fail_digest, r.fail_summary, r.fail_records = s.rate, m.digest, s, m.records
         if self.on_point:
             self.on_point(s)
 
@@ -381,12 +384,13 @@ class KneeSearch:
         m = p.binding
         if m is None:
             return p.verdict or "misses the SLO"
-        t = self.slo.thresholds[m]
-        return f"p{t.percentile:g} {m.upper()} is {p.p99_ms.get(m) or 0:.4g} ms against {t.max_ms:g} ms"
+        t = self.slo.thresholds[m]  # per request (ITL: its largest gap), not the pooled percentile
+        return (f"{p.violations.get(m, 0)} of {p.n} requests over the {m.upper()} bound of {t.max_ms:g} ms "
+                f"(p{t.percentile:g} at a target of {float(self.slo.target):g})")  # type: ignore[arg-type]
 
     def _why_none(self, p: LoadRunSummary, in_flight: float) -> str:
-        """One line: the SLO is below what this engine does for a single request, or the load runs were
-        too short to tell."""
+        """One line: the requests that break the SLO at an unloaded engine and what sets their floor
+        (`tuner.capacity.explain`), or the load runs were too short to tell."""
         at = f"at {p.offered_rps or p.rate:.3g} req/s, {in_flight:.2g} requests in flight"
         if p.verdict == "too_short":
             longest = max((q.duration_s for q in self.result.points), default=0.0)
@@ -396,10 +400,8 @@ class KneeSearch:
         m = p.binding
         if p.verdict == "errors" or m is None:
             return f"no rate meets the SLO: {self._fail_words(p)} ({at})"
-        t = self.slo.thresholds[m]
-        single = p.p50_ms.get(m)
-        return (f"p{t.percentile:g} {m.upper()} {t.max_ms:g} ms is below this engine's single-stream "
-                f"{m.upper()} of {single or 0:.3g} ms (median {at})")
+        return why_none(p, self.result.fail_records, self.slo,
+                        f"at {p.offered_rps or p.rate:.3g} req/s ({in_flight:.2g} requests in flight)")
 
     # -- the search ---------------------------------------------------------------------------
     def _burst_requests(self) -> int | None:

@@ -155,6 +155,7 @@ def _records(requests: Sequence[SimRequest], seqs: list, errors: dict[int, str],
             expected_output_tokens=r.output_len, error=errors.get(idx), in_window=True,
             end_s=sent if idx in errors else None)
         if seq is not None:
+            rec.cached_tokens = seq.cached_tokens if seq.first_scheduled is not None else None
             if seq.first_token is not None:
                 rec.first_token_s = seq.first_token - t0
             if seq.finish is not None and (request_timeout_s is None

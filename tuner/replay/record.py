@@ -27,6 +27,9 @@ class RequestRecord(BaseModel):
     #: When the request stopped occupying the server, from the client's side: `[DONE]`, the error, or
     #: the abort. None while in flight.
     end_s: float | None = None
+    #: Prompt tokens the server found in its prefix cache when it first scheduled the request, where the
+    #: engine tells (the simulator does; None: not known). A "no" names the cold-prefix tail from it.
+    cached_tokens: int | None = None
 
     @property
     def truncated(self) -> bool:

@@ -1,0 +1,155 @@
+"""Why no rate met the SLO, read from the requests that broke it.
+
+At an unloaded engine the percentile that fails is rarely the typical request's: it is a tail of the
+workload (the requests whose shared prefix was not in the prefix cache, the longest prompts, the requests
+whose decode shared a step with another request's prefill chunk). A median single-stream figure says
+nothing about that tail, and printed beside the threshold it reads as a contradiction ("p99 TTFT 2000 ms
+is below this engine's single-stream TTFT of 291 ms"). So a "no" names the metric and the percentile,
+the requests that broke the bound and how many, their measured figures (the floor that breaks it), what
+sets that floor, what the other requests measured, and what would change it. Every figure in the line
+is read from the failing run's own records; none is predicted.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tuner.replay.record import TOOL_CAUSES, RequestRecord
+from tuner.slo import SLO, request_ratios
+from tuner.storage.records import LoadRunSummary
+
+NAMES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E latency"}
+#: A request is cold when it found less than this share of what the requests that met the bound found
+#: in the prefix cache (their median cached tokens).
+COLD_SHARE = 0.5
+
+
+def ms(x: float) -> str:
+    """A latency as a user reads it: "480 ms", "2.39 s"."""
+    return f"{x / 1e3:.3g} s" if x >= 1000 else f"{x:.3g} ms"
+
+
+def _range(vals: list[float], fmt=ms) -> str:
+    lo, hi = min(vals), max(vals)
+    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)}-{fmt(hi)}"
+
+
+def _tokens(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def _value(r: RequestRecord, slo: SLO, m: str) -> float:
+    """The request's own figure for `m` in ms, as the per-request check reads it (ITL: its largest gap)."""
+    return request_ratios(r, slo)[m] * slo.thresholds[m].max_ms
+
+
+def why_none(p: LoadRunSummary, records: list[RequestRecord], slo: SLO, at: str) -> str:
+    """One line for a failing point at an unloaded engine (`at` says the rate and the load): which
+    requests broke which bound, their figures, what the rest measured, and what would change it."""
+    m = p.binding
+    t = slo.thresholds[m]  # type: ignore[index]
+    head = f"p{t.percentile:g} {NAMES[m]} {t.max_ms:g} ms"  # type: ignore[index]
+    scored = [r for r in records if r.in_window and r.cause not in TOOL_CAUSES]
+    done = [r for r in scored if r.ok and not r.truncated]
+    viol = [r for r in done if _value(r, slo, m) > t.max_ms]  # type: ignore[arg-type]
+    if not viol:  # no records kept (an older study): the run's own counts, no floor claimed
+        k = p.violations.get(m, 0)  # type: ignore[arg-type]
+        return f"{head} is broken {at}: {k} of {p.n} requests over it ({_errors(p)})".replace(" ()", "")
+    meet = [r for r in done if r not in viol and max(request_ratios(r, slo).values()) <= 1.0]
+    vals = [_value(r, slo, m) for r in viol]  # type: ignore[arg-type]
+    who, sets, fixes = _who(m, viol, meet, records)  # type: ignore[arg-type]
+    failed = len(scored) - len(done)
+    good = sum(max(request_ratios(r, slo).values()) <= 1.0 for r in done)
+    every = [_value(r, slo, m) for r in done]  # type: ignore[arg-type]
+    typical = float(np.percentile(every, t.percentile))
+    if 2 * len(viol) > len(done) and typical > t.max_ms:  # not a tail: the typical request's own floor
+        return (f"{head} is below this engine's p{t.percentile:g} {NAMES[m]} of {ms(typical)} with next to "  # type: ignore[index]
+                f"nothing queued ({at}): {len(viol)} of {len(scored)} requests over it, {who} "
+                f"({NAMES[m]} {_range(vals)}{sets}); would change it: " + ", ".join(  # type: ignore[index]
+                    fixes + [f"a GPU {max(vals) / t.max_ms:.2g}x faster, or a looser SLO"]))
+    line = (f"{head} is broken {at} by the {len(viol)} of {len(scored)} requests {who} "
+            f"({NAMES[m]} {_range(vals)}{sets})")  # type: ignore[index]
+    rest = [_value(r, slo, m) for r in done if r not in viol]  # type: ignore[arg-type]
+    if rest:
+        line += (f"; the other {len(rest)} meet it (p{t.percentile:g} "
+                 f"{ms(float(np.percentile(rest, t.percentile)))})")
+    if failed:
+        over = p.errors_by_cause.get("over_context", 0)
+        line += (f"; {failed} more exceeded the model's context (--drop-overlong scores the rest)"
+                 if over == failed else f"; {failed} more failed ({_errors(p) or 'errors'})")
+    reach = good / len(scored) if scored else 0.0
+    fixes.insert(1, f"a target those requests do not decide (this run attained {reach:.2f} against "
+                    f"{float(slo.target):g})")  # type: ignore[arg-type]
+    if m != "itl":
+        fixes.append(f"a GPU {max(vals) / t.max_ms:.2g}x faster for them (a faster GPU or tensor parallelism)")
+    return line + "; would change it: " + ", ".join(fixes)
+
+
+def _errors(p: LoadRunSummary) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(p.errors_by_cause.items(), key=lambda kv: -kv[1])
+                     if k not in TOOL_CAUSES)
+
+
+def _who(m: str, viol: list[RequestRecord], meet: list[RequestRecord], records: list[RequestRecord]
+         ) -> tuple[str, str, list[str]]:
+    """(which requests, what sets their floor, what would change it) for the violators of `m`."""
+    if m == "ttft":
+        cold = _cold(viol, meet)
+        if cold:
+            unc = [float((r.prompt_tokens or 0) - (r.cached_tokens or 0)) for r in viol]
+            return ("whose shared prefix was not in the prefix cache",
+                    f"; each prefilled {_range(unc, _tokens)} uncached prompt tokens",
+                    ["a KV cache that keeps the shared prefixes resident (kv_cache_dtype fp8, a higher "
+                     "gpu_memory_utilization) or a warmed prefix cache"])
+        return (_by_prompt(viol, meet), "",
+                ["fewer prompt tokens to prefill (prefix caching, shorter prompts)"])
+    if m == "itl":
+        stalls = _stalls(viol, records)
+        if stalls:
+            n, prompts = stalls
+            return (f"whose largest inter-token gap spans another request's prefill ({n} of them; those "
+                    f"prompts {_range(prompts, _tokens)} tokens): a decode step shared with a prefill chunk",
+                    "", ["a smaller max_num_batched_tokens (smaller prefill chunks in each decode step)"])
+        return ("with the longest inter-token gaps", "",
+                ["a smaller max_num_batched_tokens (smaller prefill chunks in each decode step)"])
+    ctx = [float((r.prompt_tokens or 0) + r.output_tokens) for r in viol]
+    return (f"with {_range(ctx, _tokens)} tokens of context (prompt + output)", "",
+            ["kv_cache_dtype fp8 (each decode step reads half the KV bytes)"])
+
+
+def _cold(viol: list[RequestRecord], meet: list[RequestRecord]) -> bool:
+    """Every violator found much less of its prompt in the prefix cache than the requests that met the
+    bound typically did (the engine reports cached tokens; the simulator does)."""
+    if any(r.cached_tokens is None for r in viol + meet) or not meet:
+        return False
+    typical = float(np.median([r.cached_tokens for r in meet]))
+    return typical > 0 and all((r.cached_tokens or 0) < COLD_SHARE * typical for r in viol)
+
+
+def _by_prompt(viol: list[RequestRecord], meet: list[RequestRecord]) -> str:
+    """"with the longest prompts (...)" when they are the longest, else just their prompt lengths."""
+    lens = [float(r.prompt_tokens or 0) for r in viol]
+    rest = [float(r.prompt_tokens or 0) for r in meet]
+    longest = bool(rest) and min(lens) >= float(np.median(rest))
+    return f"with {'the longest ' if longest else ''}prompts ({_range(lens, _tokens)} tokens)"
+
+
+def _stalls(viol: list[RequestRecord], records: list[RequestRecord]) -> tuple[int, list[float]] | None:
+    """How many violators' largest gap overlaps another request's prefill (sent, first token), and those
+    prefills' prompt lengths: the stall a step shared with a prefill chunk causes."""
+    hits, prompts = 0, []
+    for r in viol:
+        tt = r.token_times or []
+        if len(tt) < 2:
+            continue
+        j = int(np.argmax(np.diff(tt)))
+        a, b = tt[j], tt[j + 1]
+        over = [o for o in records if o is not r and o.sent_s is not None and o.first_token_s is not None
+                and o.sent_s < b and o.first_token_s > a]
+        if over:
+            hits += 1
+            prompts += [float(o.prompt_tokens or 0) for o in over]
+    return (hits, prompts) if hits else None
+
+
+__all__ = ["why_none", "ms", "NAMES"]
