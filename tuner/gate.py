@@ -33,6 +33,7 @@ from tuner.errors import UserError
 from tuner.inputs import file_sha256
 from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs
+from tuner.limits import MAX_RATE_RPS
 
 DEFAULT_TOLERANCE = 0.10
 
@@ -51,22 +52,14 @@ def default_load(engine: str, arrival: str = "poisson") -> dict:
     return asdict(engine_load_settings(engine == "sim", arrival=arrival))
 
 
-def load_settings(load: dict, where: str | Path | None = None):
-    """The gate's `load` mapping as the search's `LoadSettings` (unknown keys are a user error)."""
-    from dataclasses import fields
-
+def load_settings(load: dict, where: str | Path | None = None, root=None):
+    """The gate's `load` mapping as the search's `LoadSettings`, each field in the range the study's own
+    options allow (`tuner.limits.LoadSpec`): `requests: 0` is a user error, not a gate that measured
+    nothing and passed."""
     from tuner.capacity.measure import LoadSettings
+    from tuner.limits import check_load
 
-    known = {f.name for f in fields(LoadSettings)}
-    for k in load:
-        if k not in known:
-            raise UserError(f"unknown key {k!r} (known: {', '.join(sorted(known))})", file=where,
-                            field=f"load.{k}")
-    mc = load.get("max_concurrency")
-    if mc is not None and (isinstance(mc, bool) or not isinstance(mc, int) or mc < 1):
-        raise UserError(f"must be an integer >= 1 or null (open loop), got {mc!r}", file=where,
-                        field="load.max_concurrency")
-    return LoadSettings(**load)
+    return LoadSettings(**check_load(load, where, root))
 
 
 class GateFile(BaseModel):
@@ -88,11 +81,12 @@ class GateFile(BaseModel):
     extra_args: list[str] = Field(default_factory=list)
     workload: FileRef
     slo: FileRef
-    capacity_rps: float = Field(gt=0)
-    capacity_upper_rps: float | None = None       # lowest failing rate: the knee lies in [capacity, upper)
+    capacity_rps: float = Field(gt=0, le=MAX_RATE_RPS, allow_inf_nan=False)
+    #: lowest failing rate: the knee lies in [capacity, upper)
+    capacity_upper_rps: float | None = Field(None, gt=0, allow_inf_nan=False)
     attainment: float | None = None               # at capacity, with its 95% Wilson interval
     attainment_ci: list[float] | None = None
-    tolerance: float = Field(default=DEFAULT_TOLERANCE, ge=0, lt=1)
+    tolerance: float = Field(default=DEFAULT_TOLERANCE, ge=0, lt=1, allow_inf_nan=False)
     load: dict = Field(default_factory=dict)      # LoadSettings of each load run (empty: tune's defaults)
     source_run: str | None = None
     source_trial: int | None = None
@@ -148,23 +142,24 @@ def write_gate(run_dir: str | Path, *, path: str | Path | None = None,
 
 
 def load_gate(path: str | Path) -> GateFile:
+    """A gate file, checked as strictly as the study that wrote it: a gate that measured nothing (no
+    requests, a NaN capacity) must be exit 2, never a PASS."""
+    from tuner.inputs import parse_yaml, read_text
+
     p = Path(path)
-    if not p.exists():
-        raise UserError("no such file", file=p)
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise UserError(f"invalid YAML: {getattr(e, 'problem', e)}", file=p,
-                        line=mark.line + 1 if mark else None) from None
+    data, root = parse_yaml(read_text(p, "gate file"), p)
     if not isinstance(data, dict):
         raise UserError("not a gate file (expected a mapping)", file=p)
     try:
         gate = GateFile.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        raise UserError(err["msg"], file=p, field=".".join(map(str, err["loc"]))) from None
-    load_settings(gate.load, p)
+        from tuner.inputs import yaml_line
+        from tuner.validation import first_error
+
+        field, msg = first_error(e)
+        raise UserError(msg, file=p, line=yaml_line(root, field.split(".") if field else []),
+                        field=field) from None
+    load_settings(gate.load, p, root)
     try:
         Knobs(**gate.knobs)
     except ValidationError as e:

@@ -25,6 +25,8 @@ from tuner.storage.optuna_study import STUDY_NAME, close_orphans, open_study  # 
 from tuner.engine.registry import EngineSpec, create as create_engine, engine_class, names as engine_names
 from tuner.errors import UserError
 from tuner.inputs import check_out_dir, check_resume, file_sha256, option_error
+from tuner.preflight import check_grid_size, check_study_target, stored_info
+from tuner.limits import MAX_RATE_RPS, MAX_REQUESTS, MAX_SECONDS, MAX_SEED, MAX_TIME_SCALE, MAX_TRIALS
 from tuner.capacity.knee import KneeSettings
 from tuner.capacity.measure import LoadSettings, engine_load_settings
 from tuner.storage.records import StudyInfo
@@ -59,22 +61,22 @@ class TuneOptions(BaseModel):
     model: str | None = None
     search_space: str = "default"
     strategy: str = "auto"   # `resolve_strategy`: the twin where it can be built, else guided
-    max_trials: int = Field(15, ge=1, strict=True)
+    max_trials: int = Field(15, ge=1, le=MAX_TRIALS, strict=True)
     confirm: bool = True
     attribute: bool = False  # measure each knob's share of a multi-knob step (`tuner.search.attribute`)
-    time_budget_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    time_budget_s: float | None = Field(None, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
     storage: str | None = None
     resume: bool = False
-    seed: int = Field(0, ge=0, strict=True)  # numpy's generators take no negative seed
+    seed: int = Field(0, ge=0, le=MAX_SEED, strict=True)  # numpy's generators take no negative seed
     precision: float = Field(0.05, gt=0, le=1, allow_inf_nan=False)  # bracket hi/lo - 1: at most a factor 2
     noise_floor: float | None = Field(None, ge=0, lt=1, allow_inf_nan=False)
     plateau: int = Field(3, ge=1, strict=True)
-    start_rate: float | None = Field(None, gt=0, allow_inf_nan=False)
-    requests_per_run: int | None = Field(None, ge=1, strict=True)
-    max_run_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    start_rate: float | None = Field(None, gt=0, le=MAX_RATE_RPS, allow_inf_nan=False)
+    requests_per_run: int | None = Field(None, ge=1, le=MAX_REQUESTS, strict=True)
+    max_run_s: float | None = Field(None, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
     arrival: str = "poisson"
-    noise: float = Field(0.0, ge=0, allow_inf_nan=False)
-    time_scale: float = Field(1.0, gt=0, allow_inf_nan=False)
+    noise: float = Field(0.0, ge=0, le=1, allow_inf_nan=False)
+    time_scale: float = Field(1.0, gt=0, le=MAX_TIME_SCALE, allow_inf_nan=False)
     vllm_python: str | None = None
     vllm_command: str | None = None
     vllm_args: list[str] = Field(default_factory=list)
@@ -295,6 +297,8 @@ def interrupt_cleanup(runner: TrialRunner) -> Iterator[None]:
 def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outcome, Path]:
     """Run (or resume) a study; returns the outcome and the run directory."""
     workload, slo, space = prepare(opts)
+    check_study_target(storage_url(opts), opts.out, resume=opts.resume)  # tuner.preflight: before mkdir
+    check_grid_size(space, opts.strategy)
     engine = make_engine(opts, slo, space)  # a bad --engine/--gpu/--model fails before a study is created
     opts.out.mkdir(parents=True, exist_ok=True)
     if opts.resume:
@@ -407,8 +411,9 @@ def run_worker(run_dir: Path, *, storage: str | None = None, max_trials: int | N
                vllm_args: list[str] | None = None, api_key: str | None = None) -> int:
     """`tune worker`: join the study in `run_dir` (or `storage`) and run its queued trials."""
     url = storage or storage_url(TuneOptions(workload=Path(), slo=Path(), out=run_dir))
+    check_study_target(url, run_dir, resume=True, worker=True)  # a missing or damaged study.db: exit 2
     study = open_study(url, create=False, resume=True)
-    info = StudyInfo(**study.user_attrs["info"])
+    info = stored_info(study, run_dir)
     opts = TuneOptions(workload=Path(info.workload_path), slo=Path(info.slo_path), out=run_dir,
                        engine=info.engine, gpu=info.gpu, model=info.model, strategy=info.strategy,
                        precision=info.precision, vllm_python=vllm_python, vllm_command=vllm_command,

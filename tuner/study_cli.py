@@ -65,6 +65,7 @@ def register(app: typer.Typer) -> None:
             return
         if workload is None or slo is None:
             raise UserError("give --workload and --slo (see tune --help)", field="--workload")
+        from tuner.preflight import keep_only_saved
         from tuner.search.progress import RichReporter
         from tuner.study import TuneOptions, run_tune
 
@@ -79,10 +80,16 @@ def register(app: typer.Typer) -> None:
                            api_key=api_key, attribute=attribute)
         _sigterm_to_interrupt()
         reporter = RichReporter()
+        kept: dict = {}
         try:
-            outcome, run_dir = run_tune(opts, reporter)
+            with keep_only_saved(run_dir, resume=resume, own_storage=storage is None, state=kept):
+                outcome, run_dir = run_tune(opts, reporter)
         except KeyboardInterrupt:
-            print(f"interrupted: the study is saved; continue with: {_resume_command(run_dir)}", file=sys.stderr)
+            if kept.get("removed"):
+                print("interrupted before the first trial was stored: nothing was saved", file=sys.stderr)
+            else:
+                print(f"interrupted: the study is saved; continue with: {_resume_command(run_dir)}",
+                      file=sys.stderr)
             sys.exit(130)  # not typer.Exit: with standalone_mode=False its code is returned, not used
         _summary(outcome, run_dir, json_out)
         if outcome.status != "tuned":  # no result is not a result: a script or CI job must see it

@@ -53,7 +53,7 @@ def test_gate_for_a_chosen_trial_and_nothing_to_gate(run, tmp_path):
 @pytest.mark.parametrize("text,match", [
     ("engine: sim\n  bad: [", "invalid YAML"),
     ("- 1\n", "expected a mapping"),
-    ("engine: sim\n", "workload: Field required"),
+    ("engine: sim\n", "workload: missing"),
 ])
 def test_a_bad_gate_file_is_a_user_error(tmp_path, text, match):
     p = tmp_path / "gate.yaml"
@@ -64,9 +64,9 @@ def test_a_bad_gate_file_is_a_user_error(tmp_path, text, match):
 
 def test_unknown_fields_knobs_and_load_keys_are_rejected(run, tmp_path):
     good = yaml.safe_load(write_gate(run, path=tmp_path / "g.yaml").read_text())
-    for change, match in [({"capacity": 3}, "Extra inputs"), ({"knobs": {"max_num_seqs": 0}}, "knobs"),
+    for change, match in [({"capacity": 3}, "unknown field"), ({"knobs": {"max_num_seqs": 0}}, "knobs"),
                           ({"load": {"requests": 10, "rps": 1}}, "unknown key 'rps'"),
-                          ({"capacity_rps": -1}, "greater than 0")]:
+                          ({"capacity_rps": -1}, "must be > 0")]:
         p = tmp_path / "bad.yaml"
         p.write_text(yaml.safe_dump({**good, **change}))
         with pytest.raises(UserError, match=match):
