@@ -71,9 +71,9 @@ def test_an_itl_stall_names_the_prefill_that_shares_the_step():
     calm = [rec(i, 0.05, 300, 256, sent=10.0 * i) for i in range(2, 40)]
     records = [stalled, prefill, *calm]
     line = why_none(point(records, "itl", slo), records, slo, AT)
-    assert "p99 ITL 200 ms is broken" in line and "the 1 of 40 requests whose largest inter-token gap spans " \
-        "another request's prefill" in line, line
-    assert "2,048 tokens" in line and "max_num_batched_tokens" in line and "ITL 250 ms" in line
+    assert "p99 ITL 200 ms is broken" in line and "the 1 of 40 requests whose decode shared a step with " \
+        "another request's prefill of 2,048 uncached prompt tokens (ITL 250 ms; the gap is that step)" in line, line
+    assert "a max_num_batched_tokens below 2,048" in line
     assert contradictions(line) == []
 
 
@@ -95,3 +95,19 @@ def test_a_bound_below_every_request_is_said_as_a_floor_with_its_measured_percen
     assert line.startswith("p99 TPOT 15 ms is below this engine's p99 TPOT of 23.") and "17 of 17" in line, line
     assert "a target those requests do not decide" not in line
     assert contradictions(line) == []
+
+
+def test_the_diagnosis_of_an_itl_stall_counts_requests_and_turns_the_token_budget_first():
+    """"binds: decode (ITL breaks the SLO first (p99 23.5 ms))" printed a pooled p99 far under the 200 ms
+    bound as what broke it; the count of requests whose largest gap broke it is what the SLO judges."""
+    from tuner.diagnose import diagnose
+    from tuner.storage.records import MetricsDigest
+
+    p = LoadRunSummary(rate=0.186, n=32, attainment=0.906, ci_low=0.76, ci_high=0.97, passed=False, goodput=None,
+                       binding="itl", violations={"ttft": 0, "tpot": 0, "itl": 3},
+                       p99_ms={"itl": 23.5, "ttft": 257.0, "tpot": 24.7})
+    d = diagnose(p, MetricsDigest(running_p90=1, max_num_seqs=256, rate=0.186))
+    assert d.kind == "decode" and d.summary == ("ITL breaks the SLO first (3 of 32 requests with their largest "
+                                                "inter-token gap over the bound)"), d.summary
+    assert d.knobs[0] == "max_num_batched_tokens"
+    assert contradictions(f"binds: decode ({d.summary})") == []

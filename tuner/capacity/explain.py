@@ -105,13 +105,16 @@ def _who(m: str, viol: list[RequestRecord], meet: list[RequestRecord], records: 
                 ["fewer prompt tokens to prefill (prefix caching, shorter prompts)"])
     if m == "itl":
         stalls = _stalls(viol, records)
+        knob = "a smaller max_num_batched_tokens (smaller prefill chunks in each decode step)"
         if stalls:
-            n, prompts = stalls
-            return (f"whose largest inter-token gap spans another request's prefill ({n} of them; those "
-                    f"prompts {_range(prompts, _tokens)} tokens): a decode step shared with a prefill chunk",
-                    "", ["a smaller max_num_batched_tokens (smaller prefill chunks in each decode step)"])
-        return ("with the longest inter-token gaps", "",
-                ["a smaller max_num_batched_tokens (smaller prefill chunks in each decode step)"])
+            n, prefills, cached = stalls
+            what = "uncached prompt tokens" if cached else "prompt tokens"
+            some = "" if n == len(viol) else f" ({n} of them)"
+            return (f"whose decode shared a step with another request's prefill of {_range(prefills, _tokens)} "
+                    f"{what}{some}", "; the gap is that step",
+                    [f"a max_num_batched_tokens below {min(prefills):,.0f} (each prefill then split into "
+                     "smaller chunks, each sharing a shorter step)"])
+        return ("with the longest inter-token gaps", "", [knob])
     ctx = [float((r.prompt_tokens or 0) + r.output_tokens) for r in viol]
     return (f"with {_range(ctx, _tokens)} tokens of context (prompt + output)", "",
             ["kv_cache_dtype fp8 (each decode step reads half the KV bytes)"])
@@ -134,10 +137,12 @@ def _by_prompt(viol: list[RequestRecord], meet: list[RequestRecord]) -> str:
     return f"with {'the longest ' if longest else ''}prompts ({_range(lens, _tokens)} tokens)"
 
 
-def _stalls(viol: list[RequestRecord], records: list[RequestRecord]) -> tuple[int, list[float]] | None:
-    """How many violators' largest gap overlaps another request's prefill (sent, first token), and those
-    prefills' prompt lengths: the stall a step shared with a prefill chunk causes."""
-    hits, prompts = 0, []
+def _stalls(viol: list[RequestRecord], records: list[RequestRecord]
+            ) -> tuple[int, list[float], bool] | None:
+    """How many violators' largest gap overlaps another request's prefill (sent .. first token), the
+    tokens those prefills computed (uncached ones where the engine tells), and whether it told: the stall
+    of a decode step that carried a prefill chunk."""
+    hits, prefills, told = 0, [], True
     for r in viol:
         tt = r.token_times or []
         if len(tt) < 2:
@@ -148,8 +153,9 @@ def _stalls(viol: list[RequestRecord], records: list[RequestRecord]) -> tuple[in
                 and o.sent_s < b and o.first_token_s > a]
         if over:
             hits += 1
-            prompts += [float(o.prompt_tokens or 0) for o in over]
-    return (hits, prompts) if hits else None
+            told = told and all(o.cached_tokens is not None for o in over)
+            prefills += [float((o.prompt_tokens or 0) - (o.cached_tokens or 0)) for o in over]
+    return (hits, prefills, told) if hits else None
 
 
 __all__ = ["why_none", "ms", "NAMES"]
