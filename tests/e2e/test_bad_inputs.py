@@ -24,6 +24,18 @@ GOOD_GPU = ("mygpu:\n  name: My GPU\n  aliases: [mg]\n  memory_gib: 40\n  bandwi
 CONFIG = {"num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
           "intermediate_size": 256, "vocab_size": 1000, "max_position_embeddings": 2048}
 
+#: A nine-level YAML "billion laughs": 1 KB of text, 387 million strings once its aliases are expanded.
+LOL = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{b}: &{b} [{', '.join(['*' + a] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi"))
+#: A space of 10^7 configurations (100 x 100 x 100 x 10 values).
+BIG_SPACE = ("knobs:\n"
+             f"  max_num_seqs: {{values: {list(range(1, 101))}}}\n"
+             f"  max_num_batched_tokens: {{values: {list(range(1024, 7424, 64))}}}\n"
+             f"  gpu_memory_utilization: {{values: {[round(0.5 + i * 0.004, 3) for i in range(100)]}}}\n"
+             f"  max_model_len: {{values: {list(range(4096, 9216, 512))}}}\n")
+GATE = ("engine: sim\ngpu: rtx4090\nmodel: qwen2.5-7b\nknobs: {}\nworkload: {path: w.jsonl, sha256: x}\n"
+        "slo: {path: s.yaml, sha256: y}\ncapacity_rps: 5\n")
+
 #: Input files every case finds in its working directory (bytes: some are not UTF-8 on purpose).
 FILES: dict[str, bytes] = {
     "afile": b"not a directory\n",
@@ -47,6 +59,53 @@ FILES: dict[str, bytes] = {
                                                                      "load_in_4bit": True}}, indent=1).encode(),
     "badjson/config.json": b'{"num_hidden_layers": 2,\n "hidden_size": 128,,\n}\n',
     "g.yaml": b"engine: sim\n",
+    # -- YAML structure (one strict reader for every YAML file: tuner.yaml_strict)
+    "slo_dup.yaml": b"ttft: {max_ms: 300}\ntpot: {max_ms: 50}\nttft: {max_ms: 900}\n",
+    "space_dup.yaml": b"knobs:\n  max_num_seqs: {values: [8, 64]}\n  max_num_seqs: {values: [16]}\n",
+    "space_lol.yaml": (LOL + "knobs: {max_num_seqs: {values: *i}}\n").encode(),
+    "space_deep.yaml": b"knobs: " + b"[" * 500 + b"]" * 500 + b"\n",
+    "space_self.yaml": b"knobs: &k {max_num_seqs: {values: [*k]}}\n",
+    "gpu_dup.yaml": (GOOD_GPU + "  memory_gib: 80\n").encode(),
+    # -- numbers in files
+    "slo_inf.yaml": b"ttft: {max_ms: .inf}\n",
+    "slo_huge.yaml": b"ttft: {max_ms: 1.0e+300}\n",
+    "slo_pct_nan.yaml": b"ttft: {max_ms: 300, percentile: .nan}\n",
+    "gpu_inf.yaml": GOOD_GPU.replace("bandwidth_gbs: 1000", "bandwidth_gbs: .inf").encode(),
+    "gpu_zero.yaml": GOOD_GPU.replace("memory_gib: 40", "memory_gib: 0").encode(),
+    "w_arrival_inf.jsonl": b'{"prompt_tokens": 9, "output_tokens": 3, "arrival_s": 0}\n'
+                           b'{"prompt_tokens": 9, "output_tokens": 3, "arrival_s": Infinity}\n',
+    "w_arrival_nan.jsonl": b'{"prompt_tokens": 9, "output_tokens": 3, "arrival_s": NaN}\n',
+    "w_arrival_neg.jsonl": b'{"prompt_tokens": 9, "output_tokens": 3, "arrival_s": -1}\n',
+    "w_huge.jsonl": b'{"prompt_tokens": 9, "output_tokens": 1000000000000}\n',
+    "w_arrival.jsonl": b"".join(b'{"prompt_tokens": 90, "output_tokens": 8, "arrival_s": %d}\n' % i
+                                for i in range(40)),
+    # -- model profiles (a Hugging Face config.json)
+    **{f"{name}/config.json": json.dumps({**CONFIG, **change}, indent=1).encode() for name, change in [
+        ("m_heads0", {"num_attention_heads": 0}), ("m_layers_neg", {"num_hidden_layers": -2}),
+        ("m_vocab_huge", {"vocab_size": 10 ** 15}), ("m_hidden_div", {"hidden_size": 130}),
+        ("m_kv_div", {"num_key_value_heads": 3}), ("m_hidden_float", {"hidden_size": 128.5}),
+        ("m_rope_inf", {"rope_scaling": {"rope_type": "linear", "factor": 1e999}})]},
+    "m_nan/config.json": json.dumps(CONFIG, indent=1).replace("128", "NaN").encode(),
+    # -- search spaces: constraints, sizes
+    "space_rhs.yaml": b"knobs:\n  max_num_seqs: {values: [8, 64]}\nconstraints:\n  - max_num_seqs <= max_num_tokens\n",
+    "space_lhs.yaml": b"knobs:\n  max_num_seqs: {values: [8, 64]}\nconstraints:\n  - max_seqs <= 64\n",
+    "space_ctype.yaml": b"knobs:\n  max_num_seqs: {values: [8, 64]}\nconstraints:\n  - kv_cache_dtype >= 8\n",
+    "space_cnan.yaml": b"knobs:\n  max_num_seqs: {values: [8, 64]}\nconstraints:\n  - max_num_seqs <= nan\n",
+    "space_cint.yaml": b"knobs:\n  max_num_seqs: {values: [8, 64]}\nconstraints: [3]\n",
+    "space_big.yaml": BIG_SPACE.encode(),
+    # -- gate files
+    "gate_req0.yaml": (GATE + "load: {requests: 0}\n").encode(),
+    "gate_cap_nan.yaml": GATE.replace("capacity_rps: 5", "capacity_rps: .nan").encode(),
+    "gate_load_key.yaml": (GATE + "load: {rps: 5}\n").encode(),
+    "gate_timeout_inf.yaml": (GATE + "load: {request_timeout_s: .inf}\n").encode(),
+    "gate_dup.yaml": (GATE + "capacity_rps: 6\n").encode(),
+    "gate_tol.yaml": (GATE + "tolerance: 1.5\n").encode(),
+    "gate_ok.yaml": (GATE + "load: {requests: 50}\n").encode(),
+    "gatedir/README": b"a folder, not a gate\n",
+    # -- stored studies
+    "corrupt/study.db": bytes(range(256)) * 16,
+    "truncated/study.db": b"SQLite format 3\x00" + b"\x00" * 84,
+    "emptydir/.keep": b"",
 }
 
 TUNE = ["--workload", str(WORKLOAD), "--slo", str(SLO), "--engine", "sim", "--gpu", GPU, "--model", MODEL,
@@ -153,6 +212,93 @@ CASES: list[tuple[str, list[str], list[str]]] = [
      ["--out", "is a file"]),
     ("inspect-not-utf8", ["workload", "inspect", "bad_utf8.jsonl"], ["bad_utf8.jsonl:2: not UTF-8"]),
     ("check-slo-bool", ["workload", "check-slo", "slo_bool.yaml"], ["slo_bool.yaml:2:", "must be a number"]),
+    # -- output folders and files (created and removed once to prove they can be written)
+    ("out-in-proc", tune_with(out="/proc/x"), ["/proc/x", "--out", "cannot create"]),
+    ("out-in-proc-deeper", tune_with(out="/proc/x/y/run"), ["--out", "cannot create"]),
+    ("bench-json-is-a-dir", ["bench", "--url", "http://127.0.0.1:9", "--workload", str(WORKLOAD), "--json", "emptydir"],
+     ["emptydir", "--json", "is a directory"]),
+    ("bench-json-under-a-file", ["bench", "--url", "http://127.0.0.1:9", "--workload", str(WORKLOAD), "--json",
+                                 "afile/r.json"], ["--json"]),
+    ("bench-save-run-under-a-file", ["bench", "--url", "http://127.0.0.1:9", "--workload", str(WORKLOAD),
+                                     "--save-run", "afile/run"], ["--save-run", "afile is a file"]),
+    # -- storage URLs
+    ("storage-unknown-scheme", tune_with(storage="bogus://x"), ["--storage", "unknown database kind 'bogus'"]),
+    ("storage-not-a-url", tune_with(storage="nothing"), ["--storage", "not a database URL"]),
+    ("storage-unreachable", tune_with(storage="postgresql://127.0.0.1:1/x"), ["--storage", "postgresql"]),
+    ("storage-in-memory", tune_with(storage="sqlite://"), ["--storage", "in-memory"]),
+    ("storage-under-a-file", tune_with(storage="sqlite:///afile/study.db"), ["afile", "--storage", "is a file"]),
+    # -- stored studies
+    ("resume-empty-folder", [*tune_with(out="emptydir"), "--resume"], ["--resume", "no study to resume"]),
+    ("resume-no-folder", [*tune_with(out="nothere"), "--resume"], ["--resume", "no study to resume"]),
+    ("resume-corrupt-db", [*tune_with(out="corrupt"), "--resume"], ["corrupt/study.db", "not a study database"]),
+    ("new-study-over-corrupt-db", tune_with(out="corrupt"), ["corrupt/study.db", "--out", "not a study database"]),
+    ("resume-truncated-db", [*tune_with(out="truncated"), "--resume"], ["truncated/study.db", "study database"]),
+    ("worker-corrupt-db", ["worker", "--out", "corrupt"], ["corrupt/study.db", "not a study database"]),
+    ("worker-empty-folder", ["worker", "--out", "emptydir"], ["--out", "no study in emptydir"]),
+    ("worker-bogus-storage", ["worker", "--out", "emptydir", "--storage", "bogus://x"], ["--storage", "'bogus'"]),
+    # -- model profile fields: positive, finite, bounded, divisible as vLLM requires
+    ("model-heads-zero", tune_with(model="m_heads0"), ["m_heads0/config.json:", "num_attention_heads: must be >= 1"]),
+    ("model-layers-negative", tune_with(model="m_layers_neg"), ["num_hidden_layers: must be >= 1"]),
+    ("model-vocab-huge", tune_with(model="m_vocab_huge"), ["vocab_size: must be <="]),
+    ("model-hidden-not-divisible", tune_with(model="m_hidden_div"), ["hidden_size", "not divisible", "heads"]),
+    ("model-heads-not-divisible-by-kv", tune_with(model="m_kv_div"), ["num_key_value_heads", "not divisible"]),
+    ("model-hidden-not-whole", tune_with(model="m_hidden_float"), ["hidden_size", "integer"]),
+    ("model-nan", tune_with(model="m_nan"), ["m_nan/config.json:", "hidden_size"]),
+    ("model-rope-factor-inf", tune_with(model="m_rope_inf"), ["rope_scaling.factor", "finite"]),
+    # -- GPU profile fields
+    ("gpu-bandwidth-inf", tune_with(gpu="gpu_inf.yaml"), ["gpu_inf.yaml:5:", "bandwidth_gbs", "finite"]),
+    ("gpu-memory-zero", tune_with(gpu="gpu_zero.yaml"), ["gpu_zero.yaml:4:", "memory_gib: must be > 0"]),
+    # -- space constraints (both sides, types) and sizes
+    ("space-constraint-unknown-rhs", tune_with(search_space="space_rhs.yaml"),
+     ["space_rhs.yaml:4:", "constraints.0", "unknown knob 'max_num_tokens'"]),
+    ("space-constraint-unknown-lhs", tune_with(search_space="space_lhs.yaml"),
+     ["space_lhs.yaml:4:", "unknown knob 'max_seqs'"]),
+    ("space-constraint-not-numeric", tune_with(search_space="space_ctype.yaml"),
+     ["space_ctype.yaml:4:", "kv_cache_dtype is not a number"]),
+    ("space-constraint-nan", tune_with(search_space="space_cnan.yaml"), ["space_cnan.yaml:4:", "'nan'"]),
+    ("space-constraint-not-a-string", tune_with(search_space="space_cint.yaml"), ["space_cint.yaml", "constraints"]),
+    ("space-grid-too-large", tune_with(search_space="space_big.yaml", strategy="grid"),
+     ["--strategy", "10,000,000 configurations", "at most 10,000"]),
+    # -- YAML structure: duplicate keys, alias bombs, depth
+    ("slo-duplicate-key", tune_with(slo="slo_dup.yaml"), ["slo_dup.yaml:3:", "duplicate key 'ttft'", "line 1"]),
+    ("space-duplicate-knob", tune_with(search_space="space_dup.yaml"), ["space_dup.yaml:3:", "duplicate key"]),
+    ("gpu-duplicate-field", tune_with(gpu="gpu_dup.yaml"), ["gpu_dup.yaml:9:", "duplicate key 'memory_gib'"]),
+    ("space-billion-laughs", tune_with(search_space="space_lol.yaml"), ["space_lol.yaml:", "aliases expand"]),
+    ("space-nested-too-deep", tune_with(search_space="space_deep.yaml"), ["space_deep.yaml", "nested"]),
+    ("space-alias-to-itself", tune_with(search_space="space_self.yaml"), ["space_self.yaml", "refers to itself"]),
+    ("check-slo-duplicate-key", ["workload", "check-slo", "slo_dup.yaml"], ["slo_dup.yaml:3:", "duplicate key"]),
+    # -- gate files: as strict as the study's own options
+    ("gate-requests-zero", ["gate", "gate_req0.yaml"], ["gate_req0.yaml:8:", "load.requests: must be >= 1"]),
+    ("gate-capacity-nan", ["gate", "gate_cap_nan.yaml"], ["gate_cap_nan.yaml:7:", "capacity_rps"]),
+    ("gate-load-unknown-key", ["gate", "gate_load_key.yaml"], ["load.rps", "unknown key"]),
+    ("gate-timeout-inf", ["gate", "gate_timeout_inf.yaml"], ["load.request_timeout_s", "finite"]),
+    ("gate-duplicate-key", ["gate", "gate_dup.yaml"], ["gate_dup.yaml:8:", "duplicate key 'capacity_rps'"]),
+    ("gate-tolerance-above-1", ["gate", "gate_tol.yaml"], ["gate_tol.yaml:8:", "tolerance: must be < 1"]),
+    ("gate-is-a-directory", ["gate", "gatedir"], ["gatedir", "is a directory"]),
+    # -- numbers: 0, negative, NaN, infinity, huge
+    ("max-trials-huge", tune_with(max_trials="100000000000"), ["--max-trials: must be <= 100000"]),
+    ("requests-per-run-huge", tune_with(requests_per_run="1000000000000"), ["--requests-per-run: must be <="]),
+    ("start-rate-inf", tune_with(start_rate="inf"), ["--start-rate: must be a finite number"]),
+    ("start-rate-huge", tune_with(start_rate="1e300"), ["--start-rate: must be <="]),
+    ("time-budget-nan", tune_with(time_budget="nan"), ["--time-budget: must be a finite number"]),
+    ("seed-huge", tune_with(seed="99999999999999"), ["--seed: must be <="]),
+    ("noise-inf", tune_with(noise="inf"), ["--noise: must be a finite number"]),
+    ("slo-threshold-inf", tune_with(slo="slo_inf.yaml"), ["slo_inf.yaml:1:", "ttft.max_ms", "finite"]),
+    ("slo-threshold-huge", tune_with(slo="slo_huge.yaml"), ["slo_huge.yaml:1:", "ttft.max_ms: must be <="]),
+    ("slo-percentile-nan", tune_with(slo="slo_pct_nan.yaml"), ["slo_pct_nan.yaml:1:", "percentile"]),
+    ("workload-arrival-inf-trace", tune_with(workload="w_arrival_inf.jsonl", arrival="trace"),
+     ["w_arrival_inf.jsonl:2:", "arrival_s: must be a finite number"]),
+    ("workload-arrival-nan", tune_with(workload="w_arrival_nan.jsonl"), ["w_arrival_nan.jsonl:1:", "arrival_s"]),
+    ("workload-arrival-negative", tune_with(workload="w_arrival_neg.jsonl"), ["arrival_s: must be >= 0"]),
+    ("workload-output-huge", tune_with(workload="w_huge.jsonl"), ["w_huge.jsonl:1:", "output_tokens: must be <="]),
+    ("bench-num-prompts-zero", ["bench", "--url", "http://127.0.0.1:9", "--workload", str(WORKLOAD),
+                                "--num-prompts", "0"], ["--num-prompts"]),
+    ("bench-timeout-nan", ["bench", "--url", "http://127.0.0.1:9", "--workload", str(WORKLOAD),
+                           "--request-timeout", "nan"], ["--request-timeout", "finite"]),
+    ("bench-rate-nan", ["bench", "--url", "http://127.0.0.1:9", "--workload", str(WORKLOAD),
+                        "--request-rate", "nan"], ["--request-rate"]),
+    ("bench-seed-negative", ["bench", "--url", "http://127.0.0.1:9", "--workload", str(WORKLOAD),
+                             "--seed", "-1"], ["--seed"]),
 ]
 
 
@@ -194,7 +340,7 @@ def test_bad_input_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, c
 
 
 def test_table_is_wide() -> None:
-    assert len(CASES) >= 30 and len({c[0] for c in CASES}) == len(CASES)
+    assert len(CASES) >= 80 and len({c[0] for c in CASES}) == len(CASES)
 
 
 @pytest.mark.parametrize("case", ["precision-negative", "out-under-a-file", "gpu-unknown-field-first"])
@@ -206,3 +352,84 @@ def test_bad_input_as_a_real_process(tmp_path: Path, case: str) -> None:
     p = tune(*argv, cwd=tmp_path, timeout=120)
     check_line(p.returncode, p.stdout, p.stderr, expected)
     assert _tree(tmp_path) == before
+
+
+class PastValidation(Exception):
+    """Raised by the first step after every check (opening the study, running the gate, asking the
+    server for its model): the corrected command got there, so nothing in its input was refused."""
+
+
+#: For one case of each family, the command with its mistake corrected: it must get past every check.
+CORRECTED: dict[str, list[str]] = {
+    "out-in-proc": tune_with(out="fresh"),
+    "storage-unknown-scheme": tune_with(storage="sqlite:///fresh.db"),
+    "new-study-over-corrupt-db": tune_with(out="fresh"),
+    "resume-empty-folder": tune_with(out="emptydir"),
+    "model-heads-zero": tune_with(model=MODEL),
+    "gpu-bandwidth-inf": tune_with(gpu="mygpu.yaml"),
+    "space-constraint-unknown-rhs": tune_with(search_space="space_rhs_fixed.yaml"),
+    "space-grid-too-large": tune_with(strategy="grid"),
+    "slo-duplicate-key": tune_with(slo="slo_fixed.yaml"),
+    "gate-requests-zero": ["gate", "gate_ok.yaml"],
+    "gate-is-a-directory": ["gate", "gate_ok.yaml"],
+    "max-trials-huge": tune_with(max_trials="100000"),
+    "workload-arrival-inf-trace": tune_with(workload="w_arrival.jsonl", arrival="trace"),
+    "bench-json-is-a-dir": ["bench", "--url", "http://127.0.0.1:9", "--workload", str(WORKLOAD), "--json",
+                            "emptydir/result.json"],
+}
+FIXED_FILES = {"mygpu.yaml": GOOD_GPU.encode(), "slo_fixed.yaml": b"ttft: {max_ms: 900}\ntpot: {max_ms: 50}\n",
+               "space_rhs_fixed.yaml": FILES["space_rhs.yaml"].replace(b"max_num_tokens", b"max_num_batched_tokens")}
+
+
+def test_every_family_has_a_corrected_command() -> None:
+    ids = {c[0] for c in CASES}
+    assert set(CORRECTED) <= ids
+    families = ("out-", "storage-", "corrupt-db", "resume-", "model-", "gpu-", "space-constraint", "grid",
+                "duplicate-key", "gate-", "max-trials", "arrival", "bench-")
+    assert all(any(f in k for k in CORRECTED) for f in families)
+
+
+@pytest.mark.parametrize("case", list(CORRECTED))
+def test_the_corrected_command_gets_past_validation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture, case: str) -> None:
+    """The bad command is refused; the same command with its mistake corrected is not (it reaches the
+    study, the gate or the server): the table's refusals are of the mistake, not of the command."""
+    import tuner.bench.cli
+    import tuner.gate
+    import tuner.study
+    from tuner.cli import main
+
+    def past(*_a, **_k):
+        raise PastValidation()
+
+    _write_inputs(tmp_path)
+    for name, data in FIXED_FILES.items():
+        (tmp_path / name).write_bytes(data)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "200")
+    argv, expected = next(c[1:] for c in CASES if c[0] == case)
+    monkeypatch.setattr(sys, "argv", ["tune", *argv])
+    with pytest.raises(SystemExit) as e:
+        main()
+    check_line(e.value.code, *capsys.readouterr(), expected)
+    monkeypatch.setattr(tuner.study, "open_study", past)
+    monkeypatch.setattr(tuner.gate, "run_gate", past)
+    monkeypatch.setattr(tuner.bench.cli, "_model_of", past)
+    monkeypatch.setattr(sys, "argv", ["tune", *CORRECTED[case]])
+    with pytest.raises(PastValidation):
+        main()
+    assert "error" not in capsys.readouterr().err
+
+
+def test_a_corrected_command_runs_to_the_end(tmp_path: Path) -> None:
+    """One corrected command run for real (the simulated engine, one launch): exit 0 and its outputs, in
+    the folder a refused command left empty."""
+    _write_inputs(tmp_path)
+    (tmp_path / "slo_fixed.yaml").write_bytes(FIXED_FILES["slo_fixed.yaml"])
+    p = tune(*tune_with(slo="slo_dup.yaml", out="emptydir"), cwd=tmp_path, timeout=300)
+    check_line(p.returncode, p.stdout, p.stderr, ["duplicate key"])
+    assert sorted(x.name for x in (tmp_path / "emptydir").iterdir()) == [".keep"]
+    p = tune(*tune_with(slo="slo_fixed.yaml", out="emptydir", strategy="guided"), "--no-confirm", cwd=tmp_path,
+             timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert (tmp_path / "emptydir" / "study.db").exists() and (tmp_path / "emptydir" / "report.md").exists()
