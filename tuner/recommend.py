@@ -112,7 +112,9 @@ class Recommendation(BaseModel):
             return "no recommendation: no configuration met the SLO"
         cap = f"{self.capacity_rps:.2f} req/s" if self.capacity_rps else "no capacity"
         if self.kind == "defaults":
-            head = f"keep vLLM's defaults (trial {self.trial}): {cap}"
+            forced = " ".join(f"{k}={v}" for k, v in self.knobs.items())  # what the host forced, if anything
+            head = f"keep vLLM's defaults{f' (with {forced}, as this host needs)' if forced else ''} " \
+                   f"(trial {self.trial}): {cap}"
         else:
             kn = " ".join(f"{k}={v}" for k, v in self.knobs.items())
             head = f"recommended (trial {self.trial}): {cap} ({self.gain_pct:+.1f}%) with {kn}"

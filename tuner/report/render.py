@@ -78,7 +78,8 @@ def _headline(rep: Report) -> list[Block]:
             f"req/s\" rows compare both at the same offered load, {where}, using each configuration's load "
             f"run closest to it")
     if h.tuned_closest_rate is not None:
-        note += (f"; the search never measured the tuned configuration near that rate (closest: "
+        other = h.tuned_label.split(" (")[0].split(",")[0]  # "recommended" or "best measured"
+        note += (f"; the search never measured the {other} configuration near that rate (closest: "
                  f"{_n(h.tuned_closest_rate)} req/s), so its same-rate cells are empty: compare the "
                  f"at-capacity rows, where each configuration carries its own (higher) load")
     else:
@@ -119,8 +120,9 @@ def _attribution(rep: Report, figures: set[str] = frozenset()) -> list[Block]:
         text += (" A step that changed several knobs at once gets each knob's share predicted by the fitted "
                  "twin: the step's configuration with that knob left as before, predicted, against the step "
                  "predicted whole. Those shares are labelled predicted: they were not measured (`--attribute` "
-                 "measures them with one launch each). A knob whose share is within the noise floor is dropped "
-                 "from the recommendation, and the simpler configuration is launched to confirm it.")
+                 "measures them with one launch each); knobs that interact need not add up to the step's "
+                 "measured total. A knob whose share is within the noise floor is dropped from the "
+                 "recommendation, and the simpler configuration is launched to confirm it.")
     out += [Block("table", rows=rows), Block("p", text)]
     if rep.simplification is not None and rep.simplification.note:
         out.append(Block("p", rep.simplification.note))
