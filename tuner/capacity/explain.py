@@ -19,9 +19,9 @@ from tuner.slo import SLO, request_ratios
 from tuner.storage.records import LoadRunSummary
 
 NAMES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E latency"}
-#: A request is cold when it found less than this share of what the requests that met the bound found
-#: in the prefix cache (their median cached tokens).
-COLD_SHARE = 0.5
+#: A request is cold when it prefilled at least this many times the uncached prompt tokens the requests
+#: that met the bound typically did (their median): its shared prefix was not, or only partly, cached.
+COLD_FACTOR = 3.0
 
 
 def ms(x: float) -> str:
@@ -67,8 +67,8 @@ def why_none(p: LoadRunSummary, records: list[RequestRecord], slo: SLO, at: str)
                 f"nothing queued ({at}): {len(viol)} of {len(scored)} requests over it, {who} "
                 f"({NAMES[m]} {_range(vals)}{sets}); would change it: " + ", ".join(  # type: ignore[index]
                     fixes + [f"a GPU {max(vals) / t.max_ms:.2g}x faster, or a looser SLO"]))
-    line = (f"{head} is broken {at} by the {len(viol)} of {len(scored)} requests {who} "
-            f"({NAMES[m]} {_range(vals)}{sets})")  # type: ignore[index]
+    line = f"{head} is broken {at} by the {len(viol)} of {len(scored)} requests"
+    line += who if who.startswith(":") else f" {who} ({NAMES[m]} {_range(vals)}{sets})"  # type: ignore[index]
     rest = [_value(r, slo, m) for r in done if r not in viol]  # type: ignore[arg-type]
     if rest:
         line += (f"; the other {len(rest)} meet it (p{t.percentile:g} "
@@ -94,15 +94,7 @@ def _who(m: str, viol: list[RequestRecord], meet: list[RequestRecord], records: 
          ) -> tuple[str, str, list[str]]:
     """(which requests, what sets their floor, what would change it) for the violators of `m`."""
     if m == "ttft":
-        cold = _cold(viol, meet)
-        if cold:
-            unc = [float((r.prompt_tokens or 0) - (r.cached_tokens or 0)) for r in viol]
-            return ("whose shared prefix was not in the prefix cache",
-                    f"; each prefilled {_range(unc, _tokens)} uncached prompt tokens",
-                    ["a KV cache that keeps the shared prefixes resident (kv_cache_dtype fp8, a higher "
-                     "gpu_memory_utilization) or a warmed prefix cache"])
-        return (_by_prompt(viol, meet), "",
-                ["fewer prompt tokens to prefill (prefix caching, shorter prompts)"])
+        return _ttft(viol, meet, records)
     if m == "itl":
         stalls = _stalls(viol, records)
         knob = "a smaller max_num_batched_tokens (smaller prefill chunks in each decode step)"
@@ -120,13 +112,53 @@ def _who(m: str, viol: list[RequestRecord], meet: list[RequestRecord], records: 
             ["kv_cache_dtype fp8 (each decode step reads half the KV bytes)"])
 
 
-def _cold(viol: list[RequestRecord], meet: list[RequestRecord]) -> bool:
-    """Every violator found much less of its prompt in the prefix cache than the requests that met the
-    bound typically did (the engine reports cached tokens; the simulator does)."""
-    if any(r.cached_tokens is None for r in viol + meet) or not meet:
-        return False
-    typical = float(np.median([r.cached_tokens for r in meet]))
-    return typical > 0 and all((r.cached_tokens or 0) < COLD_SHARE * typical for r in viol)
+def _uncached(r: RequestRecord) -> float:
+    return float((r.prompt_tokens or 0) - (r.cached_tokens or 0))
+
+
+def _cold(viol: list[RequestRecord], meet: list[RequestRecord]) -> list[RequestRecord]:
+    """The violators that prefilled far more of their prompt than the requests that met the bound
+    typically did (`COLD_FACTOR` times their median uncached tokens): their shared prefix was not, or
+    only partly, in the prefix cache. Empty where the engine does not report cached tokens."""
+    if not meet or any(getattr(r, "cached_tokens", None) is None for r in viol + meet):
+        return []
+    typical = max(1.0, float(np.median([_uncached(r) for r in meet])))
+    return [r for r in viol if _uncached(r) >= COLD_FACTOR * typical]
+
+
+def _ttft(viol: list[RequestRecord], meet: list[RequestRecord], records: list[RequestRecord]
+          ) -> tuple[str, str, list[str]]:
+    """TTFT violators as cold prefixes, requests that arrived while another's prefill ran, and the rest
+    by prompt length, each group counted with its own figures."""
+    cold = _cold(viol, meet)
+    cache_fix = ("a KV cache that keeps the shared prefixes resident (kv_cache_dtype fp8, a higher "
+                 "gpu_memory_utilization) or a warmed prefix cache")
+    if cold and len(cold) == len(viol):
+        return ("whose shared prefix was not (or only partly) in the prefix cache",
+                f"; each prefilled {_range([_uncached(r) for r in viol], _tokens)} uncached prompt tokens",
+                [cache_fix])
+    rest = [r for r in viol if r not in cold]
+    behind = [r for r in rest if any(o is not r and o.sent_s is not None and o.first_token_s is not None
+                                     and r.sent_s is not None and o.sent_s <= r.sent_s < o.first_token_s
+                                     for o in records)]
+    other = [r for r in rest if r not in behind]
+    parts = []
+    if cold:
+        parts.append(f"{len(cold)} whose shared prefix was not (or only partly) in the prefix cache "
+                     f"({_range([_uncached(r) for r in cold], _tokens)} uncached prompt tokens each, "
+                     f"TTFT {_range([r.ttft * 1e3 for r in cold])})")  # type: ignore[operator]
+    if behind:
+        parts.append(f"{len(behind)} that arrived while another request's prefill ran "
+                     f"(TTFT {_range([r.ttft * 1e3 for r in behind])})")  # type: ignore[operator]
+    if other:
+        parts.append(f"{len(other)} {_by_prompt(other, meet)} (TTFT "
+                     f"{_range([r.ttft * 1e3 for r in other])})")  # type: ignore[operator]
+    fixes = [cache_fix] if cold else []
+    fixes.append("fewer prompt tokens to prefill (prefix caching, shorter prompts)" if not cold else
+                 "a larger max_num_batched_tokens (a long prefill holds the queue fewer steps)")
+    if len(parts) == 1 and not cold and not behind:
+        return (_by_prompt(viol, meet), "", fixes)
+    return (": " + ", ".join(parts), "", fixes)
 
 
 def _by_prompt(viol: list[RequestRecord], meet: list[RequestRecord]) -> str:
@@ -134,7 +166,7 @@ def _by_prompt(viol: list[RequestRecord], meet: list[RequestRecord]) -> str:
     lens = [float(r.prompt_tokens or 0) for r in viol]
     rest = [float(r.prompt_tokens or 0) for r in meet]
     longest = bool(rest) and min(lens) >= float(np.median(rest))
-    return f"with {'the longest ' if longest else ''}prompts ({_range(lens, _tokens)} tokens)"
+    return f"with {'the longest ' if longest else ''}prompts of {_range(lens, _tokens)} tokens"
 
 
 def _stalls(viol: list[RequestRecord], records: list[RequestRecord]
