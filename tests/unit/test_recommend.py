@@ -8,6 +8,7 @@ import pytest
 
 from tuner.recommend import changed_knobs, effective_floor, launch_spreads, recommend
 from tuner.search.attribute import predicted_step, simplify, without
+from tuner.knobs import Knobs
 from tuner.storage.records import TrialRecord
 
 DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 2048, "kv_cache_dtype": "auto",
@@ -94,3 +95,59 @@ def test_shares_of_a_several_knob_step_leave_one_knob_out_and_drop_the_ones_with
     knobs, dropped, pred = simplify([(step, BASE, MAIN_JOB_BEST)], MAIN_JOB_BEST, predict, floor=0.05)
     assert knobs == {"max_num_batched_tokens": 16384} and pred == 10.0
     assert sorted(dropped) == ["gpu_memory_utilization", "kv_cache_dtype", "max_num_seqs"]
+
+
+class _FakeRunner:
+    """The trial runner as `attribute` uses it: stored records, evaluate (a launch), the study attribute."""
+
+    def __init__(self, records: list[TrialRecord], measure):
+        from tuner.search.runner import knobs_key
+
+        self.records, self.measure, self.attrs, self.launched = list(records), measure, {}, []
+        self.key = lambda knobs: knobs_key(Knobs(**knobs))
+        self.space = type("S", (), {"layout": staticmethod(lambda k: k)})()
+        self.study = type("St", (), {"set_user_attr": lambda _, k, v: self.attrs.__setitem__(k, v)})()
+
+    @property
+    def launches(self) -> int:
+        return len(self.records)
+
+    def finished_all(self):
+        out: dict = {}
+        for r in self.records:
+            out.setdefault(self.key(r.knobs), []).append(r)
+        return out
+
+    def finished(self):
+        return {k: v[0] for k, v in self.finished_all().items()}
+
+    def evaluate(self, knobs, *, role: str, changed_knob=None, **_):
+        r = TrialRecord(number=len(self.records), knobs=knobs.set_only(), role=role, launched=True,
+                        changed_knob=changed_knob, capacity_rps=self.measure(knobs.set_only()))
+        self.records.append(r)
+        self.launched.append(r)
+        return r
+
+
+def test_attribute_measures_each_share_with_launch_and_confirms_the_simpler_configuration():
+    """`--attribute` on the main job's shape of step, with a significant gain: one launch per knob left
+    out, measured shares replace the predictions, and the knobs within noise are dropped and confirmed."""
+    from tuner.search.attribute import attribute
+    from tuner.search.strategy import Budget, Outcome
+
+    best = rec(1, 9.0, max_num_seqs=1024, max_num_batched_tokens=16384, kv_cache_dtype="fp8")
+    engine = lambda knobs: 9.0 if knobs.get("max_num_batched_tokens") == 16384 else 7.3  # noqa: E731
+    runner = _FakeRunner([BASE, best], engine)
+    log = attribute(runner, Budget(max_trials=2), Outcome(BASE, best, "test", [0, 1]), noise_floor=0.05,
+                    predict=lambda knobs, rate: engine(knobs), verify=True)
+    (step,) = log.steps
+    shares = {s.knob: s for s in step.knobs}
+    assert {r.role for r in runner.launched} == {"attribute", "simplify"}
+    assert shares["max_num_batched_tokens"].measured_share_pct == pytest.approx(100 * (9.0 - 7.3) / 7.27)
+    assert shares["kv_cache_dtype"].measured_share_pct == 0.0 and shares["kv_cache_dtype"].within_noise
+    simp = log.simplification
+    assert simp.knobs == {"max_num_batched_tokens": 16384} and simp.trial == runner.launched[-1].number
+    assert runner.attrs["shares"]["simplification"]["trial"] == simp.trial
+    # the policy then recommends the measured simpler configuration: fewer knobs, no fp8, within noise
+    r = recommend(runner.records, BASE, best, floor=0.05, defaults=DEFAULTS)
+    assert r.trial == simp.trial and r.knobs == {"max_num_batched_tokens": 16384}
