@@ -82,6 +82,7 @@ class TuneOptions(BaseModel):
     vllm_args: list[str] = Field(default_factory=list)
     api_key: str | None = None
     write_outputs: bool = True
+    drop_overlong: bool = False  # score only the requests that fit the context (`tuner.feasibility`)
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -297,6 +298,7 @@ def interrupt_cleanup(runner: TrialRunner) -> Iterator[None]:
 def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outcome, Path]:
     """Run (or resume) a study; returns the outcome and the run directory."""
     workload, slo, space = prepare(opts)
+    workload = feasible_workload(opts, workload, slo, space, reporter)  # before anything is created
     check_study_target(storage_url(opts), opts.out, resume=opts.resume)  # tuner.preflight: before mkdir
     check_grid_size(space, opts.strategy)
     engine = make_engine(opts, slo, space)  # a bad --engine/--gpu/--model fails before a study is created
@@ -357,6 +359,20 @@ def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outco
     if opts.write_outputs:
         write_outputs(opts.out)
     return outcome, opts.out
+
+
+def feasible_workload(opts: TuneOptions, workload: Workload, slo: SLO, space: SearchSpace,
+                      reporter: Reporter | None) -> Workload:
+    """What the workload and the model already tell, said before any launch (`tuner.feasibility`):
+    the workload to score (`--drop-overlong` leaves out what the context refuses)."""
+    from tuner.feasibility import check_workload
+
+    pre = check_workload(workload, slo, model=opts.model, gpu=opts.gpu, space_knobs=space.knobs,
+                         vllm_args=opts.vllm_args, drop_overlong=opts.drop_overlong, where=str(opts.workload))
+    say = getattr(reporter, "note", None)
+    for line in pre.notes if say else ():
+        say(line)
+    return pre.workload
 
 
 def twin_strategy(runner: TrialRunner, budget: Budget, opts: TuneOptions, workload, slo: SLO,

@@ -42,6 +42,9 @@ def register(app: typer.Typer) -> None:
         attribute: bool = typer.Option(False, help="Measure each knob's share of a step that changed several "
                                        "knobs: one launch per knob, with that knob left out (without it the "
                                        "shares are the fitted twin's predictions, labelled so)."),
+        drop_overlong: bool = typer.Option(False, "--drop-overlong", help="Leave out (and count) the "
+                                           "requests whose prompt + output exceed the model's context: "
+                                           "vLLM refuses them, so they can never meet the SLO."),
         time_budget: Optional[float] = typer.Option(None, help="Stop starting trials after this many seconds."),
         out: Optional[Path] = typer.Option(None, help="Run directory (default runs/<timestamp>)."),
         storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: SQLite in --out)."),
@@ -76,6 +79,7 @@ def register(app: typer.Typer) -> None:
                            time_budget_s=time_budget, storage=storage, resume=resume, seed=seed,
                            precision=precision, start_rate=start_rate, requests_per_run=requests_per_run,
                            max_run_s=max_run_s, arrival=arrival, noise=noise, time_scale=time_scale,
+                           drop_overlong=drop_overlong,
                            vllm_python=vllm_python, vllm_command=vllm_command, vllm_args=list(vllm_arg or []),
                            api_key=api_key, attribute=attribute)
         _sigterm_to_interrupt()
