@@ -90,7 +90,7 @@ def yaml_line(root: Any, path: Iterable[Any]) -> int | None:
     return line
 
 
-def check_out_dir(path: str | Path, field: str | None = None) -> Path:
+def check_out_dir(path: str | Path, field: str | None = None, shown: str | Path | None = None) -> Path:
     """A directory to be created or reused: neither it nor any parent may be an existing non-directory,
     and the nearest existing one must take a new entry (`/proc/x`, a read-only mount, a folder without
     write permission for this user): proved by creating and removing a scratch entry there, because
@@ -99,9 +99,10 @@ def check_out_dir(path: str | Path, field: str | None = None) -> Path:
     for q in (p, *p.parents):
         if q.exists():
             if not q.is_dir():
-                what = "is a file, not a directory" if q == p else f"{q} is a file, not a directory"
-                raise UserError(what, file=path, field=field)
-            _probe_writable(q, path, field)
+                what = ("is a file, not a directory" if q == p and shown is None
+                        else f"{q} is a file, not a directory")
+                raise UserError(what, file=shown or path, field=field)
+            _probe_writable(q, shown or path, field)
             break
     return p
 
@@ -124,7 +125,7 @@ def check_out_file(path: str | Path, field: str | None = None) -> Path:
         raise UserError("is a directory, not a file", file=path, field=field)
     if p.exists() and not p.is_file():
         raise UserError("is not a regular file", file=path, field=field)
-    check_out_dir(p.parent, field)
+    check_out_dir(p.parent, field, shown=path)
     return p
 
 

@@ -20,6 +20,7 @@ MAX_RATE_RPS = 1_000_000.0      # an offered rate (req/s)
 MAX_SECONDS = 31 * 24 * 3600.0  # a run, a timeout, a time budget: a month
 MAX_TRIALS = 100_000            # engine launches of one study
 MAX_SEED = 2 ** 32 - 1          # numpy's legacy seeding takes no more
+MAX_SYNTH_REQUESTS = 10_000_000  # `tune workload synth --requests`: held in memory while written
 MAX_TIME_SCALE = 10_000.0       # sim-http: the simulated GPU this many times slower
 #: `--strategy grid` enqueues every configuration of the space as a trial before the first launch; a
 #: space larger than this is refused (the twin, tpe and random search any size).

@@ -73,6 +73,12 @@ def plan(run_dir: Optional[Path] = typer.Argument(None, help="Run directory (opt
                     ("--mean-prompt-tokens", mean_prompt)]:
         if v is not None and not (v > 0 and v != float("inf")):
             raise UserError(f"must be a number > 0, got {v}", field=name)
+    for name, v in [("--rate-per-instance", rate_per_instance), ("--tokens-per-s", tokens_per_s),
+                    ("--peak-rate", peak_rate), ("--mean-output-tokens", mean_output),
+                    ("--mean-prompt-tokens", mean_prompt), ("--price-per-gpu-hour", price)]:
+        # a finite range: 1e-300 req/s per instance against a 1e300 peak is an infinite replica count
+        if v is not None and v == v and v != 0 and not PLAN_MIN <= abs(v) <= PLAN_MAX:
+            raise UserError(f"must be between {PLAN_MIN:g} and {PLAN_MAX:g}, got {v:g}", field=name)
     if quantization is not None and knob_value_error("quantization", quantization):
         raise UserError(knob_value_error("quantization", quantization) or "", field="--quantization")
     slo = load_slo(slo_file) if slo_file else None
@@ -153,6 +159,9 @@ def gate(gate_file: Path = typer.Argument(..., help="gate.yaml written by a tuni
     sys.stdout.flush()
     if res.exit_code:
         sys.exit(res.exit_code)
+
+
+PLAN_MIN, PLAN_MAX = 1e-6, 1e9  # req/s, tokens/s, tokens, $/h: far beyond any real figure both ways
 
 
 def register(app: typer.Typer) -> None:

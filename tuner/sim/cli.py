@@ -163,6 +163,23 @@ def _knobs(args: argparse.Namespace):
                 f"input_value={err['input']!r}, input_type={type(err['input']).__name__}]")
 
 
+def _out_of_range(args: argparse.Namespace) -> str | None:
+    """The first number outside its range (`tuner.limits`), as argparse words it; None if all are in."""
+    import math
+
+    from tuner.limits import MAX_SEED, MAX_TIME_SCALE
+
+    if not (math.isfinite(args.time_scale) and 0 < args.time_scale <= MAX_TIME_SCALE):
+        return f"--time-scale: must be > 0 and <= {MAX_TIME_SCALE:g}, got {args.time_scale}"
+    if not (math.isfinite(args.noise) and 0 <= args.noise <= 1):
+        return f"--noise: must be 0..1, got {args.noise}"
+    if not 0 <= args.seed <= MAX_SEED:
+        return f"--seed: must be 0..{MAX_SEED}, got {args.seed}"
+    if not 0 <= args.port <= 65535:
+        return f"--port: must be 0..65535, got {args.port}"
+    return None
+
+
 def _fail(message: str, code: int = 1) -> int:
     print(message, file=sys.stderr, flush=True)
     return code
@@ -174,8 +191,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "tune sim serve") -> int
     if argv[:1] == ["serve"]:
         argv = argv[1:]
     args = build_parser(prog).parse_args(argv)
-    if not args.time_scale > 0:
-        return _fail(f"{prog}: error: argument --time-scale: must be > 0, got {args.time_scale}", 2)
+    bad = _out_of_range(args)
+    if bad:
+        return _fail(f"{prog}: error: argument {bad}", 2)
 
     from tuner.errors import UserError
     from tuner.failures import LaunchFailure

@@ -41,6 +41,12 @@ def synth(
 ) -> None:
     """Write a seeded synthetic workload (token counts and prefix hash ids, no text)."""
     check_out_file(out, "--out")
+    from tuner.limits import MAX_SEED, MAX_SYNTH_REQUESTS
+
+    if requests > MAX_SYNTH_REQUESTS:  # the generator holds every request in memory at once
+        raise UserError(f"must be <= {MAX_SYNTH_REQUESTS}", field="--requests")
+    if seed > MAX_SEED:
+        raise UserError(f"must be <= {MAX_SEED}", field="--seed")
     try:
         w = synthesize(kind, requests, seed, hash_block_size=block_size)
     except UserError as e:  # the library names its parameters; the user typed the options
