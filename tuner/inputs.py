@@ -59,6 +59,25 @@ def read_text(path: str | Path, what: str = "file", field: str | None = None,
     return decode_utf8(raw, path)
 
 
+class DuplicateKey(ValueError):
+    """A JSON object names one key twice: `json` keeps the last silently, as YAML would."""
+
+    def __init__(self, key: str):
+        self.key = key
+        super().__init__(f"duplicate key {key!r}")
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`object_pairs_hook` for every JSON input (workload records, config.json): a key given twice is a
+    user mistake to report, not a value to drop."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise DuplicateKey(k)
+        out[k] = v
+    return out
+
+
 def parse_yaml(text: str, path: str | Path) -> tuple[Any, Any]:
     """(data, composed node tree for line lookups) of a YAML document: the one YAML reader of every input
     file. A syntax error names its line; so do a duplicate key (YAML's last-one-wins would silently drop

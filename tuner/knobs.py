@@ -60,8 +60,8 @@ class KnobSpec:
 
     def annotation(self) -> tuple[Any, Any]:
         """The `Knobs` field: strict (a number is a number: `true` is not 1, "64" is not 64)."""
-        if self.kind in ("int", "tokens"):
-            return int | None, Field(default=None, ge=1, strict=True, description=self.help)
+        if self.kind in ("int", "tokens"):  # vLLM keeps counts and positions in int32 tensors
+            return int | None, Field(default=None, ge=1, le=2 ** 31 - 1, strict=True, description=self.help)
         if self.kind == "fraction":
             return float | None, Field(default=None, gt=0.0, le=1.0, strict=True, description=self.help)
         if self.kind == "switch":

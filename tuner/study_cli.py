@@ -114,7 +114,13 @@ def register(app: typer.Typer) -> None:
         api_key: Optional[str] = typer.Option(None, envvar="VLLM_API_KEY"),
     ) -> None:
         """Work on a shared study: run the configurations queued in its storage until none are left."""
+        from tuner.limits import MAX_SECONDS, MAX_TRIALS
         from tuner.study import run_worker
+
+        if max_trials is not None and not 1 <= max_trials <= MAX_TRIALS:
+            raise UserError(f"must be 1..{MAX_TRIALS}, got {max_trials}", field="--max-trials")
+        if not 0 <= idle_exit <= MAX_SECONDS:  # NaN too: no comparison holds
+            raise UserError(f"must be a number of seconds 0..{MAX_SECONDS:g}, got {idle_exit}", field="--idle-exit")
 
         _sigterm_to_interrupt()
         try:

@@ -106,6 +106,10 @@ FILES: dict[str, bytes] = {
     "corrupt/study.db": bytes(range(256)) * 16,
     "truncated/study.db": b"SQLite format 3\x00" + b"\x00" * 84,
     "emptydir/.keep": b"",
+    "w_dup.jsonl": b'{"prompt_tokens": 9, "output_tokens": 3}\n{"prompt_tokens": 9, "output_tokens": 3, "output_tokens": 900}\n',
+    "m_dup/config.json": json.dumps(CONFIG, indent=1).replace('"vocab_size": 1000', '"vocab_size": 1000, "vocab_size": 9').encode(),
+    "space_knob_huge.yaml": b"knobs:\n  max_num_seqs: {values: [8, 100000000000000]}\n",
+    "space_host_gpus.yaml": b"host_gpus: 100000000\nknobs:\n  tensor_parallel_size: {values: [1, 2]}\n",
 }
 
 TUNE = ["--workload", str(WORKLOAD), "--slo", str(SLO), "--engine", "sim", "--gpu", GPU, "--model", MODEL,
@@ -305,6 +309,13 @@ CASES: list[tuple[str, list[str], list[str]]] = [
      ["--rate-per-instance: must be between"]),
     ("report-out-in-proc", ["report", "corrupt", "--out", "/proc/x"], ["--out", "cannot create"]),
     ("report-corrupt-db", ["report", "corrupt"], ["corrupt", "study storage"]),
+    ("workload-duplicate-key", tune_with(workload="w_dup.jsonl"), ["w_dup.jsonl:2:", "output_tokens", "twice"]),
+    ("model-duplicate-key", tune_with(model="m_dup"), ["m_dup/config.json:", "vocab_size", "twice"]),
+    ("space-knob-value-huge", tune_with(search_space="space_knob_huge.yaml"),
+     ["space_knob_huge.yaml:2:", "knobs.max_num_seqs", "must be <="]),
+    ("space-host-gpus-huge", tune_with(search_space="space_host_gpus.yaml"), ["host_gpus", "must be <="]),
+    ("worker-max-trials-zero", ["worker", "--out", "emptydir", "--max-trials", "0"], ["--max-trials"]),
+    ("worker-idle-exit-nan", ["worker", "--out", "emptydir", "--idle-exit", "nan"], ["--idle-exit"]),
     ("bench-seed-negative", ["bench", "--url", "http://127.0.0.1:9", "--workload", str(WORKLOAD),
                              "--seed", "-1"], ["--seed"]),
 ]

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner.errors import UserError
-from tuner.inputs import read_text
+from tuner.inputs import DuplicateKey, read_text, unique_keys
 from tuner.validation import first_error
 
 # Bytes per weight of a quantized linear layer, and the extra GEMM work the dequantisation adds once the
@@ -219,9 +219,11 @@ def load_hf_config(path: str | Path) -> ModelProfile:
         p = p / "config.json"
     text = read_text(p, "config.json", field="--model")
     try:
-        cfg = json.loads(text)
+        cfg = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as e:
         raise UserError(f"not valid JSON: {e.msg}", file=str(p), line=e.lineno) from None
+    except DuplicateKey as e:
+        raise UserError("given twice", file=str(p), line=_json_line(text, e.key), field=e.key) from None
     if not isinstance(cfg, dict):
         raise UserError(f"expected a JSON object (a Hugging Face config.json), got {type(cfg).__name__}",
                         file=str(p), line=1)

@@ -50,7 +50,7 @@ class SearchSpace(BaseModel):
     #: The GPUs of the host. With it, every configuration fills the host with data-parallel replicas
     #: (`layout`), so a study of tensor-parallel sizes compares the capacity of the whole host: TP 1 x 8
     #: replicas, TP 2 x 4 and TP 8 x 1 on one scale. The simulated engines have this many GPUs.
-    host_gpus: int | None = Field(default=None, ge=1, strict=True)
+    host_gpus: int | None = Field(default=None, ge=1, le=4096, strict=True)
     #: Speculative decoding's per-position acceptance rate on this workload, per method (`eagle3: 0.7`):
     #: the simulated engines serve with it, and the search orders draft lengths by it until a launch has
     #: measured one (`tuner.speculative`).

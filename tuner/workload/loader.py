@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from tuner.errors import UserError
-from tuner.inputs import check_out_file, decode_utf8
+from tuner.inputs import DuplicateKey, check_out_file, decode_utf8, unique_keys
 from tuner.workload.formats import (ALIASES, AZURE_COLUMNS, FORMATS, TUNER_ONLY_KEYS, RecordError,
                                     guess_from_record)
 from tuner.workload.model import Workload
@@ -65,9 +65,11 @@ def _jsonl_records(text: str) -> Iterator[tuple[int, Any]]:
         if not line.strip():
             continue
         try:
-            yield n, json.loads(line)
+            yield n, json.loads(line, object_pairs_hook=unique_keys)
         except json.JSONDecodeError as e:
             yield n, _bad_json(e)
+        except DuplicateKey as e:
+            yield n, RecordError(e.key, "given twice in one record")
 
 
 def _json_list_records(text: str, path: Path) -> Iterator[tuple[int, Any]]:
@@ -76,7 +78,7 @@ def _json_list_records(text: str, path: Path) -> Iterator[tuple[int, Any]]:
     Decoding element by element is what gives each ShareGPT conversation a real line number. Broken JSON
     syntax cannot be skipped (the rest of the list has no reliable boundaries), so it always raises.
     """
-    dec = json.JSONDecoder()
+    dec = json.JSONDecoder(object_pairs_hook=unique_keys)
     n = len(text)
     i = text.index("[") + 1
     line, counted = 1, 0  # line number of position `counted`, advanced incrementally (files can be large)
@@ -99,6 +101,8 @@ def _json_list_records(text: str, path: Path) -> Iterator[tuple[int, Any]]:
             obj, end = dec.raw_decode(text, i)
         except json.JSONDecodeError as e:
             raise fail(e.pos, f"invalid JSON: {e.msg}") from None
+        except DuplicateKey as e:
+            raise fail(i, f"{e.key}: given twice in one record") from None
         yield line, obj
         i = skip_ws(end)
         if i < n and text[i] == ",":
