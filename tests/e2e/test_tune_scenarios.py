@@ -1,0 +1,105 @@
+"""Every scenario shipped in workloads/ runs end to end on the simulated RTX 4090 and ends with a verdict
+line; every "no" it prints names the requests that break the bound and contradicts none of its own
+figures (issue 34, item 3). One launch each (the baseline, guided, 300-request load runs): a few seconds
+to half a minute apiece on the simulator."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import load_trials, record, sqlite_url, tune
+from tests.helpers.no_lines import contradictions
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+W = ROOT / "workloads"
+
+#: (name, workload, SLO, extra options): every workload and SLO file of workloads/ appears here
+SCENARIOS = [
+    ("chat", "chat.jsonl", "chat.slo.yaml", ()),
+    ("chat-strict", "chat.jsonl", "chat-strict.slo.yaml", ()),
+    ("rag", "rag.jsonl", "rag.slo.yaml", ()),
+    ("multitenant", "multitenant.jsonl", "multitenant.slo.yaml", ()),
+    ("azure", "azure_conv_excerpt.csv", "azure.slo.yaml", ("--arrival", "trace")),
+]
+
+
+def run(tmp_path: Path, workload: str, slo: str, *extra: str, trials: int = 1):
+    out = tmp_path / "run"
+    p = tune("--workload", W / workload, "--slo", W / slo, "--engine", "sim", "--gpu", "rtx4090",
+             "--model", "qwen2.5-7b", "--strategy", "guided", "--max-trials", str(trials), "--no-confirm",
+             "--requests-per-run", "300", "--out", out, *extra)
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    reasons = [record(t).get("no_capacity_reason") for t in load_trials(sqlite_url(out))]
+    return p, [r for r in reasons if r]
+
+
+def verdict(stdout: str) -> str:
+    """The study's verdict line: "NO RESULT: ..." or the recommendation/tuned line after the baseline's."""
+    lines = [ln for ln in stdout.splitlines() if ln.startswith(("NO RESULT: ", "tuned", "keep", "recommend"))]
+    assert lines, stdout[-3000:]
+    return lines[0]
+
+
+def test_every_workload_and_slo_file_is_a_scenario():
+    used = {f for _, w, s, _ in SCENARIOS for f in (w, s)}
+    shipped = {p.name for p in W.iterdir() if p.suffix in (".jsonl", ".csv") or p.name.endswith(".slo.yaml")}
+    assert shipped <= used, shipped - used
+
+
+def check_verdict(p, reasons: list[str]) -> None:
+    """A verdict line, the exit code it implies, and every "no" (as stored and as printed) and every
+    diagnosis free of contradiction."""
+    assert p.returncode in (0, 4), (p.returncode, p.stderr[-2000:])
+    line = verdict(p.stdout)
+    assert line.startswith("NO RESULT: ") == (p.returncode == 4), line
+    flat = " ".join((p.stderr + "\n" + p.stdout).split())  # the progress lines go to stderr
+    for reason in reasons:
+        assert " ".join(reason.split()) in flat  # printed as stored
+        assert contradictions(reason) == [], reason
+    for ln in re.findall(r"binds: [^;]*", flat):
+        assert contradictions(ln) == [], ln
+
+
+#: rag and multitenant run in their own tests below (the same run, with what each must name)
+OTHERS = [s for s in SCENARIOS if s[0] not in ("rag", "multitenant")]
+
+
+@pytest.mark.parametrize("name,workload,slo,extra", OTHERS, ids=[s[0] for s in OTHERS])
+def test_each_shipped_scenario_ends_with_a_verdict_and_no_contradiction(tmp_path, name, workload, slo, extra):
+    check_verdict(*run(tmp_path, workload, slo, *extra))
+
+
+def test_the_rag_seed_scenario_names_its_cold_prefix_tail_with_counts(tmp_path):
+    """p99 TTFT 2 s on an RTX 4090: the study learns before a launch that 3 of 500 requests exceed the
+    32k context, and the baseline's "no" names the requests whose prefix was not cached, with counts."""
+    p, reasons = run(tmp_path, "rag.jsonl", "rag.slo.yaml")
+    check_verdict(p, reasons)
+    assert verdict(p.stdout).startswith("NO RESULT: no configuration met the SLO")
+    flat = " ".join(p.stderr.split())
+    assert "pre-flight: 3 of 500 requests (0.6%" in flat
+    assert flat.index("pre-flight:") < flat.index("trial 0 (baseline)")  # said before the launch
+    (reason,) = reasons
+    m = re.search(r"p99 TTFT 2000 ms is broken at .* by the (\d+) of (\d+) requests", reason)
+    assert m and 0 < int(m[1]) < int(m[2]), reason
+    assert "whose shared prefix was not (or only partly) in the prefix cache" in reason, reason
+    assert "uncached prompt tokens" in reason and "kv_cache_dtype fp8" in reason
+    assert contradictions(reason) == []
+
+
+def test_the_multitenant_scenario_names_the_stall_and_the_step(tmp_path):
+    """Its SLO bounds each request's largest inter-token gap at 200 ms: at vLLM's defaults a decode step
+    that carries another request's prefill chunk breaks it; the "no" says so, with the prefill's size,
+    and the knob that answers it (max_num_batched_tokens) leads the diagnosis."""
+    p, reasons = run(tmp_path, "multitenant.jsonl", "multitenant.slo.yaml")
+    check_verdict(p, reasons)
+    (reason,) = reasons
+    assert re.search(r"p99 ITL 200 ms is broken at .* by the \d+ of \d+ requests whose decode shared a step "
+                     r"with another request's prefill of [\d,-]+ uncached prompt tokens", reason), reason
+    assert "a max_num_batched_tokens below" in reason
+    assert contradictions(reason) == []
+    trial0 = record(load_trials(sqlite_url(tmp_path / "run"))[0])
+    assert trial0["diagnosis"]["knobs"][0] == "max_num_batched_tokens", trial0["diagnosis"]
