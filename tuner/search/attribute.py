@@ -134,7 +134,9 @@ def attribute(runner: TrialRunner, budget: Budget, outcome: Outcome, *, noise_fl
     if not steps:
         return None
     final = chain[-1]
-    knobs, dropped, pred = simplify(steps, final, predict, floor)
+    # the joint check costs a prediction per knob; skipped where no launch would follow (`_confirm`)
+    worth = not chain[0].capacity_rps or (final.capacity_rps or 0.0) > chain[0].capacity_rps * (1 + floor)
+    knobs, dropped, pred = simplify(steps, final, predict if worth else None, floor)
     if dropped:
         log.simplification = _confirm(runner, budget, final, knobs, dropped, pred, chain[0], floor, say)
     runner.study.set_user_attr(ATTR, log.model_dump(mode="json"))
@@ -154,23 +156,24 @@ def _confirm(runner: TrialRunner, budget: Budget, final: TrialRecord, knobs: dic
     out = Simplification(from_trial=final.number, dropped=dropped, knobs=knobs, predicted_rps=pred)
     names = ", ".join(dropped)
     if base.capacity_rps and (final.capacity_rps or 0.0) <= base.capacity_rps * (1 + floor):
-        out.note = (f"Dropping {names} (predicted within the {floor:.0%} noise floor) was not launched: the "
-                    f"final configuration's own measured gain is within the noise floor, so vLLM's defaults "
-                    "are recommended whatever the simpler configuration measures.")
+        out.note = (f"Trial {final.number} without {names} (their shares are within the {floor:.0%} "
+                    f"noise floor) was not launched: trial {final.number}'s own measured gain is within the "
+                    "noise floor, so vLLM's defaults are recommended whatever the simpler configuration measures.")
         return out
     done = runner.finished().get(_key(runner, knobs))
     if done is None:
         extra = replace(budget, max_trials=runner.launches + 1)  # the confirmation is beyond --max-trials
         if not extra.left(runner):
-            out.note = f"Dropping {names} was not launched: the time budget is spent."
+            out.note = (f"Trial {final.number} without {names} was not launched (the time budget is spent), "
+                        "so it cannot be recommended: a recommendation is always a measured configuration.")
             return out
-        say(f"confirming trial {final.number} without {names} (their predicted shares are within noise)")
+        say(f"confirming trial {final.number} without {names} (their shares are within noise)")
         done = runner.evaluate(Knobs(**knobs), role="simplify", start_rate=final.capacity_rps,
                                incumbent=final.capacity_rps)
     out.trial = done.number
     cap = f"{done.capacity_rps:.3g} req/s" if done.capacity_rps else "no capacity"
-    out.note = (f"Without {names} (each within the {floor:.0%} noise floor) trial {final.number}'s configuration "
-                f"was launched as trial {done.number} to confirm it: {cap} measured against "
+    out.note = (f"Trial {final.number} without {names} (their shares are within the {floor:.0%} noise "
+                f"floor) was launched as trial {done.number} to confirm it: {cap} measured against "
                 f"{final.capacity_rps:.3g} req/s; the recommendation takes the simpler one only if that is "
                 "within the noise floor.")
     return out
