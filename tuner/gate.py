@@ -160,6 +160,13 @@ def load_gate(path: str | Path) -> GateFile:
         raise UserError(msg, file=p, line=yaml_line(root, field.split(".") if field else []),
                         field=field) from None
     load_settings(gate.load, p, root)
+    from tuner.engine.registry import names as engine_names
+
+    if gate.engine not in engine_names():
+        from tuner.inputs import yaml_line
+
+        raise UserError(f"unknown engine {gate.engine!r} (known: {', '.join(engine_names())})", file=p,
+                        line=yaml_line(root, ["engine"]), field="engine")
     try:
         Knobs(**gate.knobs)
     except ValidationError as e:

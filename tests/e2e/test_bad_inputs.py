@@ -108,6 +108,7 @@ FILES: dict[str, bytes] = {
     "emptydir/.keep": b"",
     "w_dup.jsonl": b'{"prompt_tokens": 9, "output_tokens": 3}\n{"prompt_tokens": 9, "output_tokens": 3, "output_tokens": 900}\n',
     "m_dup/config.json": json.dumps(CONFIG, indent=1).replace('"vocab_size": 1000', '"vocab_size": 1000, "vocab_size": 9').encode(),
+    "gate_engine.yaml": GATE.replace("engine: sim", "engine: tgi").encode(),
     "space_knob_huge.yaml": b"knobs:\n  max_num_seqs: {values: [8, 100000000000000]}\n",
     "space_host_gpus.yaml": b"host_gpus: 100000000\nknobs:\n  tensor_parallel_size: {values: [1, 2]}\n",
 }
@@ -316,6 +317,9 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("space-host-gpus-huge", tune_with(search_space="space_host_gpus.yaml"), ["host_gpus", "must be <="]),
     ("worker-max-trials-zero", ["worker", "--out", "emptydir", "--max-trials", "0"], ["--max-trials"]),
     ("worker-idle-exit-nan", ["worker", "--out", "emptydir", "--idle-exit", "nan"], ["--idle-exit"]),
+    ("workload-is-a-device", tune_with(workload="/dev/zero"), ["/dev/zero", "is a device"]),
+    ("slo-endless-file", tune_with(slo="/dev/zero"), ["/dev/zero", "larger than 8 MiB"]),
+    ("gate-engine-unknown-in-file", ["gate", "gate_engine.yaml"], ["gate_engine.yaml:1:", "unknown engine 'tgi'"]),
     ("bench-seed-negative", ["bench", "--url", "http://127.0.0.1:9", "--workload", str(WORKLOAD),
                              "--seed", "-1"], ["--seed"]),
 ]

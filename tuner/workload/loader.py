@@ -22,6 +22,8 @@ from tuner.workload.formats import (ALIASES, AZURE_COLUMNS, FORMATS, TUNER_ONLY_
                                     guess_from_record)
 from tuner.workload.model import Workload
 
+#: A workload file is read whole; the largest public traces are a few hundred MB.
+MAX_WORKLOAD_BYTES = 2 ** 30
 _DETECT_LINES = 20
 _AMBIGUOUS_LINES = 1000
 
@@ -44,10 +46,16 @@ def _read_text(path: Path) -> str:
         raise UserError("no such file", file=path)
     if path.is_dir():
         raise UserError("is a directory, not a workload file", file=path)
-    try:
-        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    if path.is_char_device() or path.is_block_device() or path.is_socket():
+        raise UserError("is a device, not a workload file", file=path)
+    try:  # read up to the cap, never past it: a pipe, or a small .gz that inflates to terabytes
+        with (gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")) as f:
+            raw = f.read(MAX_WORKLOAD_BYTES + 1)
     except (OSError, EOFError) as e:
         raise UserError(f"cannot read: {e}", file=path) from None
+    if len(raw) > MAX_WORKLOAD_BYTES:
+        raise UserError(f"larger than {MAX_WORKLOAD_BYTES // 2 ** 30} GiB (uncompressed): take a slice of it",
+                        file=path)
     return decode_utf8(raw, path, "utf-8-sig")
 
 
