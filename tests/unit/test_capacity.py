@@ -123,8 +123,17 @@ def test_a_realtime_search_starts_from_a_short_burst_and_passes_nothing_early_ab
     r = search.run(1.0)
     probe = r.points[0]
     assert probe.rate >= 1e5 and 160 <= probe.n <= 200 and probe.throughput_rps  # n: the scored window
-    assert search.load.pass_ceiling_rps == probe.throughput_rps
+    ceiling = search.load.pass_ceiling_rps
+    assert ceiling == pytest.approx(0.8 * probe.throughput_rps)
     first = r.points[1]
     assert first.rate == pytest.approx(0.8 * probe.throughput_rps)
-    assert all(not p.stopped_early or not p.passed or (p.offered_rps or 0) <= probe.throughput_rps
-               for p in r.points[1:])
+    assert all(not p.stopped_early or not p.passed or (p.offered_rps or 0) <= ceiling for p in r.points[1:])
+
+
+def test_a_realtime_search_bursts_twice_vllms_default_batch_when_max_num_seqs_is_unknown():
+    from tuner.capacity.knee import KneeSearch
+
+    load = LoadSettings(requests=4000, max_duration_s=60.0)
+    search = KneeSearch(server(), chat(), slo(), load, KneeSettings(max_runs=1))
+    assert search._burst_requests() == 512
+    assert KneeSearch(server(), chat(), slo(), LOAD, KneeSettings(max_runs=1))._burst_requests() is None

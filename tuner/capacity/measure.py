@@ -58,8 +58,8 @@ class LoadSettings:
     #: send waits for a free slot. None (the default): open loop, the only honest capacity measurement
     #: (REFERENCE.md section 1); set it to reproduce a published closed-loop measurement.
     max_concurrency: int | None = None
-    #: A measured maximum throughput above which no run passes early (`SteadySettings.pass_ceiling_rps`);
-    #: the knee search sets it from its rate-inf burst.
+    #: A rate above which no run passes early (`SteadySettings.pass_ceiling_rps`); the knee search sets
+    #: it from its rate-inf burst's throughput.
     pass_ceiling_rps: float | None = None
 
 
@@ -70,6 +70,8 @@ REALTIME_MAX_RUN_S = 60.0
 #: A real-time run is stopped early as overloaded only after this many sends in the in-flight fit (a
 #: real server's throughput jitters over seconds: `tuner.capacity.verdict.SteadySettings`)
 REALTIME_EARLY_OVERLOAD_SENDS = 300
+#: ... and only after its in-flight fit spans this many seconds (`SteadySettings.early_overload_s`)
+REALTIME_EARLY_OVERLOAD_S = 20.0
 
 
 def engine_load_settings(virtual_time: bool, *, requests: int | None = None, max_run_s: float | None = None,
@@ -211,7 +213,8 @@ def digest(metrics: MetricsWindow | None, rate: float, max_num_seqs: int | None,
 def steady_settings(settings: LoadSettings) -> SteadySettings:
     return SteadySettings(tolerance=settings.steady_tolerance, latency_spans=settings.latency_spans,
                           early_overload_sends=100 if settings.max_duration_s is None else
-                          REALTIME_EARLY_OVERLOAD_SENDS, pass_ceiling_rps=settings.pass_ceiling_rps)
+                          REALTIME_EARLY_OVERLOAD_SENDS, pass_ceiling_rps=settings.pass_ceiling_rps,
+                          early_overload_s=0.0 if settings.max_duration_s is None else REALTIME_EARLY_OVERLOAD_S)
 
 
 def _throughput(records: list[RequestRecord]) -> float | None:

