@@ -178,26 +178,42 @@ def _stored_trials(db: Path) -> int:
         return 0
 
 
+def _has_study(db: Path) -> bool:
+    try:
+        return STUDY_NAME in (sqlite_studies(db) or [])
+    except UserError:
+        return False
+
+
 @contextmanager
 def keep_only_saved(run_dir: Path, *, resume: bool, own_storage: bool, state: dict) -> Iterator[None]:
-    """A new study that fails or is interrupted before its first trial was stored leaves nothing behind:
-    the entries of `run_dir` this run created are removed (the folder too, if it made it), so a user's
-    corrected command is not refused with "a study already exists here". `state["removed"]` tells the
-    caller not to claim the study was saved. A resumed study, or one in a shared database, is left as is."""
+    """A user mistake found after the run directory was made (a `UserError` before any trial measured
+    anything) leaves nothing behind: what this run created in `run_dir` is removed (the folder too, if
+    it made it), so the corrected command is not refused with "a study already exists here". An
+    interrupt before the study was created removes the same and sets `state["removed"]`, so the caller
+    does not claim a study was saved that `--resume` could not find; an interrupted study that exists
+    is kept (its cut trial is recorded and re-run on resume). Resumed studies and shared databases are
+    never touched; nor is anything after a crash (the server logs are the evidence)."""
     existed = run_dir.is_dir()
     before = {p.name for p in run_dir.iterdir()} if existed else set()
     state["removed"] = False
     try:
         yield
-    except BaseException:
-        if not resume and own_storage and not _stored_trials(run_dir / "study.db"):
-            import shutil
-
-            if not existed:
-                shutil.rmtree(run_dir, ignore_errors=True)
-            elif run_dir.is_dir():
-                for p in run_dir.iterdir():
-                    if p.name not in before:
-                        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    except (UserError, KeyboardInterrupt) as e:
+        db = run_dir / "study.db"
+        unsaved = not _has_study(db) if isinstance(e, KeyboardInterrupt) else not _stored_trials(db)
+        if not resume and own_storage and unsaved:
+            _remove_new(run_dir, existed, before)
             state["removed"] = True
         raise
+
+
+def _remove_new(run_dir: Path, existed: bool, before: set[str]) -> None:
+    import shutil
+
+    if not existed:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    elif run_dir.is_dir():
+        for p in run_dir.iterdir():
+            if p.name not in before:
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)

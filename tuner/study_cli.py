@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
                 outcome, run_dir = run_tune(opts, reporter)
         except KeyboardInterrupt:
             if kept.get("removed"):
-                print("interrupted before the first trial was stored: nothing was saved", file=sys.stderr)
+                print("interrupted before the study was created: nothing was saved", file=sys.stderr)
             else:
                 print(f"interrupted: the study is saved; continue with: {_resume_command(run_dir)}",
                       file=sys.stderr)

@@ -456,3 +456,48 @@ def test_a_corrected_command_runs_to_the_end(tmp_path: Path) -> None:
              timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     assert (tmp_path / "emptydir" / "study.db").exists() and (tmp_path / "emptydir" / "report.md").exists()
+
+
+def _run_main(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> int:
+    from tuner.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["tune", *argv])
+    with pytest.raises(SystemExit) as e:
+        main()
+    return e.value.code
+
+
+def test_a_mistake_found_after_the_folder_was_made_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    """A check that can only run once the study is open (here: the first launch refuses) still leaves no
+    study behind: the corrected command is not told "a study already exists here"."""
+    import tuner.study
+    from tuner.errors import UserError
+
+    def refuse(*_a, **_k):
+        raise UserError("a mistake only the run can find", field="--model")
+
+    _write_inputs(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tuner.study, "TrialRunner", refuse)
+    assert _run_main(monkeypatch, tune_with(out="late")) == 2
+    assert "a mistake only the run can find" in capsys.readouterr().err
+    assert not (tmp_path / "late").exists()
+    assert _run_main(monkeypatch, tune_with(out="emptydir")) == 2
+    assert sorted(p.name for p in (tmp_path / "emptydir").iterdir()) == [".keep"]
+
+
+def test_an_interrupt_before_the_study_exists_does_not_claim_it_was_saved(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    import tuner.study
+
+    def interrupt(*_a, **_k):
+        raise KeyboardInterrupt
+
+    _write_inputs(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(tuner.study, "open_study", interrupt)
+    assert _run_main(monkeypatch, tune_with(out="cut")) == 130
+    err = capsys.readouterr().err
+    assert "nothing was saved" in err and "--resume" not in err and "is saved" not in err
+    assert not (tmp_path / "cut").exists()
