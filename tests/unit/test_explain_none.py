@@ -9,7 +9,7 @@ from tuner.replay.record import RequestRecord
 from tuner.slo import SLO
 from tuner.storage.records import LoadRunSummary
 
-AT = "at 0.0133 req/s (0.058 requests in flight)"
+AT = "at 0.0133 req/s, 0.058 requests in flight"
 
 
 def rec(i: int, ttft: float, prompt: int, cached: int | None, *, gaps: list[float] | None = None,
@@ -92,7 +92,8 @@ def test_a_bound_below_every_request_is_said_as_a_floor_with_its_measured_percen
     records = [rec(i, 0.05, 500 + 20 * i, 0, gaps=[0.0231 + 0.0001 * (i % 5)] * 9, sent=5.0 * i)
                for i in range(17)]
     line = why_none(point(records, "tpot", slo), records, slo, AT)
-    assert line.startswith("p99 TPOT 15 ms is below this engine's p99 TPOT of 23.") and "17 of 17" in line, line
+    assert line.startswith("p99 TPOT 15 ms is below this engine's single-stream TPOT of 23.") and "17 of 17" in line, line
+    assert "(its p99 at 0.0133 req/s, 0.058 requests in flight)" in line
     assert "a target those requests do not decide" not in line
     assert contradictions(line) == []
 

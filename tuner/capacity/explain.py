@@ -63,11 +63,11 @@ def why_none(p: LoadRunSummary, records: list[RequestRecord], slo: SLO, at: str)
     every = [_value(r, slo, m) for r in done]  # type: ignore[arg-type]
     typical = float(np.percentile(every, t.percentile))
     if 2 * len(viol) > len(done) and typical > t.max_ms:  # not a tail: the typical request's own floor
-        return (f"{head} is below this engine's p{t.percentile:g} {NAMES[m]} of {ms(typical)} with next to "  # type: ignore[index]
-                f"nothing queued ({at}): {len(viol)} of {len(scored)} requests over it, {who} "
+        return (f"{head} is below this engine's single-stream {NAMES[m]} of {ms(typical)} (its "  # type: ignore[index]
+                f"p{t.percentile:g} {at}): {len(viol)} of {len(scored)} requests over it, {who} "
                 f"({NAMES[m]} {_range(vals)}{sets}); would change it: " + ", ".join(  # type: ignore[index]
                     fixes + [f"a GPU {max(vals) / t.max_ms:.2g}x faster, or a looser SLO"]))
-    line = f"{head} is broken {at} by the {len(viol)} of {len(scored)} requests"
+    line = f"{head} is broken {at}, by the {len(viol)} of {len(scored)} requests"
     line += who if who.startswith(":") else f" {who} ({NAMES[m]} {_range(vals)}{sets})"  # type: ignore[index]
     rest = [_value(r, slo, m) for r in done if r not in viol]  # type: ignore[arg-type]
     if rest:
