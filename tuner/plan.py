@@ -265,11 +265,13 @@ class NoCapacity(Exception):
 def plan_from_run(run_dir: str, **overrides) -> Plan:
     """The plan for a finished run (see `plan_for_study`); `NoCapacity` when the study measured none
     and no --rate-per-instance stands in for it."""
-    from tuner.storage.select import pick_configs
+    from tuner.recommend import recommend_study
     from tuner.storage.reader import load_study_data
 
     data = load_study_data(run_dir)
-    _, tuned = pick_configs(data.trials, data.outcome)
+    # the recommended configuration (`tuner.recommend`), the one the report's plan and the gate size
+    chosen = recommend_study(data).trial
+    tuned = next((t for t in data.trials if t.number == chosen), None) if chosen is not None else None
     rec = tuned.record if tuned else None
     if overrides.get("rate_per_instance") is None and not (rec and (rec.capacity_low_rps or rec.capacity_rps)):
         raise NoCapacity(*_why_no_capacity(data, run_dir))

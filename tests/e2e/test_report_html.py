@@ -82,9 +82,11 @@ def test_report_html_renders_offline_with_its_charts(tmp_path_factory, tmp_path)
     assert not re.findall(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", text, flags=re.I)
     assert "<script" not in text.lower()
     imgs = re.findall(r'<img [^>]*src="data:image/svg\+xml;base64,[A-Za-z0-9+/=]+"', text)
-    # five charts, and a sixth (predicted against measured knee curves) where the twin verified a trial
-    twin = json.loads((run / "report.json").read_text())["twin"]
-    assert len(imgs) == text.count("<img ") == 5 + bool(twin and twin["verified"])
+    # five charts, one (predicted against measured knee curves) where the twin verified a trial, and the
+    # knob-by-knob shares where a step was attributed
+    rep = json.loads((run / "report.json").read_text())
+    twin = rep["twin"]
+    assert len(imgs) == text.count("<img ") == 5 + bool(twin and twin["verified"]) + bool(rep["attribution"])
 
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "report-screenshot.png"
