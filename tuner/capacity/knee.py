@@ -180,6 +180,8 @@ class KneeSearch:
             if self.result.client_bound is not None:  # not the server's: neither a pass nor a fail
                 s.verdict, s.passed, s.decided = "client_bound", False, False
                 break
+            if probe:  # its completion rate is what counts: never lengthened or pooled
+                break
             # too short to tell, or (virtual time, where a longer run is cheap) a verdict inside the
             # noise: the same rate again with more requests, the shorter run dropped
             if s.verdict == "too_short" or (not s.decided and self.load.max_duration_s is None
