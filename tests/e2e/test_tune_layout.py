@@ -47,7 +47,12 @@ def test_layout_study_on_an_8_gpu_host_picks_a_layout_and_plans_its_gpus(tmp_pat
     rep = json.loads((out / "report.json").read_text())
     tuned = rep["tuned"]["knobs"]
     best_tp = max(caps, key=caps.get)
-    assert tuned.get("tensor_parallel_size", 1) == best_tp
+    # the recommendation (`tuner.recommend`) is the best layout, or one with fewer knobs changed from
+    # vLLM's defaults (TP 8 sets no data-parallel size) measured within the noise floor of it
+    floor = rep["recommendation"]["floor"]
+    chosen_tp = tuned.get("tensor_parallel_size", 1)
+    assert chosen_tp == best_tp or caps[chosen_tp] * (1 + floor) >= caps[best_tp], (caps, tuned)
+    best_tp = chosen_tp
     config = (out / "tuned-config.yaml").read_text()
     assert f"tensor-parallel-size: {best_tp}" in config and "data-parallel-size" not in config or best_tp < 8
     plan = tune("plan", out, "--json", timeout=120)
