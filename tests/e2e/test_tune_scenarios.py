@@ -116,3 +116,28 @@ def test_the_multitenant_stall_is_answered_by_the_knob_the_diagnosis_names(tmp_p
     base, step = (record(t) for t in load_trials(sqlite_url(out))[:2])
     assert base["capacity_rps"] is None and base["diagnosis"]["knobs"][0] == "max_num_batched_tokens"
     assert step["knobs"].get("max_num_batched_tokens") == 1024 and step["capacity_rps"] > 1.0, step["knobs"]
+
+
+def test_a_trace_beyond_the_context_is_refused_before_a_launch_and_drop_overlong_scores_the_rest(tmp_path):
+    """The Mooncake case of issue 34: 5% of the prompts exceed the model's context. Known from the file and
+    the model, so said before anything is created (exit 2, the count, the option); with --drop-overlong
+    the other 95% are scored and the count is said before the first launch."""
+    import json
+
+    wl = tmp_path / "long.jsonl"
+    wl.write_text("".join(json.dumps({"prompt_tokens": 40_000 if i % 20 == 0 else 600, "output_tokens": 100}) + "\n"
+                          for i in range(400)))
+    out = tmp_path / "run"
+    args = ["--workload", wl, "--slo", W / "chat.slo.yaml", "--engine", "sim", "--gpu", "rtx4090", "--model",
+            "qwen2.5-7b", "--strategy", "guided", "--max-trials", "1", "--no-confirm", "--requests-per-run",
+            "300", "--out", out]
+    p = tune(*args)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    (line,) = [ln for ln in p.stderr.splitlines() if ln.startswith("error")]
+    assert "20 of 400 requests (5.0%" in line and "--drop-overlong" in line and "380" in line, line
+    assert not out.exists()
+    p = tune(*args, "--drop-overlong")
+    assert p.returncode in (0, 4), p.stderr[-2000:]
+    flat = " ".join(p.stderr.split())
+    assert "--drop-overlong: scoring the other 380" in flat
+    assert flat.index("pre-flight:") < flat.index("trial 0 (baseline)")
