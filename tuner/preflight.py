@@ -217,3 +217,29 @@ def _remove_new(run_dir: Path, existed: bool, before: set[str]) -> None:
         for p in run_dir.iterdir():
             if p.name not in before:
                 shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+def check_launcher(engine: str, python: str | None, command: str | None) -> None:
+    """`--engine vllm`: what launches the server exists, before a study is created around launches that
+    would all fail (`--vllm-python` an interpreter, `--vllm-command`'s program, else `vllm` on PATH)."""
+    import os
+    import shlex
+    import shutil
+
+    if engine != "vllm":
+        return
+    if python is not None:
+        exe = shutil.which(python) or (python if os.path.isfile(python) else None)
+        if exe is None or not os.access(exe, os.X_OK):
+            raise UserError("no such interpreter (give the python of a venv that has vLLM)", file=python,
+                            field="--vllm-python")
+    elif command is not None:
+        try:
+            program = (shlex.split(command) or [""])[0]
+        except ValueError as e:
+            raise UserError(f"cannot parse the command template: {e}", field="--vllm-command") from None
+        if not program or shutil.which(program) is None:
+            raise UserError(f"{program or 'nothing'!r} is not a program on PATH", field="--vllm-command")
+    elif shutil.which("vllm") is None:
+        raise UserError("`vllm` is not on PATH: install vLLM, or give --vllm-python (a venv's interpreter) or "
+                        "--vllm-command (a launch template)", field="--engine")

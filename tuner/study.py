@@ -25,7 +25,7 @@ from tuner.storage.optuna_study import STUDY_NAME, close_orphans, open_study  # 
 from tuner.engine.registry import EngineSpec, create as create_engine, engine_class, names as engine_names
 from tuner.errors import UserError
 from tuner.inputs import check_out_dir, check_resume, file_sha256, option_error
-from tuner.preflight import check_grid_size, check_study_target, stored_info
+from tuner.preflight import check_grid_size, check_launcher, check_study_target, stored_info
 from tuner.limits import MAX_RATE_RPS, MAX_REQUESTS, MAX_SECONDS, MAX_SEED, MAX_TIME_SCALE, MAX_TRIALS
 from tuner.capacity.knee import KneeSettings
 from tuner.capacity.measure import LoadSettings, engine_load_settings
@@ -301,6 +301,7 @@ def run_tune(opts: TuneOptions, reporter: Reporter | None = None) -> tuple[Outco
     workload = feasible_workload(opts, workload, slo, space, reporter)  # before anything is created
     check_study_target(storage_url(opts), opts.out, resume=opts.resume)  # tuner.preflight: before mkdir
     check_grid_size(space, opts.strategy)
+    check_launcher(opts.engine, opts.vllm_python, opts.vllm_command)
     engine = make_engine(opts, slo, space)  # a bad --engine/--gpu/--model fails before a study is created
     opts.out.mkdir(parents=True, exist_ok=True)
     if opts.resume:

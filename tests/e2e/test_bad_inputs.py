@@ -320,6 +320,10 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("workload-is-a-device", tune_with(workload="/dev/zero"), ["/dev/zero", "is a device"]),
     ("slo-endless-file", tune_with(slo="/dev/zero"), ["/dev/zero", "larger than 8 MiB"]),
     ("gate-engine-unknown-in-file", ["gate", "gate_engine.yaml"], ["gate_engine.yaml:1:", "unknown engine 'tgi'"]),
+    ("vllm-python-missing", [*tune_with(engine="vllm", gpu=None, model="x", strategy="guided"),
+                             "--vllm-python", "/no/such/python"], ["--vllm-python", "no such interpreter"]),
+    ("vllm-command-missing", [*tune_with(engine="vllm", gpu=None, model="x", strategy="guided"),
+                              "--vllm-command", "no-such-wrapper {port} {args}"], ["--vllm-command", "not a program"]),
     ("bench-seed-negative", ["bench", "--url", "http://127.0.0.1:9", "--workload", str(WORKLOAD),
                              "--seed", "-1"], ["--seed"]),
 ]
