@@ -106,8 +106,10 @@ FILES: dict[str, bytes] = {
     "corrupt/study.db": bytes(range(256)) * 16,
     "truncated/study.db": b"SQLite format 3\x00" + b"\x00" * 84,
     "emptydir/.keep": b"",
-    "w_dup.jsonl": b'{"prompt_tokens": 9, "output_tokens": 3}\n{"prompt_tokens": 9, "output_tokens": 3, "output_tokens": 900}\n',
-    "m_dup/config.json": json.dumps(CONFIG, indent=1).replace('"vocab_size": 1000', '"vocab_size": 1000, "vocab_size": 9').encode(),
+    "w_dup.jsonl": b'{"prompt_tokens": 9, "output_tokens": 3}\n'
+                   b'{"prompt_tokens": 9, "output_tokens": 3, "output_tokens": 900}\n',
+    "m_dup/config.json": json.dumps(CONFIG, indent=1).replace('"vocab_size": 1000',
+                                                             '"vocab_size": 1000, "vocab_size": 9').encode(),
     "gate_engine.yaml": GATE.replace("engine: sim", "engine: tgi").encode(),
     "space_knob_huge.yaml": b"knobs:\n  max_num_seqs: {values: [8, 100000000000000]}\n",
     "space_host_gpus.yaml": b"host_gpus: 100000000\nknobs:\n  tensor_parallel_size: {values: [1, 2]}\n",

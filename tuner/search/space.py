@@ -144,7 +144,8 @@ def check_constraint(c: str) -> None:
             if KNOB_TABLE[side].kind not in _NUMERIC:
                 raise ValueError(f"constraint {c!r}: {side} is not a number (a {KNOB_TABLE[side].kind} knob)")
         elif side is left or not _is_number(side):
-            raise ValueError(f"constraint {c!r}: unknown knob {side!r}" + ("" if side is left else " (nor a finite number)"))
+            nor = "" if side is left else " (nor a finite number)"
+            raise ValueError(f"constraint {c!r}: unknown knob {side!r}{nor}")
 
 
 def _is_number(text: str) -> bool:
