@@ -75,7 +75,7 @@ def test_the_summary_headline_config_and_gate_agree_and_keep_the_defaults_inside
     assert r.best_trial is not None and r.best_gain_pct is not None
     if r.best_gain_pct <= 100 * r.floor:  # the figures as measured (+4.9% inside 5%): keep the defaults
         assert r.kind == "defaults" and r.knobs == {} and r.trial == rep["baseline"]["trial"]
-        assert line.startswith("keep vLLM's defaults") and "keep vLLM's defaults" in md.lower()
+        assert line.startswith("keep vLLM's defaults") and "keep vllm's defaults" in md.lower()
         if r.best_trial != r.trial:
             assert r.best_line().startswith("best measured, not significant") and r.best_line() in said
             assert "best measured, not significant" in md.split("## Headline")[0].lower()

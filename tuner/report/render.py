@@ -267,7 +267,7 @@ def blocks(rep: Report, figures: set[str]) -> list[Block]:
         return out
     out += [Block("h2", "Reproduce"),
             Block("p", "Everything above is rebuilt from the study storage alone, and the regression gate "
-                       "re-measures the tuned configuration:"),
+                       "re-measures the recommended configuration:"),
             Block("code", "tune report RUN_DIR\ntune gate RUN_DIR/gate.yaml", lang="sh")]
     return out
 
