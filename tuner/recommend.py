@@ -117,7 +117,8 @@ class Recommendation(BaseModel):
                    f"(trial {self.trial}): {cap}"
         else:
             kn = " ".join(f"{k}={v}" for k, v in self.knobs.items())
-            head = f"recommended (trial {self.trial}): {cap} ({self.gain_pct:+.1f}%) with {kn}"
+            gain = f" ({self.gain_pct:+.1f}%)" if self.gain_pct is not None else ""
+            head = f"recommended (trial {self.trial}): {cap}{gain} with {kn}"
         return head + (f"; {self.why}" if self.why else "")
 
     def best_line(self) -> str | None:
@@ -195,6 +196,8 @@ def recommend(records: list[TrialRecord], baseline: TrialRecord | None, best: Tr
 def _why(r: Recommendation, best: _Config, pick: _Config, best_neutral: float | None,
          defaults: dict | None) -> str:
     """Why the recommendation is not simply the best measured configuration, in one clause."""
+    if r.gain_pct is None and r.kind == "tuned" and pick is best:
+        return "vLLM's defaults met the SLO at no rate (or did not launch)"
     if pick is best:
         if r.kind == "defaults":
             return "no configuration measured better than vLLM's defaults"

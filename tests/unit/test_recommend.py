@@ -74,6 +74,15 @@ def test_knobs_set_to_vllms_defaults_are_not_changes():
                          DEFAULTS) == ["max_num_batched_tokens"]
 
 
+def test_defaults_without_a_capacity_recommend_the_best_measured():
+    """vLLM's defaults did not fit the host (a 70B model on one GPU): any capacity is a gain."""
+    base, tp2 = TrialRecord(number=0, launched=False), rec(1, 8.0, tensor_parallel_size=2)
+    r = recommend([base, tp2], base, tp2, floor=0.05, defaults=DEFAULTS)
+    assert r.kind == "tuned" and r.trial == 1 and r.gain_pct is None
+    assert r.line() == ("recommended (trial 1): 8.00 req/s with tensor_parallel_size=2; vLLM's defaults met "
+                        "the SLO at no rate (or did not launch)")
+
+
 def test_no_capacity_anywhere_is_no_recommendation():
     none = rec(0, None)
     assert recommend([none], none, None, floor=0.05).kind == "none"
