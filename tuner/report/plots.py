@@ -57,10 +57,19 @@ def _plot_config(ax, c: ConfigSummary, f, color: str, label: str) -> None:
                    label=f"served when all sent at once ({c.saturation_rps:.3g}/s)")
 
 
+def _other(rep: Report) -> tuple[ConfigSummary, str]:
+    """The configuration drawn beside the baseline, as the headline compares them: the recommended one,
+    or, when that is vLLM's defaults, the best measured one (labelled not significant)."""
+    if rep.tuned.trial == rep.baseline.trial and rep.best is not None and rep.best.trial is not None:
+        return rep.best, rep.best.label
+    return rep.tuned, rep.tuned.label
+
+
 def knee_curves(rep: Report) -> str | None:
     """Offered rate vs goodput and vs p99 TTFT/TPOT, baseline and tuned, SLO thresholds as lines.
     Filled points passed the SLO, hollow ones did not; dotted verticals mark each capacity."""
-    if not rep.baseline.knee and not rep.tuned.knee:
+    other, label = _other(rep)
+    if not rep.baseline.knee and not other.knee:
         return None
     panels = [("goodput (req/s)", lambda r: r.goodput, None)]
     for m in ("ttft", "tpot"):
@@ -70,15 +79,15 @@ def knee_curves(rep: Report) -> str | None:
         fig, axes = plt.subplots(1, len(panels), figsize=(12, 3.6))
         for ax, (ylabel, f, th) in zip(axes, panels):
             ax.set_ylabel(ylabel)
-            same = rep.tuned.trial == rep.baseline.trial
+            same = other.trial == rep.baseline.trial
             _plot_config(ax, rep.baseline, f, BASE, "baseline (defaults)")
             if not same:
-                _plot_config(ax, rep.tuned, f, TUNED, "tuned")
+                _plot_config(ax, other, f, TUNED, label)
             if th:
                 ax.axhline(th, color="#d62728", ls="--", lw=1, label=f"SLO {th:g} ms")
                 ax.set_yscale("log")
             else:
-                lim = max((r.rate for r in rep.baseline.knee + rep.tuned.knee), default=1)
+                lim = max((r.rate for r in rep.baseline.knee + other.knee), default=1)
                 ax.plot([0, lim], [0, lim], color="#cccccc", lw=0.8, label="goodput = offered")
             ax.set_xlabel("offered rate (req/s, open loop)")
             ax.set_ylabel(ylabel)
@@ -173,17 +182,18 @@ def knob_trajectory(rep: Report) -> str | None:
 
 def latency_cdfs(rep: Report) -> str | None:
     """Latency CDFs at each configuration's capacity, SLO thresholds as vertical lines."""
-    t, b = rep.tuned.latency_at_capacity, rep.baseline.latency_at_capacity
+    other, label = _other(rep)
+    t, b = other.latency_at_capacity, rep.baseline.latency_at_capacity
     if t is None or not t.values_ms:
         return None
     metrics = [m for m in ("ttft", "tpot", "itl", "e2el") if m in t.values_ms]
     with plt.rc_context(RC):
         fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.0), squeeze=False)
         for ax, m in zip(axes[0], metrics):
-            if b is not None and m in b.values_ms and rep.baseline.trial != rep.tuned.trial:
+            if b is not None and m in b.values_ms and rep.baseline.trial != other.trial:
                 ax.plot(b.values_ms[m], b.q, color=BASE,
                         label=f"baseline @ {rep.baseline.capacity_rps:.3g} req/s")
-            ax.plot(t.values_ms[m], t.q, color=TUNED, label=f"tuned @ {rep.tuned.capacity_rps:.3g} req/s")
+            ax.plot(t.values_ms[m], t.q, color=TUNED, label=f"{label} @ {other.capacity_rps:.3g} req/s")
             th = (rep.slo.get(m) or {}).get("max_ms")
             if th:
                 ax.axvline(th, color="#d62728", ls="--", lw=1, label=f"SLO {th:g} ms")
@@ -198,8 +208,9 @@ def latency_cdfs(rep: Report) -> str | None:
 def timeseries(rep: Report) -> str | None:
     """Running / waiting requests and KV-cache usage over the load run just above each knee: what the
     engine was doing when the SLO broke (the evidence the diagnosis reads)."""
-    confs = [c for c in (rep.baseline, rep.tuned) if c.knee_metrics and c.knee_metrics.samples]
-    if rep.baseline.trial == rep.tuned.trial:
+    other, _ = _other(rep)
+    confs = [c for c in (rep.baseline, other) if c.knee_metrics and c.knee_metrics.samples]
+    if rep.baseline.trial == other.trial:
         confs = confs[:1]
     if not confs:
         return None
