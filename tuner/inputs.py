@@ -17,6 +17,7 @@ from typing import Any, Iterable
 from pydantic import ValidationError
 
 from tuner.errors import UserError
+from tuner.yaml_strict import load
 
 
 def looks_like_path(name: str) -> bool:
@@ -83,8 +84,6 @@ def parse_yaml(text: str, path: str | Path) -> tuple[Any, Any]:
     file. A syntax error names its line; so do a duplicate key (YAML's last-one-wins would silently drop
     the first `ttft:` of an SLO) and aliases that expand past `MAX_YAML_NODES` (a "billion laughs" file
     would otherwise be expanded into gigabytes, then printed back in an error)."""
-    from tuner.yaml_strict import load
-
     return load(text, path)
 
 

@@ -92,9 +92,3 @@ def load(text: str, path: str | Path) -> tuple[Any, Any]:
         loader.dispose()
     return data, root
 
-
-def load_file(path: str | Path, what: str = "YAML file", field: str | None = None) -> tuple[Any, Any]:
-    """`load` of a file read by `tuner.inputs.read_text` (exists, a file, UTF-8, not huge)."""
-    from tuner.inputs import read_text
-
-    return load(read_text(path, what, field=field), path)

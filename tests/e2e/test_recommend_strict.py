@@ -19,7 +19,7 @@ from tests.conftest import ROOT
 from tests.e2e.conftest import GPU, MODEL, TUNE_FIX, sqlite_url, tune
 from tuner.recommend import Recommendation, changed_knobs, output_changing
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # a twin study of ~2.5 min: the slow tier
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ def _chromium() -> str:
     return exe
 
 
-def render(html: Path, work: Path, shot: Path, size: str = "1280,4000") -> list[str]:
+def render(html: Path, work: Path, shot: Path, size: str = "1280,7000") -> list[str]:
     """Screenshot `html`; returns the URLs of the requests the page itself started."""
     work.mkdir(parents=True, exist_ok=True)
     netlog = work / "netlog.json"
@@ -94,7 +94,7 @@ def test_report_html_renders_offline_with_its_charts(tmp_path_factory, tmp_path)
     urls = render(html, tmp_path, shot)
     assert urls == [], f"the report tried to fetch {urls}"
     img = _png(shot)
-    assert img.shape[:2] == (4000, 1280)
+    assert img.shape[:2] == (7000, 1280)  # tall enough for the charts below the recommendation's tables
     assert shot.stat().st_size > 100_000
     ink = (img < 0.9).any(axis=2)
     assert ink.mean() > 0.03, "the page is (nearly) blank"

@@ -117,7 +117,9 @@ def _watchdog_of(pgid: int) -> int | None:
     return found[0] if found else None
 
 
-# ~2 min: the default run's SIGKILL-and-resume study (test_tune_resume's, with confirmations, ~4 min, is slow)
+# ~2.5 min, the slow tier (the default run keeps test_tune_twin's SIGKILL mid-verification and resume, and
+# the Ctrl-C mid-trial and resume below); test_tune_resume's, with confirmations, ~4 min, is slow too
+@pytest.mark.slow
 def test_sigkill_mid_trial_leaves_no_server_and_resume_finishes_the_grid(tmp_path: Path, spawn) -> None:
     out = tmp_path / "run"
     args = study_args(out, "sim-http", "--strategy", "grid")
