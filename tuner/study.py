@@ -221,7 +221,7 @@ def study_info(opts: TuneOptions, workload: Workload, slo: SLO, space: SearchSpa
         arrival=opts.arrival, load=dataclasses.asdict(load) if load else {}, start_rate=opts.start_rate,
         time_scale=opts.time_scale, noise=opts.noise, seed=opts.seed, created_unix=time.time(),
         tool_version=__version__, extra_args=list(opts.vllm_args), vllm_defaults=resolved_defaults(opts),
-        workload_lengths=_lengths(workload),
+        workload_lengths=_lengths(workload), drop_overlong=opts.drop_overlong,
         host="" if engine_class(opts.engine).simulated else describe_host())
 
 
@@ -436,10 +436,11 @@ def run_worker(run_dir: Path, *, storage: str | None = None, max_trials: int | N
                        precision=info.precision, vllm_python=vllm_python, vllm_command=vllm_command,
                        # the study's own server arguments unless this host gives its own
                        vllm_args=list(vllm_args or info.extra_args), api_key=api_key,
-                       start_rate=info.start_rate,
+                       start_rate=info.start_rate, drop_overlong=info.drop_overlong,
                        time_scale=info.time_scale, noise=info.noise, seed=info.seed)
     workload, slo, _ = prepare(opts)
     space = SearchSpace(**info.search_space)
+    workload = feasible_workload(opts, workload, slo, space, None)  # the requests the study scores
     engine = make_engine(opts, slo, space)
     # the study's own load settings (requests per run, run cap, arrival, seed), not this host's defaults
     load = LoadSettings(**info.load) if info.load else load_settings(opts, engine)

@@ -141,3 +141,8 @@ def test_a_trace_beyond_the_context_is_refused_before_a_launch_and_drop_overlong
     flat = " ".join(p.stderr.split())
     assert "--drop-overlong: scoring the other 380" in flat
     assert flat.index("pre-flight:") < flat.index("trial 0 (baseline)")
+    # stored with the study, so a worker joining it scores the same 380 requests
+    import optuna
+
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
+    assert study.user_attrs["info"]["drop_overlong"] is True

@@ -241,3 +241,6 @@ class StudyInfo(BaseModel):
     extra_args: list[str] = Field(default_factory=list)
     #: The hardware a real engine ran on (`tuner.profiles.host.describe_host`); empty for the simulators.
     host: str = ""
+    #: `--drop-overlong`: only the requests that fit the model's context are scored (`tuner.feasibility`);
+    #: a worker joining the study scores the same requests.
+    drop_overlong: bool = False
