@@ -38,8 +38,21 @@ def _register() -> None:
 _register()
 
 
+def _empty_argument(argv: list[str]) -> None:
+    """An empty string is never a value here, and for a path it is worse than none: `Path("")` is the
+    current directory, so `--out ''` made the working directory a run directory. Refused by name."""
+    for i, a in enumerate(argv):
+        if a.startswith("--") and a.endswith("=") and "=" not in a[:-1]:
+            raise UserError("an empty value", field=a[:-1])
+        if a == "":
+            prev = argv[i - 1] if i > 0 else ""
+            raise UserError("an empty value", field=prev) if prev.startswith("-") else \
+                UserError(f"argument {i + 1} is empty")
+
+
 def main() -> None:
     try:
+        _empty_argument(sys.argv[1:])
         rc = app(standalone_mode=False)
         if isinstance(rc, int) and rc:  # typer.Exit(code) comes back as a return value here
             sys.exit(rc)

@@ -328,6 +328,10 @@ CASES: list[tuple[str, list[str], list[str]]] = [
                               "--vllm-command", "no-such-wrapper {port} {args}"], ["--vllm-command", "not a program"]),
     ("bench-seed-negative", ["bench", "--url", "http://127.0.0.1:9", "--workload", str(WORKLOAD),
                              "--seed", "-1"], ["--seed"]),
+    # -- empty values: Path("") is the working directory
+    ("out-empty", tune_with(out=""), ["--out: an empty value"]),
+    ("slo-empty-equals", [*tune_with(slo=None), "--slo="], ["--slo: an empty value"]),
+    ("report-empty-argument", ["report", ""], ["argument 2 is empty"]),
 ]
 
 
