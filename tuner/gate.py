@@ -99,7 +99,7 @@ class GateFile(BaseModel):
 def write_gate(run_dir: str | Path, *, path: str | Path | None = None,
                tolerance: float = DEFAULT_TOLERANCE, trial: int | None = None) -> Path | None:
     """Write `gate.yaml` for the recommended configuration of the study in `run_dir` (the study runner calls this
-    at the end of a run; `tune report` writes one if it is missing). Returns the file's path, or None when
+    at the end of a run; `tune report` rewrites it with the report). Returns the file's path, or None when
     no configuration met the SLO at any rate: there is no capacity to hold a configuration to.
     `trial` gates another trial than the tuned one (e.g. the baseline, to watch vLLM upgrades)."""
     from tuner.recommend import recommend_study

@@ -17,7 +17,9 @@ from tuner.errors import UserError
 def report(run_dir: Path = typer.Argument(..., help="Run directory of `tune` (study.db or storage.txt)."),
            out: Optional[Path] = typer.Option(None, "--out", help="Write here instead of RUN_DIR."),
            ) -> None:
-    """Rebuild report.md, report.html, report.json, tuned-config.yaml and plots from the study storage."""
+    """Rebuild report.md, report.html, report.json, tuned-config.yaml, gate.yaml and plots from the study
+    storage. gate.yaml is rewritten too: the report says what it holds, and a gate kept from an older
+    run of the tool (which gated fp8 KV for a gain inside the noise) would contradict it."""
     from tuner.gate import write_gate
     from tuner.inputs import check_out_dir
     from tuner.report import write_report
@@ -25,9 +27,9 @@ def report(run_dir: Path = typer.Argument(..., help="Run directory of `tune` (st
 
     storage_url(run_dir)  # a run directory of `tune`, checked before anything is created
     dest = check_out_dir(out, "--out") if out is not None else run_dir
-    if not (dest / "gate.yaml").exists():  # before the report, which says whether there is one
-        dest.mkdir(parents=True, exist_ok=True)
-        write_gate(run_dir, path=dest / "gate.yaml")
+    dest.mkdir(parents=True, exist_ok=True)  # the gate before the report, which says what it holds
+    if write_gate(run_dir, path=dest / "gate.yaml") is None:  # nothing met the SLO: no gate to keep
+        (dest / "gate.yaml").unlink(missing_ok=True)
     rep = write_report(run_dir, out)
     where = out or run_dir
     b = rep.baseline.capacity_rps
@@ -38,7 +40,7 @@ def report(run_dir: Path = typer.Argument(..., help="Run directory of `tune` (st
         print(r.line())
         if r.best_line():
             print(r.best_line())
-    print(f"wrote {where}/report.html, report.md, report.json, tuned-config.yaml")
+    print(f"wrote {where}/report.html, report.md, report.json, tuned-config.yaml, gate.yaml")
 
 
 def plan(run_dir: Optional[Path] = typer.Argument(None, help="Run directory (optional: or give numbers)."),
