@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import ROOT
 from tests.e2e.conftest import tune as tune_run
@@ -98,6 +99,9 @@ def test_tune_report_rebuilds_the_same_report_from_storage(run, tmp_path):
     assert after == before
     assert (copy / "tuned-config.yaml").read_text() == (run / "tuned-config.yaml").read_text()
     assert (copy / "report.md").read_text() == (run / "report.md").read_text()
+    # gate.yaml is rewritten with the report, holding the same configuration
+    gates = [yaml.safe_load((d / "gate.yaml").read_text()) for d in (copy, run)]
+    assert [(g.pop("created_unix"), g.pop("source_run")) for g in gates] and gates[0] == gates[1]
 
 
 def test_report_of_something_that_is_not_a_run(tmp_path):
