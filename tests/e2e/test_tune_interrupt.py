@@ -56,6 +56,9 @@ def assert_study_complete(out: Path, resumed) -> list:
     return trials
 
 
+# ~80 s, the slow tier: the default run keeps the signal tests' Ctrl-C at each kind of point, the resume
+# tests and the PostgreSQL worker's Ctrl-C hand-back
+@pytest.mark.slow
 def test_ctrl_c_mid_trial_stops_everything_and_resume_reruns_the_trial(tmp_path: Path, spawn) -> None:
     out = tmp_path / "run"
     p = spawn(study_args(out, "sim-http"), tmp_path / "tune.log")

@@ -66,7 +66,7 @@ def _later(point: str):
 
 POINTS = [
     "startup:1",        # the baseline's server coming up
-    "startup:2",        # a candidate's server coming up
+    _later("startup:2"),  # a candidate's server coming up (startup:1 covers the kind)
     "last-request:1",   # the first load run's last request in flight
     _later("last-request:4"),
     "run-end:1",        # a load run built as finished, not yet returned: where a Ctrl-C was swallowed
