@@ -212,7 +212,6 @@ class KneeSearch:
 
     def _longer(self, load: LoadSettings, rate: float, most: int) -> LoadSettings | None:
         """The same run with twice the requests, if the run's bounds allow any more at this rate."""
-
         now = run_size(rate, load)
         cap = self.load.requests * most
         nxt = replace(load, requests=min(cap, 2 * load.requests))
@@ -418,8 +417,9 @@ class KneeSearch:
         """Requests in the rate-inf burst, or None for no burst. It measures the engine's maximum
         throughput only if it is several batches deep (twice `max_num_seqs`); a burst the engine takes
         in one batch measures requests / latency instead. In real time the burst is just that deep (at
-        least `REALTIME_BURST_MIN` requests; `max_num_seqs` unknown: vLLM's default), not the run's cap: a few seconds of engine time
-        that bound the knee from above and start the search near it instead of doubling up from 1 req/s."""
+        least `REALTIME_BURST_MIN` requests; `max_num_seqs` unknown: vLLM's default), not the run's cap:
+        a few seconds of engine time that say where saturation is near (`NEAR_SATURATION`) and start the
+        search there instead of doubling up from 1 req/s."""
         mns = self.max_num_seqs
         if mns is None and self.load.max_duration_s is not None:
             mns = VLLM_DEFAULT_MAX_NUM_SEQS
