@@ -211,10 +211,13 @@ def digest(metrics: MetricsWindow | None, rate: float, max_num_seqs: int | None,
 
 
 def steady_settings(settings: LoadSettings) -> SteadySettings:
+    """The sequential test's settings for these load runs: real time (runs capped by a duration) stops
+    a run as overloaded only on more evidence than virtual time needs."""
+    realtime = settings.max_duration_s is not None
     return SteadySettings(tolerance=settings.steady_tolerance, latency_spans=settings.latency_spans,
-                          early_overload_sends=100 if settings.max_duration_s is None else
-                          REALTIME_EARLY_OVERLOAD_SENDS, pass_ceiling_rps=settings.pass_ceiling_rps,
-                          early_overload_s=0.0 if settings.max_duration_s is None else REALTIME_EARLY_OVERLOAD_S)
+                          early_overload_sends=REALTIME_EARLY_OVERLOAD_SENDS if realtime else 100,
+                          early_overload_s=REALTIME_EARLY_OVERLOAD_S if realtime else 0.0,
+                          pass_ceiling_rps=settings.pass_ceiling_rps)
 
 
 def _throughput(records: list[RequestRecord]) -> float | None:
