@@ -116,7 +116,7 @@ def test_a_realtime_search_starts_from_a_short_burst_and_passes_nothing_early_ab
     """Real time (runs capped by --max-run-s): the burst is twice max_num_seqs deep (at least 200), not the
     run's 4,000-request cap; its throughput starts the search near the knee and is the ceiling above
     which no run passes before its schedule is done."""
-    from tuner.capacity.knee import KneeSearch
+    from tuner.capacity.knee import NEAR_SATURATION, KneeSearch
 
     load = LoadSettings(requests=4000, max_duration_s=60.0)
     search = KneeSearch(server(max_num_seqs=64), chat(), slo(), load, KneeSettings(max_runs=4), max_num_seqs=64)
@@ -124,7 +124,7 @@ def test_a_realtime_search_starts_from_a_short_burst_and_passes_nothing_early_ab
     probe = r.points[0]
     assert probe.rate >= 1e5 and 160 <= probe.n <= 200 and probe.throughput_rps  # n: the scored window
     ceiling = search.load.pass_ceiling_rps
-    assert ceiling == pytest.approx(0.8 * probe.throughput_rps)
+    assert ceiling == pytest.approx(NEAR_SATURATION * probe.throughput_rps)
     first = r.points[1]
     assert first.rate == pytest.approx(0.8 * probe.throughput_rps)
     assert all(not p.stopped_early or not p.passed or (p.offered_rps or 0) <= ceiling for p in r.points[1:])
