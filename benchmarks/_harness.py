@@ -27,7 +27,8 @@ from tuner.knobs import Knobs
 from tuner.capacity.knee import KneeSettings, find_capacity
 from tuner.capacity.measure import LoadSettings
 from tuner.search.runner import TrialRunner, knobs_key
-from tuner.study import TuneOptions, engine_defaults
+from tuner.settings import from_options
+from tuner.study import engine_defaults
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 CACHE = Path(__file__).resolve().parent / ".cache"
@@ -162,7 +163,7 @@ def noisy_runner(sc, seed: int, workload, slo, sampler=None, noise: float = NOIS
     engine = SimEngine(sc.gpu, sc.model, cost_params=sc.truth, noise=noise, seed=seed,
                        token_times="itl" in slo.thresholds, launch_seed=launch_seed)
     study = optuna.create_study(direction="maximize", sampler=sampler)
-    opts = TuneOptions(workload=None, slo=None, out=None, gpu=sc.gpu, model=sc.model)
+    opts = from_options({"gpu": sc.gpu, "model": sc.model})
     return TrialRunner(study=study, engine=engine, workload=workload, slo=slo, space=sc.space,
                        load=load_settings(sc, seed), knee=KneeSettings(precision=0.05),
                        defaults=engine_defaults(opts), start_rate=1.0)

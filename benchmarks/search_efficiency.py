@@ -30,7 +30,8 @@ from _harness import (MINUTES_PER_LAUNCH, MINUTES_PER_LOAD_RUN, NOISE, Trace, Tr
 from _replayed import replay_auto_tune, replay_whole_space  # noqa: E402
 from _scenarios import SCENARIOS  # noqa: E402
 
-from tuner.search.strategy import Budget, guided  # noqa: E402
+from tuner.search.strategies.guided import guided  # noqa: E402
+from tuner.search.strategy import Budget  # noqa: E402
 
 LEVELS = (0.90, 0.95, 0.98)
 CAPS = {"ours": 15, "ours-exact": 15, "tpe": 40, "random": 40}

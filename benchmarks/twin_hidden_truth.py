@@ -40,8 +40,9 @@ from _replayed import replay_whole_space  # noqa: E402
 from _scenarios import SCENARIOS  # noqa: E402
 
 from tuner.knobs import Knobs  # noqa: E402
-from tuner.search.strategy import Budget, guided  # noqa: E402
-from tuner.search.twin import twin_search  # noqa: E402
+from tuner.search.strategies.guided import guided  # noqa: E402
+from tuner.search.strategies.twin import twin_search  # noqa: E402
+from tuner.search.strategy import Budget  # noqa: E402
 from tuner.sim.costs import CostParams  # noqa: E402
 from tuner.storage.twin import TwinLog  # noqa: E402
 from tuner.twin.twin import Twin  # noqa: E402

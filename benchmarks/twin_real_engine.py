@@ -248,7 +248,8 @@ def grid_predictions(out: Path, table: dict[str, float], seed: int = 0) -> dict:
     ts, data = trials(out)
     info = data.info
     base = next(t.record for t in ts if t.record.launched and t.record.load_runs and not t.record.knobs)
-    twin = Twin.build(info.gpu, info.model, load_workload(info.workload_path), load_slo(info.slo_path),
+    twin = Twin.build(info.settings.engine.gpu, info.settings.engine.model, load_workload(info.settings.workload),
+                      load_slo(info.settings.slo),
                       LoadSettings(**info.load), seed=seed)
     t0 = time.perf_counter()
     fitres = twin.refit([base])

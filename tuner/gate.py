@@ -29,11 +29,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner import __version__
+from tuner.engine.registry import create, engine_class, names as engine_names, spec_of
 from tuner.errors import UserError
 from tuner.inputs import file_sha256
 from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs
-from tuner.limits import MAX_RATE_RPS
+from tuner.limits import MAX_RATE_RPS, MAX_SEED
+from tuner.settings import EngineSettings, host_engine
 
 DEFAULT_TOLERANCE = 0.10
 
@@ -44,12 +46,13 @@ class FileRef(BaseModel):
 
 
 def default_load(engine: str, arrival: str = "poisson") -> dict:
-    """Load-run sizing as `tune` uses it for this engine (`tuner.capacity.measure.engine_load_settings`)."""
+    """Load-run sizing as `tune` uses it for this engine (`tuner.capacity.measure.engine_load_settings`):
+    the engine's clock decides it (`Engine.virtual_time`), not its name."""
     from dataclasses import asdict
 
     from tuner.capacity.measure import engine_load_settings
 
-    return asdict(engine_load_settings(engine == "sim", arrival=arrival))
+    return asdict(engine_load_settings(engine_class(engine).virtual_time, arrival=arrival))
 
 
 def load_settings(load: dict, where: str | Path | None = None, root=None):
@@ -71,6 +74,11 @@ class GateFile(BaseModel):
     engine: str
     gpu: str | None = None
     model: str | None = None
+    #: simulated engines: the study's launch-to-launch noise and its seed (`tuner.settings.EngineSettings`)
+    noise: float = Field(0.0, ge=0, le=1, allow_inf_nan=False)
+    seed: int = Field(0, ge=0, le=MAX_SEED, strict=True)
+    #: simulated engines: the GPUs of the study's host (its search space's `host_gpus`)
+    host_gpus: int | None = Field(None, ge=1)
     knobs: dict = Field(default_factory=dict)
     #: simulated engines: the study's stated speculative acceptance rates (its search space's)
     spec_acceptance: dict[str, float] = Field(default_factory=dict)
@@ -121,18 +129,20 @@ def write_gate(run_dir: str | Path, *, path: str | Path | None = None,
             raise UserError(f"trial {trial} has no measured capacity", file=run_dir, field="--trial")
         return None
     knee = [r for r in rec.load_runs if r.rate == rec.capacity_rps]
+    eng, space = info.settings.engine, info.search_space or {}
     gate = GateFile(created_unix=time.time(), tool_version=info.tool_version or __version__,
-                    engine=info.engine, gpu=info.gpu, model=info.model, knobs=rec.knobs,
-                    spec_acceptance=dict((info.search_space or {}).get("spec_acceptance") or {}),
-                    serve_args=[*Knobs(**rec.knobs).flags(), *info.extra_args],
-                    extra_args=list(info.extra_args),
-                    workload=FileRef(path=info.workload_path, sha256=info.workload_sha256),
-                    slo=FileRef(path=info.slo_path, sha256=info.slo_sha256),
+                    engine=eng.name, gpu=eng.gpu, model=eng.model, noise=eng.noise, seed=info.settings.seed,
+                    host_gpus=space.get("host_gpus"), knobs=rec.knobs,
+                    spec_acceptance=dict(space.get("spec_acceptance") or {}),
+                    serve_args=[*Knobs(**rec.knobs).flags(), *eng.extra_args],
+                    extra_args=list(eng.extra_args),
+                    workload=FileRef(path=str(info.settings.workload), sha256=info.workload_sha256),
+                    slo=FileRef(path=str(info.settings.slo), sha256=info.slo_sha256),
                     capacity_rps=rec.capacity_rps, capacity_upper_rps=rec.capacity_upper_rps,
                     attainment=knee[-1].attainment if knee else None,
                     attainment_ci=[knee[-1].ci_low, knee[-1].ci_high] if knee else None,
                     tolerance=tolerance,
-                    load=getattr(info, "load", None) or default_load(info.engine, info.arrival),
+                    load=info.load or default_load(eng.name, info.settings.load.arrival),
                     source_run=str(run_dir), source_trial=tuned.number if tuned else None)
     out = Path(path) if path is not None else Path(run_dir) / "gate.yaml"
     head = ("# Regression gate written by slo-tuner: `tune gate gate.yaml` re-measures this configuration.\n"
@@ -160,8 +170,6 @@ def load_gate(path: str | Path) -> GateFile:
         raise UserError(msg, file=p, line=yaml_line(root, field.split(".") if field else []),
                         field=field) from None
     load_settings(gate.load, p, root)
-    from tuner.engine.registry import names as engine_names
-
     if gate.engine not in engine_names():
         from tuner.inputs import yaml_line
 
@@ -224,17 +232,18 @@ class GateResult(BaseModel):
     measured_capacity_rps: float | None = None
 
 
-def make_engine(name: str, gate: GateFile, work_dir: Path, workload: Path, slo: Path,
-                options: dict | None = None):
-    """The engine, from the same registry as `tune` builds it (`tuner.engine.registry`); `options` are
-    tune's engine options: `vllm_python`, `vllm_command`, `vllm_args`, `api_key`, `time_scale`."""
-    from tuner.engine.registry import EngineSpec, create
+def engine_settings(gate: GateFile, host: EngineSettings | None = None) -> EngineSettings:
+    """The study's engine as the gate recorded it, with what this host gave (`tune gate --engine`,
+    `--vllm-python`, ...: `tuner.settings.host_engine`; a `--vllm-arg` replaces the study's arguments)."""
+    recorded = EngineSettings(name=gate.engine, gpu=gate.gpu, model=gate.model, noise=gate.noise,
+                              extra_args=list(gate.extra_args))
+    return host_engine(recorded, host) if host is not None else recorded
 
-    o = dict(options or {})
-    return create(EngineSpec(name=name, gpu=gate.gpu, model=gate.model, run_dir=work_dir / "servers",
-                             python=o.get("vllm_python"), command=o.get("vllm_command"),
-                             extra_args=list(o.get("vllm_args") or []), api_key=o.get("api_key"),
-                             time_scale=o.get("time_scale", 1.0), spec_acceptance=dict(gate.spec_acceptance)))
+
+def make_engine(gate: GateFile, settings: EngineSettings, work_dir: Path):
+    """The engine, from the same registry as `tune` builds it (`tuner.engine.registry`)."""
+    return create(spec_of(settings, run_dir=work_dir / "servers", seed=gate.seed, host_gpus=gate.host_gpus,
+                          spec_acceptance=dict(gate.spec_acceptance)))
 
 
 GATE_SEED = 1000      # the gate's load runs draw fresh arrivals and requests, not the search's own
@@ -289,26 +298,25 @@ def check_rate(server, workload, slo, rate: float, load, *, max_runs: int = MAX_
     return s, verdict
 
 
-def _measure(gate: GateFile, engine_name: str, knobs: dict, workload_path: Path, slo_path: Path,
-             full: bool, work_dir: Path, engine_options: dict | None) -> tuple[list[Check], float | None]:
+def _measure(gate: GateFile, settings: EngineSettings, knobs: dict, workload_path: Path, slo_path: Path,
+             full: bool, work_dir: Path) -> tuple[list[Check], float | None]:
     from tuner.capacity.knee import find_capacity
     from tuner.capacity.measure import measure
     from tuner.slo import load_slo
     from tuner.workload.loader import load_workload
 
     workload, slo = load_workload(workload_path), load_slo(slo_path)
+    engine_name = settings.name
     load = load_settings(gate.load or default_load(engine_name))
-    if engine_name != gate.engine and (engine_name == "sim") != (gate.engine == "sim"):
+    virtual = engine_class(engine_name).virtual_time
+    if virtual != engine_class(gate.engine).virtual_time:
         # sized for virtual time (1000 requests a run) or for the wall clock (200 within 60 s): re-size
         # for the engine it runs on now, keeping the arrival process and seed
         load = load_settings({**default_load(engine_name, load.arrival), "seed": load.seed,
                               "burstiness": load.burstiness, "max_concurrency": load.max_concurrency})
-    options = dict(engine_options or {})
-    if not options.get("vllm_args"):  # the study's own server arguments, unless others were given
-        options["vllm_args"] = list(gate.extra_args)
-    engine = make_engine(engine_name, gate, work_dir, workload_path, slo_path, options)
-    # the in-process simulator takes no server arguments
-    args = [*Knobs(**knobs).flags(), *(options["vllm_args"] if engine_name != "sim" else [])]
+    engine = make_engine(gate, settings, work_dir)
+    # an engine in virtual time runs no server process: it takes no server arguments
+    args = [*Knobs(**knobs).flags(), *(settings.extra_args if not virtual else [])]
     with_args = f" with {' '.join(args)}" if args else " with vLLM's defaults"
     checks: list[Check] = []
     t0 = time.perf_counter()
@@ -357,17 +365,18 @@ def _measure(gate: GateFile, engine_name: str, knobs: dict, workload_path: Path,
     return checks, cap
 
 
-def run_gate(gate_path: str | Path, *, engine: str | None = None, overrides: list[str] | None = None,
+def run_gate(gate_path: str | Path, *, overrides: list[str] | None = None,
              full: bool = False, allow_changed: bool = False, workload: str | None = None,
              slo: str | None = None, junit: str | Path | None = None,
-             work_dir: str | Path | None = None, engine_options: dict | None = None) -> GateResult:
-    """Re-measure the gated configuration; see the module docstring for the verdicts and exit codes."""
+             work_dir: str | Path | None = None, host: EngineSettings | None = None) -> GateResult:
+    """Re-measure the gated configuration; see the module docstring for the verdicts and exit codes.
+    `host`: what this host gives for the engine (another engine's name, its vLLM, its server arguments)."""
     import tempfile
 
     gate_path = Path(gate_path)
     gate = load_gate(gate_path)
     knobs = apply_overrides(gate.knobs, overrides or [])
-    engine_name = engine or gate.engine
+    settings = engine_settings(gate, host)
     checks: list[Check] = []
     changed = []
     for ref, given, what in [(gate.workload, workload, "workload"), (gate.slo, slo, "slo")]:
@@ -389,12 +398,10 @@ def run_gate(gate_path: str | Path, *, engine: str | None = None, overrides: lis
             write_junit(result, junit)
         raise UserError("; ".join(changed) + ": re-run `tune` for a new gate, or pass --allow-changed")
     if work_dir is not None:
-        measured, cap = _measure(gate, engine_name, knobs, workload_path, slo_path, full, Path(work_dir),
-                                 engine_options)
+        measured, cap = _measure(gate, settings, knobs, workload_path, slo_path, full, Path(work_dir))
     else:  # server logs live only as long as the gate; pass work_dir to keep them
         with tempfile.TemporaryDirectory(prefix="tune-gate-") as wd:
-            measured, cap = _measure(gate, engine_name, knobs, workload_path, slo_path, full, Path(wd),
-                                     engine_options)
+            measured, cap = _measure(gate, settings, knobs, workload_path, slo_path, full, Path(wd))
     checks += measured
     ok = all(c.passed or c.skipped for c in checks)
     result = GateResult(exit_code=0 if ok else 1, verdict="PASS" if ok else "FAIL", checks=checks,

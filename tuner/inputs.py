@@ -14,8 +14,6 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-from pydantic import ValidationError
-
 from tuner.errors import UserError
 from tuner.yaml_strict import load
 
@@ -147,33 +145,31 @@ def check_out_file(path: str | Path, field: str | None = None) -> Path:
     return p
 
 
-def option_error(e: ValidationError, names: dict[str, str]) -> UserError:
-    """A `ValidationError` of a model of command-line options, as one line naming the option."""
-    from tuner.validation import first_error
-
-    field, msg = first_error(e)
-    key = field.split(".")[0] if field else None
-    return UserError(msg, field=names.get(key, f"--{key.replace('_', '-')}") if key else None)
-
-
 def file_sha256(path: str | Path) -> str:
     """The digest a study and its gate record of each input file (a gate refuses a changed one)."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-#: What a resumed study must be run with as it was started (StudyInfo field -> the option that sets it):
-#: the stored launches were measured under these, and a study that mixed two of them would compare
-#: launches of different workloads, SLOs or engines, or follow a plan another strategy made.
-RESUME_MUST_MATCH = {"strategy": "--strategy", "workload_sha256": "--workload", "slo_sha256": "--slo",
-                     "engine": "--engine", "gpu": "--gpu", "model": "--model",
-                     "search_space": "--search-space"}
+#: What a resumed study must be run with as it was started (`StudyInfo` field, dotted -> the option that
+#: sets it): the stored launches were measured under these, and a study that mixed two of them would
+#: compare launches of different workloads, SLOs or engines, or follow a plan another strategy made.
+RESUME_MUST_MATCH = {"settings.search.strategy": "--strategy", "workload_sha256": "--workload",
+                     "slo_sha256": "--slo", "settings.engine.name": "--engine", "settings.engine.gpu": "--gpu",
+                     "settings.engine.model": "--model", "search_space": "--search-space"}
+
+
+def _at(d: dict, path: str) -> Any:
+    for part in path.split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return d
 
 
 def check_resume(stored: dict, now: dict) -> None:
-    """`--resume` with an option that differs from the study's start is a user error (exit 2), named."""
+    """`--resume` with an option that differs from the study's start is a user error (exit 2), named.
+    Both are `StudyInfo` dumps."""
     for field, option in RESUME_MUST_MATCH.items():
-        if field in stored and stored[field] != now.get(field):
+        if _at(stored, field) != _at(now, field):
             what = "contents" if field.endswith("sha256") else "value"
-            was = "" if field.endswith("sha256") or field == "search_space" else f" ({stored[field]})"
+            was = "" if field.endswith("sha256") or field == "search_space" else f" ({_at(stored, field)})"
             raise UserError(f"this study was started with another {what}{was}; resume it with the options it "
                             "was started with, or start a new study in another --out", field=option)

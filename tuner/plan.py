@@ -290,9 +290,10 @@ def _why_no_capacity(data, run_dir: str) -> tuple[str, str]:
     if why:
         msg += f"; the knee search said: {why}"
     info = data.info
-    if info.gpu and info.model:
+    gpu, model = info.settings.engine.gpu, info.settings.engine.model
+    if gpu and model:
         try:
-            feas = feasibility(get_gpu(info.gpu), info.model, SLO.model_validate(info.slo),
+            feas = feasibility(get_gpu(gpu), model, SLO.model_validate(info.slo),
                                lengths=_study_lengths(info))
             if not feas.feasible:
                 msg += "\n" + feas.message
@@ -335,8 +336,8 @@ def plan_for_study(info, rec, *, where: str | None = None, **overrides) -> Plan:
         e2el = p50 / 1e3 if p50 else None
     tuned = Knobs(**(rec.knobs if rec else {}))
     args = dict(rate_per_instance=rate, peak_rate=peak, headroom=slo.headroom,
-                tp=tuned.tensor_parallel_size or 1, gpu=info.gpu,
-                model=info.model, slo=slo, knobs=tuned,
+                tp=tuned.tensor_parallel_size or 1, gpu=info.settings.engine.gpu,
+                model=info.settings.engine.model, slo=slo, knobs=tuned,
                 price_per_gpu_hour=slo.price_per_gpu_hour,
                 mean_prompt_tokens=info.workload_mean_prompt_tokens,
                 mean_output_tokens=info.workload_mean_output_tokens, e2el_s=e2el,
@@ -347,7 +348,7 @@ def plan_for_study(info, rec, *, where: str | None = None, **overrides) -> Plan:
     if args["gpu"] is None or args["model"] is None:
         args["gpu"] = args["model"] = None
     plan = make_plan(**args)
-    if is_cpu_host(getattr(info, "host", "")) or (plan.gpu is not None and _cpu_profile(info.gpu)):
+    if is_cpu_host(getattr(info, "host", "")) or (plan.gpu is not None and _cpu_profile(info.settings.engine.gpu)):
         plan.device = "CPU host"
     return plan
 

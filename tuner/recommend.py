@@ -223,7 +223,7 @@ def recommend_study(data) -> Recommendation:
     done = [t.record for t in data.trials if t.state not in ("RUNNING", "WAITING")]
     status, _ = study_status(done)
     spreads = launch_spreads(done)
-    floor = effective_floor(info.noise_floor, spreads)
+    floor = effective_floor(info.settings.noise_floor, spreads)
     if status != "tuned":
         return Recommendation(kind="none", floor=floor)
     base_t, best_t = pick_configs(data.trials, data.outcome)

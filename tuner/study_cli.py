@@ -1,4 +1,5 @@
-"""`tune --workload W --slo S` (the main job) and `tune worker` (scale-out on a shared database)."""
+"""`tune --workload W --slo S` (the main job), `tune worker` (scale-out on a shared database), and the
+study's live progress on the terminal (`RichReporter`)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.console import Console
 
 from tuner.errors import UserError
+from tuner.knobs import Knobs
+from tuner.storage.records import LoadRunSummary, TrialRecord
+from tuner.settings import WorkerOptions, default, default_of
 
 
 def _sigterm_to_interrupt() -> None:
@@ -30,34 +35,34 @@ def register(app: typer.Typer) -> None:
         ctx: typer.Context,
         workload: Optional[Path] = typer.Option(None, "--workload", "-w", help="Workload file (any supported format)."),
         slo: Optional[Path] = typer.Option(None, "--slo", "-s", help="SLO YAML file."),
-        engine: str = typer.Option("sim", help="sim (in-process simulator) | sim-http | vllm."),
+        engine: str = typer.Option(default("engine"), help="sim (in-process simulator) | sim-http | vllm."),
         gpu: Optional[str] = typer.Option(None, help="GPU profile (simulated engines; optional for vllm)."),
         model: Optional[str] = typer.Option(None, help="Model: profile name, config.json path, or what vllm serves."),
-        search_space: str = typer.Option("default", help="Built-in space name or a YAML file."),
-        strategy: str = typer.Option("auto", help="auto (twin where --gpu and --model name known profiles, else guided) | twin (rank the space in a simulator fitted to this engine's launches; verify its best) | guided | tpe | random | grid."),
-        max_trials: int = typer.Option(15, help="Engine launches at most (the baseline included)."),
-        confirm: bool = typer.Option(True, help="Launch the baseline and every new incumbent twice and keep "
-                                     "the lower capacity (guards against a lucky launch; off: one launch "
+        search_space: str = typer.Option(default("search_space"), help="Built-in space name or a YAML file."),
+        strategy: str = typer.Option(default("strategy"), help="auto (twin where --gpu and --model name known profiles, else guided) | twin (rank the space in a simulator fitted to this engine's launches; verify its best) | guided | tpe | random | grid."),
+        max_trials: int = typer.Option(default("max_trials"), help="Engine launches at most (the baseline included)."),
+        confirm: bool = typer.Option(default("confirm"), help="Launch the baseline and every new incumbent twice and "
+                                     "keep the lower capacity (guards against a lucky launch; off: one launch "
                                      "per configuration)."),
-        attribute: bool = typer.Option(False, help="Measure each knob's share of a step that changed several "
-                                       "knobs: one launch per knob, with that knob left out (without it the "
-                                       "shares are the fitted twin's predictions, labelled so)."),
-        drop_overlong: bool = typer.Option(False, "--drop-overlong", help="Leave out (and count) the "
-                                           "requests whose prompt + output exceed the model's context: "
+        attribute: bool = typer.Option(default("attribute"), help="Measure each knob's share of a step that changed "
+                                       "several knobs: one launch per knob, with that knob left out (without it "
+                                       "the shares are the fitted twin's predictions, labelled so)."),
+        drop_overlong: bool = typer.Option(default("drop_overlong"), "--drop-overlong", help="Leave out (and count) "
+                                           "the requests whose prompt + output exceed the model's context: "
                                            "vLLM refuses them, so they can never meet the SLO."),
         time_budget: Optional[float] = typer.Option(None, help="Stop starting trials after this many seconds."),
         out: Optional[Path] = typer.Option(None, help="Run directory (default runs/<timestamp>)."),
         storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: SQLite in --out)."),
-        resume: bool = typer.Option(False, help="Continue the study in --out."),
-        json_out: bool = typer.Option(False, "--json", help="Print report.json (or a summary) to stdout."),
-        seed: int = typer.Option(0),
-        precision: float = typer.Option(0.05, help="Capacity precision of each knee search."),
+        resume: bool = typer.Option(default("resume"), help="Continue the study in --out."),
+        json_out: bool = typer.Option(default("json_out"), "--json", help="Print report.json (or a summary) to stdout."),
+        seed: int = typer.Option(default("seed")),
+        precision: float = typer.Option(default("precision"), help="Capacity precision of each knee search."),
         start_rate: Optional[float] = typer.Option(None, help="First offered rate of the baseline (req/s)."),
         requests_per_run: Optional[int] = typer.Option(None, help="Requests per load run."),
         max_run_s: Optional[float] = typer.Option(None, help="Cap on a real-time load run's span (s)."),
-        arrival: str = typer.Option("poisson", help="poisson | gamma | trace."),
-        noise: float = typer.Option(0.0, help="Simulator run-to-run noise (sigma, e.g. 0.03)."),
-        time_scale: float = typer.Option(1.0, help="sim-http: simulated GPU runs this many times slower."),
+        arrival: str = typer.Option(default("arrival"), help="poisson | gamma | trace."),
+        noise: float = typer.Option(default("noise"), help="Simulator run-to-run noise (sigma, e.g. 0.03)."),
+        time_scale: float = typer.Option(default("time_scale"), help="sim-http: simulated GPU runs this many times slower."),
         vllm_python: Optional[str] = typer.Option(None, help="vllm: interpreter of a venv with vLLM."),
         vllm_command: Optional[str] = typer.Option(None, help="vllm: launch template with {model} {port} {host} {args}."),
         vllm_arg: Optional[list[str]] = typer.Option(None, "--vllm-arg", help=VLLM_ARG_HELP),
@@ -69,25 +74,18 @@ def register(app: typer.Typer) -> None:
         if workload is None or slo is None:
             raise UserError("give --workload and --slo (see tune --help)", field="--workload")
         from tuner.preflight import keep_only_saved
-        from tuner.search.progress import RichReporter
-        from tuner.study import TuneOptions, run_tune
+        from tuner.study import run_tune, settings_from_options
 
         import time as _t
         run_dir = out or Path("runs") / _t.strftime("%Y%m%d-%H%M%S")
-        opts = TuneOptions(workload=workload, slo=slo, out=run_dir, engine=engine, gpu=gpu, model=model,
-                           search_space=search_space, strategy=strategy, max_trials=max_trials, confirm=confirm,
-                           time_budget_s=time_budget, storage=storage, resume=resume, seed=seed,
-                           precision=precision, start_rate=start_rate, requests_per_run=requests_per_run,
-                           max_run_s=max_run_s, arrival=arrival, noise=noise, time_scale=time_scale,
-                           drop_overlong=drop_overlong,
-                           vllm_python=vllm_python, vllm_command=vllm_command, vllm_args=list(vllm_arg or []),
-                           api_key=api_key, attribute=attribute)
+        # every option above, by name, into the run's settings (`tuner.settings.OPTIONS` maps each one)
+        settings = settings_from_options({**ctx.params, "out": run_dir})
         _sigterm_to_interrupt()
         reporter = RichReporter()
         kept: dict = {}
         try:
             with keep_only_saved(run_dir, resume=resume, own_storage=storage is None, state=kept):
-                outcome, run_dir = run_tune(opts, reporter)
+                outcome, run_dir = run_tune(settings, reporter)
         except KeyboardInterrupt:
             if kept.get("removed"):
                 print("interrupted before the study was created: nothing was saved", file=sys.stderr)
@@ -95,7 +93,7 @@ def register(app: typer.Typer) -> None:
                 print(f"interrupted: the study is saved; continue with: {_resume_command(run_dir)}",
                       file=sys.stderr)
             sys.exit(130)  # not typer.Exit: with standalone_mode=False its code is returned, not used
-        _summary(outcome, run_dir, json_out)
+        _summary(outcome, run_dir, settings.outputs.print_json)
         if outcome.status != "tuned":  # no result is not a result: a script or CI job must see it
             from tuner.storage.status import EXIT_CODES
 
@@ -107,26 +105,24 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., help="Run directory of the study (its storage.txt names the database)."),
         storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: from --out)."),
         max_trials: Optional[int] = typer.Option(None, help="Stop after this many trials."),
-        idle_exit: float = typer.Option(10.0, help="Exit after this many seconds with nothing to do."),
+        idle_exit: float = typer.Option(default_of(WorkerOptions, "idle_exit_s"),
+                                        help="Exit after this many seconds with nothing to do."),
         vllm_python: Optional[str] = typer.Option(None),
         vllm_command: Optional[str] = typer.Option(None),
         vllm_arg: Optional[list[str]] = typer.Option(None, "--vllm-arg", help=VLLM_ARG_HELP),
         api_key: Optional[str] = typer.Option(None, envvar="VLLM_API_KEY"),
     ) -> None:
         """Work on a shared study: run the configurations queued in its storage until none are left."""
-        from tuner.limits import MAX_SECONDS, MAX_TRIALS
+        from tuner.settings import from_options, worker_options
         from tuner.study import run_worker
 
-        if max_trials is not None and not 1 <= max_trials <= MAX_TRIALS:
-            raise UserError(f"must be 1..{MAX_TRIALS}, got {max_trials}", field="--max-trials")
-        if not 0 <= idle_exit <= MAX_SECONDS:  # NaN too: no comparison holds
-            raise UserError(f"must be a number of seconds 0..{MAX_SECONDS:g}, got {idle_exit}", field="--idle-exit")
-
+        # the worker's own limits, and what this host gives for the engine (the rest is the study's)
+        options = worker_options(max_trials=max_trials, idle_exit=idle_exit)
+        host = from_options(dict(out=out, storage=storage, vllm_python=vllm_python, vllm_command=vllm_command,
+                                 vllm_arg=vllm_arg, api_key=api_key))
         _sigterm_to_interrupt()
         try:
-            n = run_worker(out, storage=storage, max_trials=max_trials, idle_exit_s=idle_exit,
-                           vllm_python=vllm_python, vllm_command=vllm_command, vllm_args=list(vllm_arg or []),
-                           api_key=api_key)
+            n = run_worker(out, host, options)
         except KeyboardInterrupt:
             print("worker interrupted; its trial is recorded and will be retried", file=sys.stderr)
             sys.exit(130)  # not typer.Exit: with standalone_mode=False its code is returned, not used
@@ -204,3 +200,86 @@ def _summary(outcome, run_dir: Path, json_out: bool) -> None:
         if (run_dir / name).exists():
             print(f"{name}: {run_dir / name}")
     print(f"run directory: {run_dir}")
+
+
+# -- live progress on the terminal: the trial, its knobs, each load run, the incumbent ---------------
+def _knobs(k: dict) -> str:
+    return " ".join(f"{n}={v}" for n, v in k.items()) or "vLLM defaults"
+
+
+class RichReporter:
+    """One line per load run and per trial, with a status spinner while a trial runs (stderr)."""
+
+    def __init__(self, console: Console | None = None):
+        # soft_wrap: a line longer than the terminal (or than 80 columns in a log file) stays one line
+        self.console = console or Console(stderr=True, soft_wrap=True)
+        self.incumbent: TrialRecord | None = None
+        self._status = None
+
+    def trial_started(self, number: int, knobs: Knobs, role: str) -> None:
+        self.console.print(f"[bold]trial {number}[/] [dim]({role})[/] {_knobs(knobs.set_only())}")
+        self._status = self.console.status(f"trial {number}: launching", spinner="dots")
+        self._status.start()
+
+    def point(self, number: int, p: LoadRunSummary) -> None:
+        mark = "[green]pass[/]" if p.passed else "[yellow]unproven[/]" if p.verdict == "too_short" else \
+            "[yellow]not the server's[/]" if p.verdict == "client_bound" else "[red]fail[/]"
+        p99 = ", ".join(f"{m} {v:.0f}" for m, v in p.p99_ms.items() if v is not None and m != "itl")
+        rate = "burst (all at once)" if p.rate >= 1e5 else f"{p.rate:8.2f} req/s"
+        why = {"overloaded": "overloaded", "too_short": "too short to tell", "errors": "errors"}.get(p.verdict)
+        served = f" served {p.served_rps:.3g}/s" if p.served_rps is not None and p.rate < 1e5 else ""
+        if p.rate >= 1e5:  # the burst: a bound for the search, not a point of the knee curve
+            thr = f"{p.throughput_rps:.3g} req/s" if p.throughput_rps else "not measured"
+            mark, served = "[dim]maximum throughput[/]", f" {thr}"
+        self.console.print(f"   {rate}  {mark}{f' ({why})' if why else ''}  n={p.n}{served}  attainment "
+                           f"{p.attainment:.3f} [{p.ci_low:.3f}, {p.ci_high:.3f}]  p99 ms: {p99}")
+        causes = ", ".join(f"{k} {v}" for k, v in p.errors_by_cause.items())
+        if causes:
+            self.console.print(f"      [yellow]errors:[/] {causes}")
+        for w in p.warnings:
+            self.console.print(f"      [yellow]warning:[/] {w[:200]}")
+        for c in p.client_bound_runs:
+            self.console.print(f"      [yellow]run again, client-bound:[/] {'; '.join(c.reasons)[:240]}")
+        if p.client_check is not None and p.client_check.server_ttft_mean_ms is not None:
+            self.console.print(f"      [dim]server's own view: {p.client_check.line()[:240]}[/]")
+        if self._status:
+            inc = self.incumbent.capacity_rps if self.incumbent and self.incumbent.capacity_rps else None
+            self._status.update(f"trial {number}: last load run {rate.strip()}, "
+                                f"attainment {p.attainment:.3f}; incumbent "
+                                f"{f'{inc:.2f} req/s' if inc else '-'}")
+
+    def trial_done(self, rec: TrialRecord) -> None:
+        if self._status:
+            self._status.stop()
+            self._status = None
+        what = {"requests_failed": "its requests failed", "ruled_out": "not launched",
+                "client_bound": "not measured (the client's timings, not the server's)"}
+        if rec.launch_failure_kind:
+            self.console.print(f"   [yellow]{what.get(rec.launch_failure_kind, 'launch failed')}[/] "
+                               f"({rec.launch_failure_kind}): {(rec.launch_failure_message or '')[:200]}")
+            for c in rec.learned:
+                self.console.print(f"   [cyan]learned[/]: {c.text()}")
+        elif rec.interrupted:
+            self.console.print("   [yellow]interrupted[/]")
+        elif rec.raced_out:
+            self.console.print("   [dim]raced out: fails at the incumbent's capacity[/]")
+        else:
+            cap = f"{rec.capacity_rps:.2f} req/s" if rec.capacity_rps else "none"
+            if rec.capacity_rps:
+                lo, hi = rec.capacity_low_rps, rec.capacity_high_rps
+                cap += (f" (passed clearly at {lo:.3g}" if lo else " (no clear pass") + (
+                    f", failed clearly at {hi:.3g})" if hi else ")")
+            elif rec.no_capacity_reason:
+                cap += f": {rec.no_capacity_reason}"
+            diag = f"; binds: {rec.diagnosis.kind} ({rec.diagnosis.summary})" if rec.diagnosis else ""
+            beat = " [green]beats the incumbent[/]" if rec.accepted and rec.role == "candidate" else ""
+            self.console.print(f"   capacity {cap}{beat}{diag}")
+
+    def note(self, text: str) -> None:
+        """A line about the search itself (the twin's fits and rankings), between trials."""
+        self.console.print(f"   [cyan]{text}[/]")
+
+    def incumbent_changed(self, rec: TrialRecord) -> None:
+        cap = f"{rec.capacity_rps:.2f} req/s" if rec.capacity_rps else "none"
+        self.console.print(f"   [green]incumbent[/]: trial {rec.number}, {_knobs(rec.knobs)}, {cap}")
+        self.incumbent = rec

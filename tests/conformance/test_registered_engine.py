@@ -49,13 +49,13 @@ def test_the_registry_builds_the_outside_engine() -> None:
 
 def test_a_study_runs_on_the_outside_engine(tmp_path: Path) -> None:
     """`tune --engine outside-standin` in-process: the study, its report and its gate."""
-    from tuner.study import TuneOptions, run_tune
+    from tuner.study import run_tune, settings_from_options
 
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "run"
-    opts = TuneOptions(workload=root / "workloads" / "chat.jsonl", slo=root / "workloads" / "chat.slo.yaml",
-                       out=out, engine=NAME, gpu=GPU, model=MODEL, max_trials=1, confirm=False,
-                       requests_per_run=200)
+    opts = settings_from_options(dict(workload=root / "workloads" / "chat.jsonl",
+                                      slo=root / "workloads" / "chat.slo.yaml", out=out, engine=NAME, gpu=GPU,
+                                      model=MODEL, max_trials=1, confirm=False, requests_per_run=200))
     outcome, _ = run_tune(opts)
     assert outcome.baseline is not None and outcome.baseline.capacity_rps
     assert (out / "report.md").exists() and (out / "gate.yaml").exists()

@@ -60,7 +60,7 @@ def test_the_same_study_runs_on_every_engine(tmp_path: Path, engine: str) -> Non
         assert len(list((out / "servers").iterdir())) == len(trials)  # one server (log, pidfile) per launch
         assert server_pidfiles(out) == []                   # ... each stopped
     info = load_info(out)
-    assert info["engine"] == engine and info["simulated"] is (engine != "vllm")
+    assert info["settings"]["engine"]["name"] == engine and info["simulated"] is (engine != "vllm")
     for name in ("report.md", "gate.yaml"):
         assert (out / name).exists(), name
 

@@ -145,4 +145,4 @@ def test_a_trace_beyond_the_context_is_refused_before_a_launch_and_drop_overlong
     import optuna
 
     study = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
-    assert study.user_attrs["info"]["drop_overlong"] is True
+    assert study.user_attrs["info"]["settings"]["load"]["drop_overlong"] is True

@@ -12,8 +12,10 @@ from tuner.capacity.knee import KneeSettings
 from tuner.capacity.measure import LoadSettings
 from tuner.search.runner import TrialRunner
 from tuner.search.space import load_space
-from tuner.search.strategy import Budget, guided
-from tuner.study import TuneOptions, engine_defaults
+from tuner.search.strategies.guided import guided
+from tuner.search.strategy import Budget
+from tuner.settings import from_options
+from tuner.study import engine_defaults
 from tuner.slo import SLO
 from tuner.workload.model import Workload, WorkloadRequest
 
@@ -44,7 +46,7 @@ SCENARIOS = {
 
 def runner_for(gpu, model, wl, s):
     study = optuna.create_study(direction="maximize")
-    opts = TuneOptions(workload=None, slo=None, out=None, gpu=gpu, model=model)
+    opts = from_options({"gpu": gpu, "model": model})
     return TrialRunner(study=study, engine=SimEngine(gpu, model), workload=wl, slo=s,
                        space=load_space("default"), load=LoadSettings(requests=600),
                        knee=KneeSettings(), defaults=engine_defaults(opts), start_rate=1.0)

@@ -21,10 +21,12 @@ from tuner.capacity.measure import LoadSettings
 from tuner.storage.records import TrialRecord
 from tuner.search.runner import TrialRunner
 from tuner.search.space import SearchSpace
-from tuner.search.strategy import Budget, guided
-from tuner.study import engine_defaults, grid
+from tuner.search.strategies.grid import grid
+from tuner.search.strategies.guided import guided
+from tuner.search.strategy import Budget
+from tuner.study import engine_defaults
 from tuner.slo import SLO
-from tuner.study import TuneOptions
+from tuner.settings import from_options
 from tuner.workload.model import Workload, WorkloadRequest
 
 # what vLLM's CPU attention backend raises for --kv-cache-dtype fp8 on a CPU without AVX-512 or AMX
@@ -85,7 +87,7 @@ def workload() -> Workload:
 
 
 def runner(engine: SimEngine, space: dict, gpu: str) -> TrialRunner:
-    opts = TuneOptions(workload=None, slo=None, out=None, gpu=gpu, model="qwen2.5-7b")
+    opts = from_options({"gpu": gpu, "model": "qwen2.5-7b"})
     return TrialRunner(study=optuna.create_study(direction="maximize"), engine=engine, workload=workload(),
                        slo=SLO(ttft={"max_ms": 2000}, tpot={"max_ms": 100}),
                        space=SearchSpace.model_validate({"knobs": space}), load=LoadSettings(requests=300),

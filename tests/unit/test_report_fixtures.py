@@ -28,11 +28,11 @@ def make_study(run_dir: Path) -> Path:
     """Run the chosen trials into `run_dir` (about 10 s of CPU); returns `run_dir`."""
     from tuner.capacity.knee import KneeSettings
     from tuner.search.runner import TrialRunner
-    from tuner.study import (STUDY_NAME, TuneOptions, engine_defaults, load_settings, make_engine,
-                                    open_study, prepare, storage_url, study_info)
+    from tuner.study import (STUDY_NAME, engine_defaults, load_settings, make_engine, open_study, prepare,
+                             settings_from_options, storage_url, study_info)
 
-    opts = TuneOptions(workload=WORKLOAD, slo=SLO_FILE, out=run_dir, gpu=GPU, model=MODEL,
-                       write_outputs=False)
+    opts = settings_from_options(dict(workload=WORKLOAD, slo=SLO_FILE, out=run_dir, gpu=GPU, model=MODEL,
+                                      write_outputs=False))
     workload, slo, space = prepare(opts)
     run_dir.mkdir(parents=True, exist_ok=True)
     study = open_study(storage_url(opts), create=True, resume=False)

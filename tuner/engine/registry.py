@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from tuner.engine.base import Engine
 from tuner.errors import UserError
+from tuner.settings import EngineSettings
 
 #: Built-in engines, "module:Class": imported on first use (the vLLM engine needs no simulator, and so on).
 BUILTIN: dict[str, str] = {
@@ -36,22 +37,12 @@ _registered: dict[str, type[Engine]] = {}
 E = TypeVar("E", bound=type[Engine])
 
 
-class EngineSpec(BaseModel):
-    """Everything an engine may be built from; each engine reads the fields it needs (`from_spec`)."""
+class EngineSpec(EngineSettings):
+    """Everything an engine may be built from: the run's engine settings (`tuner.settings`, declared
+    there once) and what the study derives for it; each engine reads the fields it needs (`from_spec`)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    gpu: str | None = None
-    model: str | None = None
     run_dir: Path = Path("servers")       # where launched servers keep their logs and pidfiles
-    noise: float = Field(0.0, ge=0)       # simulated engines: launch-to-launch noise
-    seed: int = 0
-    time_scale: float = Field(1.0, gt=0)  # the HTTP simulator: how many times slower than the GPU
-    python: str | None = None             # vllm: the interpreter of a venv with vLLM
-    command: str | None = None            # vllm: a launch template with {model} {port} {host} {args}
-    extra_args: list[str] = Field(default_factory=list)
-    api_key: str | None = None
+    seed: int = 0                         # simulated engines: the noise's seed (the run's `--seed`)
     #: simulated engines: time every token (needed for an ITL threshold; slower)
     token_times: bool = True
     #: simulated engines: the GPUs of the host (a layout asking for more fails as vLLM does); None: as
@@ -60,6 +51,12 @@ class EngineSpec(BaseModel):
     #: simulated engines: speculative decoding's acceptance rate per method on this workload (the search
     #: space's `spec_acceptance`); a real engine measures it
     spec_acceptance: dict[str, float] = Field(default_factory=dict)
+
+
+def spec_of(settings: EngineSettings, **derived: Any) -> EngineSpec:
+    """The spec an engine is built from: every one of the run's engine settings, and what the study
+    derives for it (`run_dir`, `seed`, `token_times`, `host_gpus`, `spec_acceptance`)."""
+    return EngineSpec(**dict(settings), **derived)
 
 
 def register(name: str) -> Callable[[E], E]:

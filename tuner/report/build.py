@@ -36,8 +36,9 @@ def serve_args(knobs: dict) -> list[str]:
 def hardware(info) -> str:
     """The hardware in words: the simulated GPU, or what the study recorded of a real engine's host."""
     if info.simulated or not info.host:
-        return info.gpu or "this host"
-    return info.host + (f" (profile {info.gpu})" if info.gpu else "")
+        return info.settings.engine.gpu or "this host"
+    gpu = info.settings.engine.gpu
+    return info.host + (f" (profile {gpu})" if gpu else "")
 
 
 def serve_command(model: str | None, knobs: dict, extra_args: list[str] | tuple[str, ...] = ()) -> str:
@@ -186,12 +187,12 @@ def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: 
         return out
     if info.simulated:
         out.append(f"SIMULATED: every number here comes from slo-tuner's simulator of vLLM (engine "
-                   f"`{info.engine}`, a roofline cost model calibrated to published vLLM measurements) "
-                   f"for {info.model} on {info.gpu}, not from a real GPU. Treat them as predictions and "
+                   f"`{info.settings.engine.name}`, a roofline cost model calibrated to published vLLM measurements) "
+                   f"for {info.settings.engine.model} on {info.settings.engine.gpu}, not from a real GPU. Treat them as predictions and "
                    + ("confirm with `tune gate gate.yaml --engine vllm` on the real hardware." if status == "tuned"
                       else "check them with `tune --engine vllm` on the real hardware."))
     else:
-        out.append(f"Measured on real vLLM (engine `{info.engine}`) on {hardware(info)}.")
+        out.append(f"Measured on real vLLM (engine `{info.settings.engine.name}`) on {hardware(info)}.")
     quality = {k: tuned.knobs[k] for k in QUALITY_KNOBS if tuned.knobs.get(k) not in (None, KNOB_SPECS[k].neutral)}
     if status != "tuned":
         pass  # no tuned configuration to say anything about
@@ -202,16 +203,16 @@ def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: 
     else:
         out.append("The recommended configuration does not quantize weights or the KV cache. (Quantized "
                    "configurations change output quality, which this tool does not measure.)")
-    floor = effective_floor(info.noise_floor, spreads)
-    out.append(f"Noise floor: capacities are bracketed to within {info.precision:.0%} and differences below "
+    floor = effective_floor(info.settings.noise_floor, spreads)
+    out.append(f"Noise floor: capacities are bracketed to within {info.settings.knee.precision:.0%} and differences below "
                f"{floor:.0%} are not meaningful; each capacity is the highest offered rate that "
-               f"kept attainment at the SLO target under open-loop {info.arrival} arrivals of this workload.")
+               f"kept attainment at the SLO target under open-loop {info.settings.load.arrival} arrivals of this workload.")
     for sp in spreads:
         caps = " and ".join(f"{c:.3g}" for c in sp.capacities)
         out.append(f"Launch-to-launch spread: {sp.label} launched {len(sp.capacities)} times measured {caps} "
                    f"req/s ({sp.spread:.0%} apart)"
-                   + (f", above the configured {info.noise_floor:.0%} floor: the floor used is {floor:.0%}"
-                      if sp.spread > info.noise_floor else f", within the {info.noise_floor:.0%} floor")
+                   + (f", above the configured {info.settings.noise_floor:.0%} floor: the floor used is {floor:.0%}"
+                      if sp.spread > info.settings.noise_floor else f", within the {info.settings.noise_floor:.0%} floor")
                    + "; the lower capacity stands.")
     for c in (base, tuned) if tuned.trial != base.trial else (base,):
         if c.capacity_rps:
@@ -320,29 +321,31 @@ def build_report(run_dir: str | Path) -> Report:
             plan_text = format_plan(plan)
         except UserError as e:
             plan_text = f"no capacity plan: {e.format()}"
-    title = (f"{'SIMULATED: ' if info.simulated else ''}vLLM tuning report: {info.model or 'model'} on "
-             f"{hardware(info)}, workload {Path(info.workload_path).name}"
+    title = (f"{'SIMULATED: ' if info.simulated else ''}vLLM tuning report: {info.settings.engine.model or 'model'} on "
+             f"{hardware(info)}, workload {Path(str(info.settings.workload)).name}"
              + {"no_launch": ": NO RESULT (no configuration launched)",
                 "no_pass": ": NO RESULT (no configuration met the SLO)"}.get(status, ""))
     if status != "tuned":
         serve, cfg = "", f"# No tuned configuration: {status_text}\n"
     else:
-        serve = serve_command(info.model, tuned.knobs, info.extra_args)
-        cfg = config_yaml(info.model, tuned.knobs, info.extra_args,
+        serve = serve_command(info.settings.engine.model, tuned.knobs, info.settings.engine.extra_args)
+        cfg = config_yaml(info.settings.engine.model, tuned.knobs, info.settings.engine.extra_args,
                           note=f"# Keep vLLM's defaults: {rec.why}.\n" if rec.kind == "defaults" else "")
     gate = Path(run_dir) / "gate.yaml"
 
     return Report(
         generated_unix=time.time(), tool_version=info.tool_version or __version__, title=title,
-        simulated=info.simulated, engine=info.engine, gpu=info.gpu, model=info.model, hardware=hardware(info),
-        study_name=data.study_name, storage=_storage_label(data), strategy=info.strategy,
-        arrival=info.arrival, noise_floor=info.noise_floor, precision=info.precision,
-        workload=WorkloadRef(path=info.workload_path, sha256=info.workload_sha256,
+        simulated=info.simulated, engine=info.settings.engine.name, gpu=info.settings.engine.gpu, model=info.settings.engine.model,
+        hardware=hardware(info),
+        study_name=data.study_name, storage=_storage_label(data), strategy=info.settings.search.strategy,
+        arrival=info.settings.load.arrival, noise_floor=info.settings.noise_floor,
+        precision=info.settings.knee.precision,
+        workload=WorkloadRef(path=str(info.settings.workload), sha256=info.workload_sha256,
                              requests=info.workload_requests,
                              mean_prompt_tokens=info.workload_mean_prompt_tokens,
                              mean_output_tokens=info.workload_mean_output_tokens,
                              token_count=info.workload_token_count),
-        slo_path=info.slo_path, slo_sha256=info.slo_sha256, slo=info.slo, slo_text=slo.describe(),
+        slo_path=str(info.settings.slo), slo_sha256=info.slo_sha256, slo=info.slo, slo_text=slo.describe(),
         baseline=base, tuned=tuned, best=best, recommendation=rec, headline=head,
         attribution=attribution(data.trials, base_t, best_t, info.vllm_defaults, data.outcome, data.shares,
                                 floor=rec.floor),

@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from tuner.errors import UserError
+from tuner.settings import default
 
 
 def report(run_dir: Path = typer.Argument(..., help="Run directory of `tune` (study.db or storage.txt)."),
@@ -137,24 +138,23 @@ def gate(gate_file: Path = typer.Argument(..., help="gate.yaml written by a tuni
              "write it with '='). Default: the ones the study used (recorded in gate.yaml); given, they "
              "replace those."),
          api_key: Optional[str] = typer.Option(None, envvar="VLLM_API_KEY", help="API key (env VLLM_API_KEY)."),
-         time_scale: float = typer.Option(1.0, help="sim-http: simulated GPU runs this many times slower."),
+         time_scale: float = typer.Option(default("time_scale"),
+                                          help="sim-http: simulated GPU runs this many times slower."),
          ) -> None:
     """Re-measure the gated configuration: exit 0 pass, 1 regression, 2 bad input."""
+    from tuner.engine.registry import names as engine_names
     from tuner.gate import apply_overrides, format_result, load_gate, run_gate
     from tuner.inputs import check_out_file
-    from tuner.engine.registry import names as engine_names
+    from tuner.settings import from_options
 
-    if engine is not None and engine not in engine_names():  # before the gate's inputs are read and hashed
-        raise UserError(f"unknown engine {engine!r} (known: {', '.join(engine_names())})", field="--engine")
-    if not time_scale > 0 or time_scale == float("inf"):
-        raise UserError(f"must be > 0, got {time_scale}", field="--time-scale")
+    # this host's engine options, validated as `tune`'s own are, before the gate's inputs are read
+    host = from_options(dict(engine=engine, vllm_python=vllm_python, vllm_command=vllm_command, api_key=api_key,
+                             time_scale=time_scale, vllm_arg=vllm_arg), known={"engine": engine_names()}).engine
     if junit is not None:
         check_out_file(junit, "--junit")
     g = load_gate(gate_file)
-    res = run_gate(gate_file, engine=engine, overrides=override, full=full, allow_changed=allow_changed,
-                   workload=workload, slo=slo, junit=junit,
-                   engine_options=dict(vllm_python=vllm_python, vllm_command=vllm_command, api_key=api_key,
-                                       time_scale=time_scale, vllm_args=list(vllm_arg or [])))
+    res = run_gate(gate_file, overrides=override, full=full, allow_changed=allow_changed,
+                   workload=workload, slo=slo, junit=junit, host=host)
     print(format_result(res, g, engine or g.engine, apply_overrides(g.knobs, override)))
     if junit:
         print(f"junit: {junit}")

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 import optuna
-from optuna.trial import TrialState
 
 from tuner import signals
 from tuner.diagnose import diagnose
@@ -24,7 +23,8 @@ from tuner.knobs import Knobs
 from tuner.capacity.knee import KneeSearch, KneeSettings
 from tuner.search.lessons import Lessons, learn
 from tuner.capacity.measure import LoadSettings, latency_quantiles, measure
-from tuner.storage.optuna_study import frozen_trial, heartbeats, stored_role
+from tuner.storage.optuna_study import (TrialState, ask, enqueue, finished_records, heartbeats, interrupt,
+                                        tell)
 from tuner.storage.twin import knobs_key as storage_knobs_key
 from tuner.storage.records import Diagnosis, LoadRunSummary, TrialRecord
 from tuner.search.space import SearchSpace
@@ -103,13 +103,7 @@ class TrialRunner:
         """Records of trials that ended (complete, raced out, failed to launch), by knobs, each
         configuration's launches in trial order (the baseline and its confirmation are two)."""
         out: dict[str, list[TrialRecord]] = {}
-        for t in sorted(self.study.get_trials(deepcopy=False), key=lambda t: t.number):
-            rec = t.user_attrs.get("record")
-            if rec is None or t.state in (TrialState.RUNNING, TrialState.WAITING):
-                continue
-            r = TrialRecord(**rec)
-            if r.interrupted:
-                continue
+        for r in finished_records(self.study):
             out.setdefault(knobs_key(Knobs(**r.knobs)), []).append(r)
         return out
 
@@ -144,8 +138,8 @@ class TrialRunner:
                 out.append(v)
         return out
 
-    def distributions(self) -> dict[str, optuna.distributions.CategoricalDistribution]:
-        return {k: optuna.distributions.CategoricalDistribution(self.choices(k)) for k in self.space.knobs}
+    def all_choices(self) -> dict[str, list[Any]]:
+        return {k: self.choices(k) for k in self.space.knobs}
 
     # -- one trial --------------------------------------------------------------------------------
     def evaluate(self, knobs: Knobs, *, role: str = "candidate", changed_knob: str | None = None,
@@ -173,35 +167,24 @@ class TrialRunner:
         signals.check()
         with signals.deferred():  # the trial exists from here: a Ctrl-C must find it in `current`
             # the role travels with the trial, so a trial a killed tool left RUNNING is recorded in it
-            self.study.enqueue_trial(params, user_attrs={"extra_knobs": extra, "role": role},
-                                     skip_if_exists=False)
+            enqueue(self.study, params, {"extra_knobs": extra, "role": role})
             trial = self.ask()
         return self.run_trial(trial, role=role, changed_knob=changed_knob, race_rate=race_rate,
                               start_rate=start_rate, incumbent=incumbent, accept_above=accept_above,
                               accept=accept)
 
-    def ask(self, distributions: dict | None = None) -> optuna.Trial:
-        """`study.ask`, remembered as the trial under way until it is told (see `abandon`)."""
+    def ask(self, choices: dict[str, list[Any]] | None = None) -> optuna.Trial:
+        """The next trial (`tuner.storage.optuna_study.ask`; `choices` default: the space's), remembered as
+        the trial under way until it is told (see `abandon`)."""
         with signals.deferred():
-            self.current = self.study.ask(self.distributions() if distributions is None else distributions)
+            self.current = ask(self.study, self.all_choices() if choices is None else choices)
         return self.current
 
     def abandon(self) -> bool:
         """After a Ctrl-C: the trial under way, if its record was not written, is marked interrupted (a
         signal can land between `ask` and the trial's own clean-up). True when one was marked."""
         trial, self.current = self.current, None
-        if trial is None:
-            return False
-        frozen = frozen_trial(self.study, trial)
-        if frozen.state != TrialState.RUNNING:
-            return False
-        knobs = {**{k: v for k, v in frozen.params.items() if v is not None},
-                 **frozen.user_attrs.get("extra_knobs", {})}
-        rec = TrialRecord(number=frozen.number, role=stored_role(frozen.user_attrs, knobs), knobs=knobs,
-                          interrupted=True)
-        trial.set_user_attr("record", rec.model_dump(mode="json"))
-        self.study.tell(trial, state=TrialState.FAIL)
-        return True
+        return trial is not None and interrupt(self.study, trial)
 
     def run_trial(self, trial: optuna.Trial, *, role: str, **kw: Any) -> TrialRecord:
         """Run `trial` (see `_run_trial`), sending heartbeats meanwhile where the storage wants them."""
@@ -304,11 +287,7 @@ class TrialRunner:
     def _tell(self, trial: optuna.Trial, rec: TrialRecord, state: TrialState, t0: float) -> TrialRecord:
         rec.wall_s = time.perf_counter() - t0
         with signals.deferred():  # the record and the trial's state are written together, or not at all
-            trial.set_user_attr("record", rec.model_dump(mode="json"))
-            if state == TrialState.COMPLETE:
-                self.study.tell(trial, rec.capacity_rps or 0.0)
-            else:
-                self.study.tell(trial, state=state)
+            tell(self.study, trial, rec, state)
             if self.current is trial:
                 self.current = None
         self.reporter.trial_done(rec)

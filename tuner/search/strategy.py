@@ -1,16 +1,10 @@
-"""How the next configuration is chosen.
+"""What the strategies share: the budget, the outcome, the baseline, confirmation and acceptance rules.
 
-`guided` (the default) is the product's idea: diagnose the incumbent's binding constraint from vLLM's
-metrics, turn the first knob that answers it (the others held at the incumbent), accept a new incumbent
-only when its capacity beats the old one by more than the noise floor, re-diagnose, and stop once
-`plateau` knobs in a row gave nothing. Candidates race the incumbent: one load run at the incumbent's
-capacity decides whether a full knee search is worth it.
-
-`twin` (`tuner.search.twin`) ranks the whole space in a simulator fitted to this engine's launches and
-spends launches only on verifying its best.
-
-`tpe`, `random` and `grid` search the whole space blind (what peer tools do), for comparison and for users
-who want them; they share the same trial runner and storage.
+The strategies themselves are in `tuner.search.strategies` (one module each, found by name):
+`guided` (the product's idea: diagnose the binding constraint, turn the knob that answers it), `twin`
+(rank the whole space in a simulator fitted to this engine's launches, launch only to verify), and
+`tpe`, `random` and `grid` (the whole space blind, what peer tools do). They share the same trial runner
+and storage, and the rules here.
 """
 
 from __future__ import annotations
@@ -18,17 +12,12 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-import optuna
-
 from tuner.knobs import KNOB_SPECS, Knobs
 from tuner.storage.records import Diagnosis, TrialRecord
-from tuner.search.runner import TrialRunner, knobs_key
-
-STRATEGIES = ("guided", "twin", "tpe", "random", "grid")
+from tuner.search.runner import TrialRunner
 
 
 @dataclass
@@ -51,6 +40,7 @@ class Outcome:
     chain: list[int] | None = None  # trials that became the incumbent, in order (the baseline first)
     status: str = "tuned"           # or "no_launch" / "no_pass" (tuner.storage.status), set by run_tune
     status_text: str | None = None  # why there is no result, in one line
+    twin: Any = None                # `--strategy twin`: the fitted twin (it predicts the knobs' shares)
 
 
 def _order(value: Any, values: list[Any], direction: str) -> list[Any]:
@@ -260,134 +250,3 @@ def fit_to_host(runner: TrialRunner, rec: TrialRecord) -> Knobs | None:
     cur = knobs.tensor_parallel_size or 1
     wider = sorted(v for v in runner.space.knobs["tensor_parallel_size"].values if v is not None and v > cur)
     return knobs.with_(tensor_parallel_size=wider[0]) if wider else None
-
-
-def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: int = 3,
-           max_visits: int = 2, race_margin: float = 0.0, confirm: bool = True) -> Outcome:
-    first = fitted_baseline(runner, budget)
-    if first.launch_failure_kind == "client_bound":  # every other launch would be measured the same way
-        return Outcome(first, None, f"the load client could not measure the baseline: {first.launch_failure_message}")
-    if first.launch_failure_kind == "requests_failed" and not (first.diagnosis and first.diagnosis.knobs):
-        # vLLM's defaults launched and failed nearly every request for a reason no knob answers (a wrong
-        # model name, an API key, a broken server): every other launch would fail them too
-        return Outcome(first, None, f"the baseline failed its requests: {first.launch_failure_message}")
-    if not first.capacity_rps and first.diagnosis is None:
-        return Outcome(first, None, "the baseline neither served the SLO at any rate nor told us why")
-    noise = LaunchNoise()
-    base = inc = replicate_baseline(runner, first, budget, noise) if confirm else first
-    runner.compare_rate = base.capacity_rps
-    chain = [base.number]
-    runner.reporter.incumbent_changed(inc)
-    visits: Counter[str] = Counter()
-    done_for: set[tuple[str, int]] = set()  # (knob, incumbent trial) pairs already explored
-    streak = 0
-    while budget.left(runner):
-        diag: Diagnosis | None = inc.diagnosis
-        wanted = [k for k in (diag.knobs if diag else []) if k in runner.space.knobs]
-        order = [k for k in wanted if visits[k] < max_visits and (k, inc.number) not in done_for]
-        if not order:  # nothing the diagnosis names is left: explore the rest of the space once
-            order = [k for k in runner.space.knobs if visits[k] == 0]
-        if not order:
-            return Outcome(base, inc, "every knob tried: plateau", chain)
-        knob = order[0]
-        direction = (diag.directions.get(knob, "any") if diag and knob in wanted else "any")
-        inc_knobs = Knobs(**inc.knobs)
-        cur = _current(inc_knobs, knob, runner.defaults)
-        lessons = runner.lessons()
-        candidates = _can_bind(knob, _order(cur, runner.space.knobs[knob].values, direction), direction, diag)
-        candidates = _for_batch(knob, candidates, diag, runner.space.spec_acceptance, cur)
-        queue = lessons.allowed(knob, candidates, inc_knobs, runner.defaults)
-        best = inc
-        misses = 0
-        ordered = direction in ("up", "down") or (len(queue) > 2 and cur is not None)
-        tried = 0
-        while queue:
-            v = queue.pop(0)
-            if not budget.left(runner):
-                break
-            # a value a failed launch ruled out is replaced by what it allows (the incumbent may be a
-            # baseline that never launched: its other knobs are tried at the memory utilisation that fits)
-            knobs = normalize(lessons.repair(inc_knobs.with_(**{knob: v}), runner.defaults), runner.defaults)
-            if runner.space.allows(knobs, runner.defaults) or runner.seen(knobs) or \
-                    lessons.broken_by(knobs, runner.defaults):
-                continue  # impossible, or measured already (the same configuration as another trial)
-            floor = accept_floor(best, noise.floor(noise_floor))
-            # race at the confirmed incumbent's capacity, not at a sibling's unconfirmed (possibly lucky)
-            # estimate: a candidate that fails there cannot be better than what the study stands on
-            race = (inc.capacity_rps or 0.0) * (1 + race_margin)
-            tried += 1
-            rec = runner.evaluate(knobs, changed_knob=knob, incumbent=inc.capacity_rps,
-                                  race_rate=race if inc.capacity_rps else None,
-                                  start_rate=best.capacity_rps or runner.start_rate,
-                                  accept_above=floor if best.capacity_rps else None,
-                                  accept=lambda r, b=best: clearly_better_at_same_load(r, b, TIE_MARGIN))
-            if rec.learned:  # the host refused a value: drop what it rules out, try what it suggests
-                lessons = runner.lessons()
-                queue = lessons.allowed(knob, queue, inc_knobs, runner.defaults)
-                continue
-            if rec.accepted:
-                best = rec
-                misses = 0
-            else:
-                misses += 1
-                if ordered and (best is not inc or misses >= 2):
-                    break  # past the peak of a one-dimensional, roughly unimodal response
-        visits[knob] += 1
-        done_for.add((knob, inc.number))
-        if not tried:
-            continue  # nothing to try for this knob (already at its best value): not a miss
-        confirmed = None if best is inc else (
-            confirm_incumbent(runner, best, budget, inc, noise) if confirm else best)
-        if confirmed is not None:
-            inc = confirmed
-            chain.append(inc.number)
-            runner.reporter.incumbent_changed(inc)
-            streak = 0
-        else:
-            streak += 1
-            if streak >= plateau and (not diag or all(visits[k] for k in wanted)):
-                return Outcome(base, inc, f"plateau: {plateau} knobs in a row gave no gain above the "
-                                          f"{noise.floor(noise_floor):.0%} noise floor"
-                                          f"{' (the baseline measured alike on two launches)' if noise.negligible else ''}",
-                               chain)
-    return Outcome(base, inc, "budget spent", chain)
-
-
-def whole_space(runner: TrialRunner, budget: Budget, *, sampler: str, noise_floor: float,
-                seed: int = 0, race: bool = False) -> Outcome:
-    """Peer-style blind search over the whole space, after the same baseline trial."""
-    base = fitted_baseline(runner, budget)
-    if base.launch_failure_kind == "client_bound":
-        return Outcome(base, None, f"the load client could not measure the baseline: {base.launch_failure_message}")
-    if base.launch_failure_kind == "requests_failed" and not (base.diagnosis and base.diagnosis.knobs):
-        return Outcome(base, None, f"the baseline failed its requests: {base.launch_failure_message}")
-    best = base if base.capacity_rps else None
-    if sampler == "grid":
-        search_space = {k: [v for v in runner.choices(k) if v is not None] or [None]
-                        for k in runner.space.knobs}
-        runner.study.sampler = optuna.samplers.GridSampler(search_space, seed=seed)
-    elif sampler == "random":
-        runner.study.sampler = optuna.samplers.RandomSampler(seed=seed)
-    else:
-        runner.study.sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
-    seen = set(runner.finished())
-    stale = 0
-    while budget.left(runner) and stale < 50:
-        trial = runner.ask({})
-        picked = {k: trial.suggest_categorical(k, runner.choices(k)) for k in runner.space.knobs}
-        knobs = runner.space.layout(Knobs(**{k: v for k, v in picked.items() if v is not None}))
-        if knobs_key(knobs) in seen or runner.space.allows(knobs, runner.defaults) or \
-                runner.lessons().broken_by(knobs, runner.defaults):
-            runner.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            runner.current = None
-            stale += 1
-            continue
-        stale = 0
-        seen.add(knobs_key(knobs))
-        floor = accept_floor(best, noise_floor) if best else None
-        rec = runner.run_trial(trial, role=sampler, race_rate=floor if race else None,
-                               start_rate=(best.capacity_rps if best else None),
-                               incumbent=best.capacity_rps if best else None, accept_above=floor)
-        if rec.accepted:
-            best = rec
-    return Outcome(base, best, "budget spent" if stale < 50 else "space exhausted")

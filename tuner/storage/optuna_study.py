@@ -1,5 +1,8 @@
 """The one module that talks to Optuna's storage beyond its public API, and opens a run's study.
 
+The search reaches Optuna's trials (enqueue, ask, tell, the queue's states) through the functions here,
+so it holds `Knobs` and `TrialRecord`s, never Optuna's trial states or distributions.
+
 Optuna has no public way to send heartbeats for trials run through ask/tell, to read a trial's frozen
 state from its live `Trial`, or to re-attach to a RUNNING trial a killed tool left behind; the three places
 that need one are here, each saying which private name it uses, so an Optuna upgrade is checked here.
@@ -14,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 import optuna
+from optuna.trial import TrialState
 
 from tuner.errors import UserError
 from tuner.storage.records import TrialRecord
@@ -80,17 +84,111 @@ def close_orphans(study: optuna.Study) -> int:
     """Mark trials left RUNNING by a killed tool as interrupted (FAIL), so they are re-run, not shown as
     running forever. Only for SQLite, which one tool uses at a time and which has no heartbeats to time
     them out; on a shared database a RUNNING trial may be another worker's (heartbeats handle those)."""
-    from optuna.trial import TrialState
+    return sum(interrupt(study, optuna.Trial(study, t._trial_id)) for t in running(study))
 
-    n = 0
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        knobs = {**{k: v for k, v in t.params.items() if v is not None}, **t.user_attrs.get("extra_knobs", {})}
-        rec = TrialRecord(number=t.number, role=stored_role(t.user_attrs, knobs), knobs=knobs, interrupted=True)
-        trial = optuna.Trial(study, t._trial_id)
-        trial.set_user_attr("record", rec.model_dump(mode="json"))
-        study.tell(trial, state=TrialState.FAIL)
-        n += 1
-    return n
+
+def interrupt(study: optuna.Study, trial: optuna.Trial) -> bool:
+    """Record a RUNNING trial as interrupted (FAIL, with a record of its configuration, so it is re-run);
+    False when it had ended already. Its role and configuration are read from what it was asked with."""
+    frozen = frozen_trial(study, trial)
+    if frozen.state != TrialState.RUNNING:
+        return False
+    knobs = {**{k: v for k, v in frozen.params.items() if v is not None}, **frozen.user_attrs.get("extra_knobs", {})}
+    rec = TrialRecord(number=frozen.number, role=stored_role(frozen.user_attrs, knobs), knobs=knobs,
+                      interrupted=True)
+    trial.set_user_attr("record", rec.model_dump(mode="json"))
+    study.tell(trial, state=TrialState.FAIL)
+    return True
+
+
+# -- the search's trials: enqueue, ask, tell (the search layer reaches Optuna's trial API only here) -----
+def enqueue(study: optuna.Study, params: dict[str, Any], user_attrs: dict[str, Any]) -> None:
+    """Queue a configuration as a WAITING trial (`ask` pops it; a worker on another host may)."""
+    study.enqueue_trial(params, user_attrs=user_attrs, skip_if_exists=False)
+
+
+def ask(study: optuna.Study, choices: dict[str, list[Any]] | None) -> optuna.Trial:
+    """A new trial, or the next queued one; `choices`: each knob's categorical values ({}: none fixed)."""
+    return study.ask({k: optuna.distributions.CategoricalDistribution(v) for k, v in (choices or {}).items()})
+
+
+def tell(study: optuna.Study, trial: optuna.Trial, record: TrialRecord, state: TrialState) -> None:
+    """A trial's record and its end state (COMPLETE: the capacity is its value)."""
+    trial.set_user_attr("record", record.model_dump(mode="json"))
+    if state == TrialState.COMPLETE:
+        study.tell(trial, record.capacity_rps or 0.0)
+    else:
+        study.tell(trial, state=state)
+
+
+def prune(study: optuna.Study, trial: optuna.Trial) -> None:
+    """End a trial a strategy asked for and will not run (a configuration seen or ruled out)."""
+    study.tell(trial, state=TrialState.PRUNED)
+
+
+def fail(study: optuna.Study, trial: optuna.Trial) -> None:
+    """End a trial that was asked by mistake (a worker whose queued trial another worker took first)."""
+    study.tell(trial, state=TrialState.FAIL)
+
+
+def use_sampler(study: optuna.Study, kind: str, grid: dict[str, list[Any]], seed: int) -> None:
+    """The sampler that proposes the next trials: `tpe`, `random` or `grid` (over `grid`'s values)."""
+    if kind == "grid":
+        study.sampler = optuna.samplers.GridSampler(grid, seed=seed)
+    elif kind == "random":
+        study.sampler = optuna.samplers.RandomSampler(seed=seed)
+    else:
+        study.sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=5)
+
+
+def finished_records(study: optuna.Study) -> list[TrialRecord]:
+    """Records of the trials that ended (complete, raced out, failed to launch), in trial order; an
+    interrupted trial is left out (it is run again)."""
+    out = []
+    for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number):
+        rec = t.user_attrs.get("record")
+        if rec is None or t.state in (TrialState.RUNNING, TrialState.WAITING):
+            continue
+        r = TrialRecord(**rec)
+        if not r.interrupted:
+            out.append(r)
+    return out
+
+
+def waiting(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+
+
+def running(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+
+
+def stored_params(study: optuna.Study) -> list[dict[str, Any]]:
+    """The configurations of every trial but an interrupted one (its configuration is to be run again)."""
+    return [t.params for t in study.get_trials(deepcopy=False)
+            if not (t.state == TrialState.FAIL and (t.user_attrs.get("record") or {}).get("interrupted"))]
+
+
+def queued_params(study: optuna.Study) -> list[dict[str, Any]]:
+    """The configurations waiting in the queue (a WAITING trial's params are its `fixed_params`)."""
+    return [t.system_attrs.get("fixed_params", {}) for t in waiting(study)]
+
+
+def retry_stale(study: optuna.Study) -> None:
+    """Fail (and so re-enqueue) the trials of workers whose heartbeats stopped: Optuna does it when asked."""
+    optuna.storages.fail_stale_trials(study)
+
+
+def from_queue(study: optuna.Study, trial: optuna.Trial) -> bool:
+    """Whether `ask` popped an enqueued trial (its `fixed_params` system attribute) rather than creating
+    one. Read from the frozen trial: `optuna.Trial` has no public `system_attrs` in Optuna >= 4."""
+    frozen = next((t for t in running(study) if t.number == trial.number), None)
+    return frozen is not None and "fixed_params" in frozen.system_attrs
+
+
+def requeue(study: optuna.Study, trial: optuna.Trial) -> None:
+    """Queue an interrupted trial's configuration again, for another worker."""
+    enqueue(study, dict(trial.params), {k: v for k, v in trial.user_attrs.items() if k != "record"})
 
 
 @contextmanager

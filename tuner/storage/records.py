@@ -7,13 +7,16 @@ hold the workload, SLO and engine. `tune report RUN_DIR` rebuilds everything fro
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from tuner.metrics.window import GaugeSample
+from tuner.settings import RunSettings
 
 SCHEMA_VERSION = 1
+#: `StudyInfo`'s: 2 holds the run's settings as one model (`tuner.settings.RunSettings`)
+STUDY_SCHEMA_VERSION = 2
 
 
 class ClientCheck(BaseModel):
@@ -202,33 +205,24 @@ class TrialRecord(BaseModel):
 
 
 class StudyInfo(BaseModel):
-    """Stored as the Optuna study user attribute `info`."""
+    """Stored as the Optuna study user attribute `info`: the run's settings as they were given
+    (`tuner.settings.RunSettings`, stored whole), and what the study found out about its inputs when it
+    started. A study written before the settings were one model (schema 1, every setting a field of its
+    own) is read through `_from_schema_1`."""
 
-    schema_version: int = SCHEMA_VERSION
-    workload_path: str
+    schema_version: int = STUDY_SCHEMA_VERSION
+    settings: RunSettings
     workload_sha256: str
     workload_requests: int
     workload_mean_prompt_tokens: float
     workload_mean_output_tokens: float
     #: how the workload's prompt text was counted (`tuner.workload.stats.WorkloadStats.token_count`)
     workload_token_count: str = ""
-    slo_path: str
     slo_sha256: str
     slo: dict
-    engine: str                                          # sim | sim-http | vllm
-    simulated: bool
-    gpu: str | None = None
-    model: str | None = None
-    search_space: dict = Field(default_factory=dict)
-    strategy: str = "guided"
-    precision: float = 0.05
-    noise_floor: float = 0.05
-    arrival: str = "poisson"
+    simulated: bool                                      # the engine's numbers come from a simulator
+    search_space: dict = Field(default_factory=dict)     # the space as resolved (a worker needs no file)
     load: dict = Field(default_factory=dict)             # LoadSettings of every load run (for the gate)
-    start_rate: float | None = None                      # what a worker on another host needs too
-    time_scale: float = 1.0
-    noise: float = 0.0
-    seed: int = 0
     created_unix: float = 0.0
     tool_version: str = ""
     #: What vLLM resolves unset knobs to on this GPU (256 seqs on a 4090, 1024 on an H100), recorded when
@@ -237,10 +231,33 @@ class StudyInfo(BaseModel):
     #: Each request's prompt, output and cacheable-prefix tokens ({"prompt": [...], "output": [...],
     #: "cached": [...]}), recorded at the start so the plan's latency floors read storage alone.
     workload_lengths: dict | None = None
-    #: Server arguments the study passed after the knobs (`--vllm-arg`), for the gate and workers.
-    extra_args: list[str] = Field(default_factory=list)
     #: The hardware a real engine ran on (`tuner.profiles.host.describe_host`); empty for the simulators.
     host: str = ""
-    #: `--drop-overlong`: only the requests that fit the model's context are scored (`tuner.feasibility`);
-    #: a worker joining the study scores the same requests.
-    drop_overlong: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_schema_1(cls, raw: Any) -> Any:
+        """A schema-1 `info` (each setting a field of its own) as the settings model it described."""
+        if not isinstance(raw, dict) or "settings" in raw:
+            return raw
+        raw = dict(raw)
+        old = {k: raw.pop(k) for k in list(raw) if k in _SCHEMA_1_SETTINGS}
+        settings: dict[str, Any] = {"workload": old.get("workload_path"), "slo": old.get("slo_path")}
+        for key, path in _SCHEMA_1_SETTINGS.items():
+            if key in old and path:
+                section, _, name = path.rpartition(".")
+                (settings.setdefault(section, {}) if section else settings)[name] = old[key]
+        if old.get("noise_floor") == old.get("precision", 0.05):
+            settings.get("search", {}).pop("noise_floor", None)  # schema 1 stored the floor it resolved
+        raw["settings"] = settings
+        raw["schema_version"] = STUDY_SCHEMA_VERSION
+        return raw
+
+
+#: Schema 1's setting fields of `StudyInfo` -> their place in `RunSettings` (None: `_from_schema_1` reads it).
+_SCHEMA_1_SETTINGS = {"workload_path": None, "slo_path": None, "engine": "engine.name", "gpu": "engine.gpu",
+                      "model": "engine.model", "noise": "engine.noise", "time_scale": "engine.time_scale",
+                      "extra_args": "engine.extra_args", "strategy": "search.strategy",
+                      "noise_floor": "search.noise_floor", "precision": "knee.precision",
+                      "arrival": "load.arrival", "start_rate": "load.start_rate",
+                      "drop_overlong": "load.drop_overlong", "seed": "seed"}

@@ -24,11 +24,23 @@ from typing import Callable
 
 from tuner.knobs import Knobs
 from tuner.search.runner import TrialRunner
+from tuner.search.strategies import StrategyRun, register_strategy
 from tuner.search.strategy import (Budget, Outcome, accept_floor, clearly_better_at_same_load,
                                    fitted_baseline, normalize)
 from tuner.storage.records import TrialRecord
 from tuner.storage.twin import ATTR, Prediction, TwinLog, knobs_key
 from tuner.twin.twin import Twin
+
+
+@register_strategy("twin")
+def run(run: StrategyRun) -> Outcome:
+    """The twin of the run's GPU and model, fitted as the study goes; the outcome carries it (the knobs'
+    shares of a multi-knob step are predicted by it: `tuner.search.attribute`)."""
+    s = run.settings
+    twin = Twin.build(s.engine.gpu, s.engine.model, run.workload, run.slo, run.load, seed=s.seed)
+    outcome = twin_search(run.runner, run.budget, twin, noise_floor=s.noise_floor, on_fit=run.say)
+    outcome.twin = twin
+    return outcome
 
 
 def _launched(runner: TrialRunner) -> list[TrialRecord]:

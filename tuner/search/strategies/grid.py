@@ -1,0 +1,46 @@
+"""`--strategy grid`: every configuration of the space, through the trial queue.
+
+The baseline is launched first, as by every strategy; then each configuration not yet in the study is
+enqueued as a waiting trial and the queue is worked (`tuner.search.worker`), so `tune worker` processes on
+other hosts can share it, and an interrupted grid resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+from tuner.knobs import Knobs
+from tuner.search.runner import TrialRunner, knobs_key
+from tuner.search.strategies import StrategyRun, register_strategy
+from tuner.search.strategy import Outcome
+from tuner.search.worker import work
+from tuner.storage.optuna_study import enqueue, queued_params, stored_params, waiting
+
+
+@register_strategy("grid")
+def run(run: StrategyRun) -> Outcome:
+    return grid(run.runner, run.settings.search.max_trials)
+
+
+def grid(runner: TrialRunner, max_trials: int) -> Outcome:
+    """Exhaustive search through the trial queue: `tune worker` processes on other hosts can share it."""
+    base = runner.evaluate(Knobs(), role="baseline")
+    enqueue_grid(runner)
+    work(runner, max_trials=max(0, max_trials - runner.launches), idle_exit_s=0.0)
+    recs = [r for r in runner.finished().values() if r.capacity_rps]
+    best = max(recs, key=lambda r: r.capacity_rps, default=None)
+    return Outcome(base, best, "grid done" if not waiting(runner.study) else "budget spent")
+
+
+def enqueue_grid(runner: TrialRunner) -> int:
+    """Enqueue every grid configuration not already in the study (an interrupted trial does not count: its
+    configuration is queued again); returns how many were added."""
+    layout = runner.space.layout  # the grid's configurations fill the host; a trial's params do not say so
+    have = {knobs_key(layout(Knobs(**{k: v for k, v in params.items() if v is not None})))
+            for params in [*stored_params(runner.study), *queued_params(runner.study)]}
+    n = 0
+    for knobs in runner.space.iter_grid():
+        if knobs_key(knobs) in have:
+            continue
+        enqueue(runner.study, {k: getattr(knobs, k) for k in runner.space.knobs}, {"role": "grid"})
+        have.add(knobs_key(knobs))
+        n += 1
+    return n

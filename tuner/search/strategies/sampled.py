@@ -1,0 +1,56 @@
+"""`--strategy tpe` and `--strategy random`: the whole space searched blind by an Optuna sampler, after
+the same baseline as every strategy (what peer tools do; for comparison and for users who want them)."""
+
+from __future__ import annotations
+
+from tuner.knobs import Knobs
+from tuner.search.runner import TrialRunner, knobs_key
+from tuner.search.strategies import StrategyRun, register_strategy
+from tuner.search.strategy import Budget, Outcome, accept_floor, fitted_baseline
+from tuner.storage.optuna_study import prune, use_sampler
+
+
+@register_strategy("tpe")
+def tpe(run: StrategyRun) -> Outcome:
+    return whole_space(run.runner, run.budget, sampler="tpe", noise_floor=run.settings.noise_floor,
+                       seed=run.settings.seed)
+
+
+@register_strategy("random")
+def random(run: StrategyRun) -> Outcome:
+    return whole_space(run.runner, run.budget, sampler="random", noise_floor=run.settings.noise_floor,
+                       seed=run.settings.seed)
+
+
+def whole_space(runner: TrialRunner, budget: Budget, *, sampler: str, noise_floor: float,
+                seed: int = 0, race: bool = False) -> Outcome:
+    """Peer-style blind search over the whole space, after the same baseline trial."""
+    base = fitted_baseline(runner, budget)
+    if base.launch_failure_kind == "client_bound":
+        return Outcome(base, None, f"the load client could not measure the baseline: {base.launch_failure_message}")
+    if base.launch_failure_kind == "requests_failed" and not (base.diagnosis and base.diagnosis.knobs):
+        return Outcome(base, None, f"the baseline failed its requests: {base.launch_failure_message}")
+    best = base if base.capacity_rps else None
+    use_sampler(runner.study, sampler, {k: [v for v in runner.choices(k) if v is not None] or [None]
+                                        for k in runner.space.knobs}, seed=seed)
+    seen = set(runner.finished())
+    stale = 0
+    while budget.left(runner) and stale < 50:
+        trial = runner.ask({})
+        picked = {k: trial.suggest_categorical(k, runner.choices(k)) for k in runner.space.knobs}
+        knobs = runner.space.layout(Knobs(**{k: v for k, v in picked.items() if v is not None}))
+        if knobs_key(knobs) in seen or runner.space.allows(knobs, runner.defaults) or \
+                runner.lessons().broken_by(knobs, runner.defaults):
+            prune(runner.study, trial)
+            runner.current = None
+            stale += 1
+            continue
+        stale = 0
+        seen.add(knobs_key(knobs))
+        floor = accept_floor(best, noise_floor) if best else None
+        rec = runner.run_trial(trial, role=sampler, race_rate=floor if race else None,
+                               start_rate=(best.capacity_rps if best else None),
+                               incumbent=best.capacity_rps if best else None, accept_above=floor)
+        if rec.accepted:
+            best = rec
+    return Outcome(base, best, "budget spent" if stale < 50 else "space exhausted")
