@@ -21,6 +21,7 @@ from pydantic_core import PydanticUndefined
 
 from tuner.errors import UserError
 from tuner.limits import MAX_RATE_RPS, MAX_REQUESTS, MAX_SECONDS, MAX_SEED, MAX_TIME_SCALE, MAX_TRIALS
+from tuner.validation import first_error
 
 
 def _known(v: str, info: ValidationInfo, what: str) -> str:
@@ -228,8 +229,6 @@ def from_options(values: Mapping[str, Any], *, known: Mapping[str, Iterable[str]
 
 def option_error(e: ValidationError) -> UserError:
     """A `ValidationError` of `RunSettings` as one line naming the option (`--max-trials: must be >= 1`)."""
-    from tuner.validation import first_error
-
     field, msg = first_error(e)
     option = next((o for o, p in OPTIONS.items() if field and (field == p or field.startswith(p + "."))), None)
     return UserError(msg, field=flag(option) if option else None)
@@ -250,8 +249,6 @@ WORKER_OPTIONS = {"max_trials": "max_trials", "idle_exit": "idle_exit_s"}
 
 def worker_options(**values: Any) -> WorkerOptions:
     """`tune worker`'s own limits, validated (a bad one is a `UserError` naming its option)."""
-    from tuner.validation import first_error
-
     try:
         return WorkerOptions(**{WORKER_OPTIONS[o]: v for o, v in values.items() if v is not None})
     except ValidationError as e:

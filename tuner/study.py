@@ -227,6 +227,14 @@ def interrupt_cleanup(runner: TrialRunner) -> Iterator[None]:
         raise
 
 
+def trial_runner(settings: RunSettings, study: Any, engine: Engine, workload: Workload, slo: SLO,
+                 space: SearchSpace, load: LoadSettings, reporter: Reporter | None) -> TrialRunner:
+    """The runner of the study's trials, as `tune` and every `tune worker` build it."""
+    return TrialRunner(study=study, engine=engine, workload=workload, slo=slo, space=space, load=load,
+                       knee=KneeSettings(precision=settings.knee.precision), defaults=engine_defaults(settings),
+                       reporter=reporter or NullReporter(), start_rate=settings.load.start_rate or 1.0)
+
+
 def run_tune(settings: RunSettings, reporter: Reporter | None = None) -> tuple[Outcome, Path]:
     """Run (or resume) a study; returns the outcome and the run directory."""
     out, resume = settings.outputs.out, settings.outputs.resume
@@ -256,10 +264,7 @@ def run_tune(settings: RunSettings, reporter: Reporter | None = None) -> tuple[O
     (out / "study_name.txt").write_text(STUDY_NAME + "\n")
     if "info" not in study.user_attrs:
         study.set_user_attr("info", info)
-    runner = TrialRunner(study=study, engine=engine, workload=workload, slo=slo, space=space,
-                         load=load, knee=KneeSettings(precision=settings.knee.precision),
-                         defaults=engine_defaults(settings), reporter=reporter or NullReporter(),
-                         start_rate=settings.load.start_rate or 1.0)
+    runner = trial_runner(settings, study, engine, workload, slo, space, load, reporter)
     if resume and not strategy.replays_stored:
         # --max-trials is the study's budget: launches stored before the interruption count. A strategy
         # that replays its decisions (guided) reads each stored launch back where it made it instead (and
@@ -343,8 +348,6 @@ def run_worker(run_dir: Path, host: RunSettings, options: WorkerOptions) -> int:
     engine = make_engine(settings, slo, space)
     # the study's own load settings (requests per run, run cap, arrival, seed), not this host's defaults
     load = LoadSettings(**info.load) if info.load else load_settings(settings, engine)
-    runner = TrialRunner(study=study, engine=engine, workload=workload, slo=slo, space=space,
-                         load=load, knee=KneeSettings(precision=settings.knee.precision),
-                         defaults=engine_defaults(settings), start_rate=settings.load.start_rate or 1.0)
+    runner = trial_runner(settings, study, engine, workload, slo, space, load, None)
     with interrupt_cleanup(runner):
         return work(runner, max_trials=options.max_trials, idle_exit_s=options.idle_exit_s)
