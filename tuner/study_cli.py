@@ -39,7 +39,8 @@ def register(app: typer.Typer) -> None:
         gpu: Optional[str] = typer.Option(None, help="GPU profile (simulated engines; optional for vllm)."),
         model: Optional[str] = typer.Option(None, help="Model: profile name, config.json path, or what vllm serves."),
         search_space: str = typer.Option(default("search_space"), help="Built-in space name or a YAML file."),
-        strategy: str = typer.Option(default("strategy"), help="auto (twin where --gpu and --model name known profiles, else guided) | twin (rank the space in a simulator fitted to this engine's launches; verify its best) | guided | tpe | random | grid."),
+        strategy: str = typer.Option(
+            default("strategy"), help="auto (twin where --gpu and --model name known profiles, else guided) | twin (rank the space in a simulator fitted to this engine's launches; verify its best) | guided | tpe | random | grid."),
         max_trials: int = typer.Option(default("max_trials"), help="Engine launches at most (the baseline included)."),
         confirm: bool = typer.Option(default("confirm"), help="Launch the baseline and every new incumbent twice and "
                                      "keep the lower capacity (guards against a lucky launch; off: one launch "
@@ -54,7 +55,8 @@ def register(app: typer.Typer) -> None:
         out: Optional[Path] = typer.Option(None, help="Run directory (default runs/<timestamp>)."),
         storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: SQLite in --out)."),
         resume: bool = typer.Option(default("resume"), help="Continue the study in --out."),
-        json_out: bool = typer.Option(default("json_out"), "--json", help="Print report.json (or a summary) to stdout."),
+        json_out: bool = typer.Option(default("json_out"), "--json",
+                                      help="Print report.json (or a summary) to stdout."),
         seed: int = typer.Option(default("seed")),
         precision: float = typer.Option(default("precision"), help="Capacity precision of each knee search."),
         start_rate: Optional[float] = typer.Option(None, help="First offered rate of the baseline (req/s)."),
@@ -62,7 +64,8 @@ def register(app: typer.Typer) -> None:
         max_run_s: Optional[float] = typer.Option(None, help="Cap on a real-time load run's span (s)."),
         arrival: str = typer.Option(default("arrival"), help="poisson | gamma | trace."),
         noise: float = typer.Option(default("noise"), help="Simulator run-to-run noise (sigma, e.g. 0.03)."),
-        time_scale: float = typer.Option(default("time_scale"), help="sim-http: simulated GPU runs this many times slower."),
+        time_scale: float = typer.Option(default("time_scale"),
+                                         help="sim-http: simulated GPU runs this many times slower."),
         vllm_python: Optional[str] = typer.Option(None, help="vllm: interpreter of a venv with vLLM."),
         vllm_command: Optional[str] = typer.Option(None, help="vllm: launch template with {model} {port} {host} {args}."),
         vllm_arg: Optional[list[str]] = typer.Option(None, "--vllm-arg", help=VLLM_ARG_HELP),

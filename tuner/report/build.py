@@ -176,7 +176,7 @@ def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: 
             rec: Recommendation | None = None) -> list[str]:
     """What the numbers do not say, in plain words, always in the report. `tuned` is the recommended
     configuration (`tuner.recommend`); `rec` says how it was chosen against the best measured one."""
-    spreads = spreads or []
+    spreads, eng = spreads or [], info.settings.engine
     out = []
     if status == "no_launch":
         # nothing was measured: no hardware, quality or noise statement applies
@@ -187,12 +187,12 @@ def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: 
         return out
     if info.simulated:
         out.append(f"SIMULATED: every number here comes from slo-tuner's simulator of vLLM (engine "
-                   f"`{info.settings.engine.name}`, a roofline cost model calibrated to published vLLM measurements) "
-                   f"for {info.settings.engine.model} on {info.settings.engine.gpu}, not from a real GPU. Treat them as predictions and "
+                   f"`{eng.name}`, a roofline cost model calibrated to published vLLM measurements) "
+                   f"for {eng.model} on {eng.gpu}, not from a real GPU. Treat them as predictions and "
                    + ("confirm with `tune gate gate.yaml --engine vllm` on the real hardware." if status == "tuned"
                       else "check them with `tune --engine vllm` on the real hardware."))
     else:
-        out.append(f"Measured on real vLLM (engine `{info.settings.engine.name}`) on {hardware(info)}.")
+        out.append(f"Measured on real vLLM (engine `{eng.name}`) on {hardware(info)}.")
     quality = {k: tuned.knobs[k] for k in QUALITY_KNOBS if tuned.knobs.get(k) not in (None, KNOB_SPECS[k].neutral)}
     if status != "tuned":
         pass  # no tuned configuration to say anything about
@@ -203,16 +203,19 @@ def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: 
     else:
         out.append("The recommended configuration does not quantize weights or the KV cache. (Quantized "
                    "configurations change output quality, which this tool does not measure.)")
-    floor = effective_floor(info.settings.noise_floor, spreads)
-    out.append(f"Noise floor: capacities are bracketed to within {info.settings.knee.precision:.0%} and differences below "
+    configured = info.settings.noise_floor
+    floor = effective_floor(configured, spreads)
+    out.append(f"Noise floor: capacities are bracketed to within {info.settings.knee.precision:.0%} and "
+               f"differences below "
                f"{floor:.0%} are not meaningful; each capacity is the highest offered rate that "
-               f"kept attainment at the SLO target under open-loop {info.settings.load.arrival} arrivals of this workload.")
+               f"kept attainment at the SLO target under open-loop {info.settings.load.arrival} arrivals of this "
+               "workload.")
     for sp in spreads:
         caps = " and ".join(f"{c:.3g}" for c in sp.capacities)
         out.append(f"Launch-to-launch spread: {sp.label} launched {len(sp.capacities)} times measured {caps} "
                    f"req/s ({sp.spread:.0%} apart)"
-                   + (f", above the configured {info.settings.noise_floor:.0%} floor: the floor used is {floor:.0%}"
-                      if sp.spread > info.settings.noise_floor else f", within the {info.settings.noise_floor:.0%} floor")
+                   + (f", above the configured {configured:.0%} floor: the floor used is {floor:.0%}"
+                      if sp.spread > configured else f", within the {configured:.0%} floor")
                    + "; the lower capacity stands.")
     for c in (base, tuned) if tuned.trial != base.trial else (base,):
         if c.capacity_rps:
@@ -289,7 +292,7 @@ def _storage_label(data: StudyData) -> str:
 def build_report(run_dir: str | Path) -> Report:
     """The report of the study in `run_dir` (see `tuner.storage.reader` for the layout)."""
     data = load_study_data(run_dir)
-    info = data.info
+    info, eng = data.info, data.info.settings.engine
     if not data.trials:
         raise UserError("the study has no trials yet", file=run_dir)
     base_t, best_t = pick_configs(data.trials, data.outcome)
@@ -321,21 +324,21 @@ def build_report(run_dir: str | Path) -> Report:
             plan_text = format_plan(plan)
         except UserError as e:
             plan_text = f"no capacity plan: {e.format()}"
-    title = (f"{'SIMULATED: ' if info.simulated else ''}vLLM tuning report: {info.settings.engine.model or 'model'} on "
+    title = (f"{'SIMULATED: ' if info.simulated else ''}vLLM tuning report: {eng.model or 'model'} on "
              f"{hardware(info)}, workload {Path(str(info.settings.workload)).name}"
              + {"no_launch": ": NO RESULT (no configuration launched)",
                 "no_pass": ": NO RESULT (no configuration met the SLO)"}.get(status, ""))
     if status != "tuned":
         serve, cfg = "", f"# No tuned configuration: {status_text}\n"
     else:
-        serve = serve_command(info.settings.engine.model, tuned.knobs, info.settings.engine.extra_args)
-        cfg = config_yaml(info.settings.engine.model, tuned.knobs, info.settings.engine.extra_args,
+        serve = serve_command(eng.model, tuned.knobs, eng.extra_args)
+        cfg = config_yaml(eng.model, tuned.knobs, eng.extra_args,
                           note=f"# Keep vLLM's defaults: {rec.why}.\n" if rec.kind == "defaults" else "")
     gate = Path(run_dir) / "gate.yaml"
 
     return Report(
         generated_unix=time.time(), tool_version=info.tool_version or __version__, title=title,
-        simulated=info.simulated, engine=info.settings.engine.name, gpu=info.settings.engine.gpu, model=info.settings.engine.model,
+        simulated=info.simulated, engine=eng.name, gpu=eng.gpu, model=eng.model,
         hardware=hardware(info),
         study_name=data.study_name, storage=_storage_label(data), strategy=info.settings.search.strategy,
         arrival=info.settings.load.arrival, noise_floor=info.settings.noise_floor,
