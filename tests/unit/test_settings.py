@@ -10,7 +10,8 @@ import pytest
 import typer
 
 from tuner.errors import UserError
-from tuner.settings import OPTIONS, EngineSettings, RunSettings, default, from_options, host_engine
+from tuner.settings import (OPTIONS, WORKER_OPTIONS, EngineSettings, RunSettings, default, from_options,
+                            host_engine)
 from tuner.storage.records import StudyInfo
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,7 +37,7 @@ def test_every_tune_option_maps_onto_one_field_and_takes_its_default() -> None:
 
 def test_the_engine_options_of_worker_and_gate_are_the_same_fields() -> None:
     engine = {o for o, path in OPTIONS.items() if path.startswith("engine.")}
-    for cmd, own in (("worker", {"out", "storage"}), ("gate", {"workload", "slo"})):  # the command's own
+    for cmd, own in (("worker", {"out", "storage", *WORKER_OPTIONS}), ("gate", {"workload", "slo"})):
         host = set(_params(cmd)) & set(OPTIONS) - own
         assert host and host <= engine, (cmd, host - engine)
 
