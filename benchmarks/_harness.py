@@ -26,7 +26,7 @@ from tuner.engine.sim import SimEngine
 from tuner.knobs import Knobs
 from tuner.capacity.knee import KneeSettings, find_capacity
 from tuner.capacity.measure import LoadSettings
-from tuner.search.runner import TrialRunner, knobs_key
+from tuner.search.runner import TrialRunner
 from tuner.settings import from_options
 from tuner.study import engine_defaults
 
@@ -48,7 +48,7 @@ def measure_truth(sc, knobs: Knobs, workload, slo, memo: dict, sample: int = 0) 
     """{cap, runs, mu}: noise-free capacity (0 when it does not launch or never meets the SLO), the load
     runs the knee search took at 5% precision, and the saturated throughput. `sample` picks another
     request sample of the workload (the table is sample 0)."""
-    key = knobs_key(knobs) if sample == 0 else f"{knobs_key(knobs)}#sample{sample}"
+    key = knobs.key() if sample == 0 else f"{knobs.key()}#sample{sample}"
     if key in memo:
         return memo[key]
     from tuner.failures import LaunchFailure
@@ -155,7 +155,7 @@ def noisy_runner(sc, seed: int, workload, slo, sampler=None, noise: float = NOIS
     def launch_seed(k: Knobs) -> int:
         """The noise draw of a launch: the seed and the configuration pick it, and a second launch of the
         same configuration (a confirmation) draws again, as a real relaunch would."""
-        key = knobs_key(k)
+        key = k.key()
         launches[key] = launches.get(key, 0) + 1
         n = launches[key]
         return zlib.crc32(f"{seed}:{key}".encode() if n == 1 else f"{seed}:{key}:{n}".encode())
@@ -184,7 +184,7 @@ class TraceReporter:
         self.runs += p.repeats
 
     def trial_done(self, rec):
-        key = knobs_key(Knobs(**rec.knobs))
+        key = rec.config.key()
         cap = rec.capacity_rps or 0.0
         if self.by_measured:
             if cap and not rec.raced_out and (self.best is None or cap > self.best[0]):
@@ -195,7 +195,7 @@ class TraceReporter:
         """The strategy stands on `rec` now (after its confirmation launch, the trial just recorded)."""
         if self.by_measured:
             return
-        self.best = (rec.capacity_rps or 0.0, knobs_key(Knobs(**rec.knobs)))
+        self.best = (rec.capacity_rps or 0.0, rec.config.key())
         if self.trace.points and self.trace.points[-1][0] == self.runner.launches:
             self.trace.points[-1] = (self.runner.launches, self.runs, self.best[1])
         else:

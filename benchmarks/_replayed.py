@@ -18,7 +18,6 @@ from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs
 from tuner.profiles.gpus import get_gpu
 from tuner.profiles.models import get_model
-from tuner.search.runner import knobs_key
 from tuner.sim.config import resolve
 
 
@@ -37,7 +36,7 @@ def replay_whole_space(sc, memo, workload, slo, seed: int, sampler: str, max_lau
 
     def run(knobs: Knobs) -> float:
         nonlocal launches, runs, best
-        key = knobs_key(knobs)
+        key = knobs.key()
         e = measure_truth(sc, knobs, workload, slo, memo)
         launches += 1
         runs += e["runs"]
@@ -53,7 +52,7 @@ def replay_whole_space(sc, memo, workload, slo, seed: int, sampler: str, max_lau
     while launches < max_launches and stale < 200:
         t = study.ask()
         knobs = Knobs(**{k: t.suggest_categorical(k, list(v.values)) for k, v in sc.space.knobs.items()})
-        key = knobs_key(knobs)
+        key = knobs.key()
         if sc.space.allows(knobs):
             study.tell(t, state=optuna.trial.TrialState.PRUNED)
             stale += 1
@@ -91,7 +90,7 @@ def replay_auto_tune(sc, memo, workload, slo, seed: int, trace) -> None:
             if t < s:
                 continue
             knobs = Knobs(gpu_memory_utilization=found, max_num_seqs=s, max_num_batched_tokens=t)
-            key = knobs_key(knobs)
+            key = knobs.key()
             e = measure_truth(sc, knobs, workload, slo, memo)
             launches += 1
             if e.get("launch_failed"):

@@ -36,7 +36,6 @@ from tuner.engine.sim import SimEngine  # noqa: E402
 from tuner.knobs import Knobs  # noqa: E402
 from tuner.capacity.knee import KneeSettings, find_capacity  # noqa: E402
 from tuner.capacity.measure import measure  # noqa: E402
-from tuner.search.runner import knobs_key  # noqa: E402
 
 PRECISION = 0.05
 START = 1.0
@@ -118,7 +117,7 @@ def main(argv=None) -> int:
             res = {"ours": [], "dbl": [], "step": [], **{f"dbl_x{k}": [] for k in lengths}}
             for seed in range(args.seeds):
                 eng = SimEngine(sc.gpu, sc.model, noise=NOISE, token_times="itl" in slo.thresholds,
-                                launch_seed=lambda k, s=seed: zlib.crc32(f"{s}:{knobs_key(k)}".encode()))
+                                launch_seed=lambda k, s=seed: zlib.crc32(f"{s}:{k.key()}".encode()))
                 load = load_settings(sc, seed)
                 srv = eng.launch(knobs)
                 # no warm-up here: the peers' searches have none either

@@ -3,13 +3,19 @@
 Read from vLLM's own metrics just above the knee (the first failing rate: where the constraint shows)
 and from the client's timings, following REFERENCE.md section 2:
 
-| binds          | symptom                                                     | knobs, in order |
-|----------------|-------------------------------------------------------------|-----------------|
-| kv_capacity    | KV usage near 1.0, preemptions, running < max_num_seqs     | gpu_memory_utilization up, kv_cache_dtype fp8, quantization, max_model_len down |
-| batch_cap      | running == max_num_seqs, waiting > 0, KV usage < 0.9       | max_num_seqs up |
-| decode         | TPOT / ITL violated                                         | kv_cache_dtype fp8, max_num_seqs down, max_num_batched_tokens down, quantization; speculative_config on (first, and only, at a small batch) |
-| prefill        | TTFT violated, mostly prefill time rather than queue time  | max_num_batched_tokens up, enable_prefix_caching on, kv_cache_dtype fp8, quantization |
-| queue          | waiting climbs, batch not capped, KV has room, TTFT mostly queueing | none: add replicas (the capacity plan); quantization / fp8 KV make each step cheaper |
+| binds          | symptom                                                              |
+|----------------|----------------------------------------------------------------------|
+| kv_capacity    | KV usage near 1.0, preemptions, running below the batch cap          |
+| batch_cap      | running at the batch cap, waiting > 0, KV usage < 0.9                |
+| decode         | TPOT / ITL violated                                                  |
+| prefill        | TTFT violated, mostly prefill time rather than queue time            |
+| queue          | waiting climbs, batch not capped, KV has room, TTFT mostly queueing  |
+
+The knobs that answer each, in order and with their directions, are the knobs' own (`KnobSpec.answers`
+in tuner/knobs.py; `tuner.knobs.answer_table()` prints the table), moved by the knobs' `place` hooks at
+the knee's metrics (speculation first at a small batch and dropped at a large one; the token budget first
+where ITL binds). The queue kind names no knob that adds capacity (that is more replicas, the capacity
+plan); cheaper steps (quantisation, FP8 KV) answer it.
 
 For decode, FP8 KV comes first, ahead of REFERENCE.md's order: every decode step reads the whole
 resident KV cache, and FP8 halves those bytes with no trade-off, one launch to settle; the batch cap and
@@ -23,15 +29,12 @@ attention bytes every step reads.
 
 from __future__ import annotations
 
-from tuner.knobs import answering
-from tuner.speculative import low_concurrency
+from tuner.knobs import KNOB_SPECS, answering
 from tuner.replay.record import TOOL_CAUSES
 from tuner.storage.records import Diagnosis, LoadRunSummary, MetricsDigest
 
 #: Which knobs answer each diagnosis, in order, and which way to turn each: from the knobs' own table.
 KNOBS = {kind: answering(kind) for kind in ("kv_capacity", "batch_cap", "decode", "prefill", "queue")}
-SPECULATIVE = "speculative_config"
-STALL_KNOB = "max_num_batched_tokens"
 
 
 def diagnose(fail: LoadRunSummary | None, fail_metrics: MetricsDigest | None,
@@ -100,22 +103,17 @@ def diagnose(fail: LoadRunSummary | None, fail_metrics: MetricsDigest | None,
     else:
         kind = "decode"
         why = f"{(binding or 'latency').upper()} breaks the SLO first, mostly in generation, not queueing"
-    knobs, directions = list(KNOBS[kind][0]), KNOBS[kind][1]
-    if SPECULATIVE in knobs:
-        # speculation pays only while the batch leaves the step memory-bound: first at a small batch
-        # (the largest decode gain there), not proposed at a large one, where verifying k + 1 positions a
-        # sequence costs more than the accepted tokens give back
-        knobs.remove(SPECULATIVE)
-        if low_concurrency(m.running_p90):
-            knobs.insert(0, SPECULATIVE)
-    if kind == "decode" and binding == "itl" and STALL_KNOB in knobs:
-        # a bound on each request's largest gap is broken by a stall, not the mean step: the decode step
-        # that carried another request's prefill chunk (tuner.capacity.explain names them), which only a
-        # smaller token budget per step shortens (on multitenant, RTX 4090: none at vLLM's 2048, 2.6 req/s
-        # at 512 or 1024)
-        knobs.remove(STALL_KNOB)
-        knobs.insert(0, STALL_KNOB)
+    knobs, directions = _placed(kind, binding, m)
     return Diagnosis(kind=kind, summary=why, evidence=ev, knobs=knobs, directions=dict(directions))
+
+
+def _placed(kind: str, binding: str | None, m: MetricsDigest) -> tuple[list[str], dict[str, str]]:
+    """The diagnosis's knobs in order, each knob's `place` hook applied at the knee's metrics: the knobs
+    it puts first lead (in the table's order), the ones it drops are left out."""
+    names, directions = KNOBS[kind]
+    where = {n: (KNOB_SPECS[n].place(kind, binding, m) if KNOB_SPECS[n].place else None) for n in names}
+    first = [n for n in KNOB_SPECS if where.get(n) == "first"]
+    return first + [n for n in names if where[n] is None], directions
 
 
 #: What each error cause says to do, for the one-line diagnosis of a run that fails on errors.

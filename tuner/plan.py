@@ -334,7 +334,7 @@ def plan_for_study(info, rec, *, where: str | None = None, **overrides) -> Plan:
         knee = [r for r in rec.load_runs if r.rate == rec.capacity_rps]
         p50 = knee[-1].p50_ms.get("e2el") if knee else None
         e2el = p50 / 1e3 if p50 else None
-    tuned = Knobs(**(rec.knobs if rec else {}))
+    tuned = rec.config if rec else Knobs()
     args = dict(rate_per_instance=rate, peak_rate=peak, headroom=slo.headroom,
                 tp=tuned.tensor_parallel_size or 1, gpu=info.settings.engine.gpu,
                 model=info.settings.engine.model, slo=slo, knobs=tuned,

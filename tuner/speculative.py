@@ -125,6 +125,23 @@ def order_for_batch(values: list[str], batch: float, measured: float | None = No
     return [v for _, _, v in sorted(scored)]
 
 
+def candidates_for_batch(values: list, direction: str, evidence: dict, stated: dict[str, float],
+                         current: Any) -> list:
+    """Speculative configs in the order worth trying at the batch a knee runs at (`KnobSpec.narrow`):
+    the draft length (and method) with the largest expected gain first (`order_for_batch`). The
+    acceptance rate an incumbent with speculation measured is used for its own method; other methods
+    take the stated rate or the prior. Unchanged where the knee's batch is not known."""
+    running = evidence.get("running_p90")
+    if not isinstance(running, (int, float)):
+        return values
+    measured = evidence.get("spec_acceptance_rate")
+    rates = dict(stated)
+    if isinstance(measured, float) and current:
+        rates[parse(current).method] = measured
+    specs = [v for v in values if v is not None]
+    return order_for_batch(specs, running, stated=rates) + [v for v in values if v is None]
+
+
 def low_concurrency(batch: float, ridge_tokens: float = RIDGE_TOKENS) -> bool:
     """Whether a knee's batch leaves room for even one draft token a sequence before the step turns
     compute-bound (batch x 2 tokens under the ridge): the regime where speculation can pay."""

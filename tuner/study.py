@@ -82,13 +82,10 @@ def engine_defaults(settings: RunSettings) -> dict[str, Any]:
     """vLLM's values for unset knobs on this GPU, where the GPU is known (constraints, directions)."""
     if not settings.engine.gpu:
         return {}
+    from tuner.knobs import vllm_defaults
     from tuner.profiles.gpus import get_gpu
-    from tuner.sim.config import DEFAULT_GPU_MEMORY_UTILIZATION, vllm_batch_defaults
 
-    seqs, tokens = vllm_batch_defaults(get_gpu(settings.engine.gpu))
-    return {"max_num_seqs": seqs, "max_num_batched_tokens": tokens, "kv_cache_dtype": "auto",
-            "gpu_memory_utilization": DEFAULT_GPU_MEMORY_UTILIZATION, "enable_prefix_caching": True,
-            "quantization": None}
+    return vllm_defaults(get_gpu(settings.engine.gpu))
 
 
 def engine_spec(settings: RunSettings, slo: SLO | None = None, space: SearchSpace | None = None) -> EngineSpec:

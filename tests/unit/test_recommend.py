@@ -110,10 +110,8 @@ class _FakeRunner:
     """The trial runner as `attribute` uses it: stored records, evaluate (a launch), the study attribute."""
 
     def __init__(self, records: list[TrialRecord], measure):
-        from tuner.search.runner import knobs_key
-
         self.records, self.measure, self.attrs, self.launched = list(records), measure, {}, []
-        self.key = lambda knobs: knobs_key(Knobs(**knobs))
+        self.key = lambda knobs: Knobs(**knobs).key()
         self.space = type("S", (), {"layout": staticmethod(lambda k: k)})()
         self.study = type("St", (), {"set_user_attr": lambda _, k, v: self.attrs.__setitem__(k, v)})()
 

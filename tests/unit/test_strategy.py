@@ -108,11 +108,11 @@ def test_no_confirmation_launch_on_a_deterministic_engine_nor_without_budget():
 def test_a_batch_cap_above_the_running_batch_is_not_proposed() -> None:
     """Decode-bound at 7 running sequences: max_num_seqs 128 or 64 changes nothing; 8 may."""
     from tuner.storage.records import Diagnosis
-    from tuner.search.strategy import _can_bind
+    from tuner.search.strategy import _narrowed
 
     diag = Diagnosis(kind="decode", summary="", evidence={"running_p90": 7}, knobs=["max_num_seqs"],
                      directions={"max_num_seqs": "down"})
-    assert _can_bind("max_num_seqs", [128, 64, 16, 8, 4], "down", diag) == [8, 4]
-    assert _can_bind("max_num_seqs", [512], "up", diag) == [512]  # raising the cap is another question
-    assert _can_bind("max_num_batched_tokens", [512], "down", diag) == [512]
-    assert _can_bind("max_num_seqs", [64], "down", None) == [64]
+    assert _narrowed("max_num_seqs", [128, 64, 16, 8, 4], "down", diag, {}, None) == [8, 4]
+    assert _narrowed("max_num_seqs", [512], "up", diag, {}, None) == [512]  # raising the cap is another question
+    assert _narrowed("max_num_batched_tokens", [512], "down", diag, {}, None) == [512]
+    assert _narrowed("max_num_seqs", [64], "down", None, {}, None) == [64]

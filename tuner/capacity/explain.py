@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tuner.knobs import FP8_KV
 from tuner.replay.record import TOOL_CAUSES, RequestRecord
 from tuner.slo import SLO, request_ratios
 from tuner.storage.records import LoadRunSummary
@@ -109,7 +110,7 @@ def _who(m: str, viol: list[RequestRecord], meet: list[RequestRecord], records: 
         return ("with the longest inter-token gaps", "", [knob])
     ctx = [float((r.prompt_tokens or 0) + r.output_tokens) for r in viol]
     return (f"with {_range(ctx, _tokens)} tokens of context (prompt + output)", "",
-            ["kv_cache_dtype fp8 (each decode step reads half the KV bytes)"])
+            [f"{FP8_KV} (each decode step reads half the KV bytes)"])
 
 
 def _uncached(r: RequestRecord) -> float:
@@ -131,7 +132,7 @@ def _ttft(viol: list[RequestRecord], meet: list[RequestRecord], records: list[Re
     """TTFT violators as cold prefixes, requests that arrived while another's prefill ran, and the rest
     by prompt length, each group counted with its own figures."""
     cold = _cold(viol, meet)
-    cache_fix = ("a KV cache that keeps the shared prefixes resident (kv_cache_dtype fp8, a higher "
+    cache_fix = (f"a KV cache that keeps the shared prefixes resident ({FP8_KV}, a higher "
                  "gpu_memory_utilization) or a warmed prefix cache")
     if cold and len(cold) == len(viol):
         return ("whose shared prefix was not (or only partly) in the prefix cache",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import ClassVar, Sequence
 
 from tuner.errors import UserError
+from tuner.knobs import KNOB_SPECS
 
 
 class SimulatedEngineChecks:
@@ -15,22 +16,18 @@ class SimulatedEngineChecks:
 
     @classmethod
     def unsupported_value(cls, values: dict[str, list]) -> tuple[str, str] | None:
-        """A value vLLM accepts but the simulator does not model: every simulated launch would refuse it."""
-        from tuner.knobs import KV_CACHE_DTYPES
-        from tuner.sim.config import QUANT_CHOICES
+        """A value vLLM accepts but the simulator does not model (`KnobSpec.simulated`), or a knob it does
+        not model at all (`tuner.sim.config.modelled_knobs`): every simulated launch would refuse it."""
+        from tuner.sim.config import modelled_knobs
 
-        for knob, modelled in (("kv_cache_dtype", KV_CACHE_DTYPES), ("quantization", QUANT_CHOICES)):
-            for v in values.get(knob, []):
-                if v is not None and v not in modelled:
-                    return knob, (f"{v!r} is not modelled by the simulated engines (modelled: "
-                                  f"{', '.join(modelled)}); drop it or use --engine vllm")
-        from tuner.speculative import SIMULATED_METHODS, parse
-
-        for v in values.get("speculative_config", []):
-            if v is not None and parse(v).method not in SIMULATED_METHODS:
-                return "speculative_config", (f"method {parse(v).method!r} is not modelled by the simulated "
-                                              f"engines (modelled: {', '.join(SIMULATED_METHODS)}); drop it "
-                                              "or use --engine vllm")
+        for knob, vals in values.items():
+            if knob not in modelled_knobs() and any(v is not None for v in vals):
+                return knob, (f"{knob} is not modelled by the simulated engines (every launch would ignore "
+                              "it); drop it or use --engine vllm")
+            for v in vals:
+                why = KNOB_SPECS[knob].unmodelled(v)
+                if why:
+                    return knob, why
         return None
 
     @classmethod

@@ -184,7 +184,7 @@ def _window_metrics(cfg: ResolvedConfig, core: EngineCore, c0: tuple, samples: l
           core.generation_tokens, core.requests_finished, core.spec_drafts, core.spec_draft_tokens,
           core.spec_accepted)
     d = [b - a for a, b in zip(c0, c1)]
-    cc = cfg
+    info = cfg.cache_info()
     return MetricsWindow(
         samples=samples,
         counters={PREEMPTIONS: d[0], PREFIX_QUERIES: d[1], PREFIX_HITS: d[2], PROMPT_TOKENS: d[3],
@@ -197,10 +197,8 @@ def _window_metrics(cfg: ResolvedConfig, core: EngineCore, c0: tuple, samples: l
             "request_prefill_time_seconds": _hist(prefills, REQUEST_LATENCY_BUCKETS),
             "iteration_tokens_total": _hist(it_tokens, ITERATION_TOKENS_BUCKETS),
         },
-        cache_config={"gpu_memory_utilization": str(cc.gpu_memory_utilization),
-                      "cache_dtype": cc.kv_cache_dtype, "block_size": str(cc.block_size),
-                      "enable_prefix_caching": str(cc.enable_prefix_caching),
-                      "num_gpu_blocks": str(cc.num_gpu_blocks)},
+        cache_config={k: info[k] for k in ("gpu_memory_utilization", "cache_dtype", "block_size",
+                                            "enable_prefix_caching", "num_gpu_blocks")},
     )
 
 

@@ -30,7 +30,7 @@ from tuner.storage.status import study_status
 from tuner.slo import SLO
 
 def serve_args(knobs: dict) -> list[str]:
-    return Knobs(**knobs).flags()
+    return Knobs.stored(knobs).flags()
 
 
 def hardware(info) -> str:
@@ -53,7 +53,7 @@ def config_yaml(model: str | None, knobs: dict, extra_args: list[str] | tuple[st
     `no-<flag>: true`, which every vLLM version's config loader turns into `--no-<flag>`. The other
     server arguments the measured launches used follow the knobs (`--flag value` or a bare `--flag`)."""
     body: dict = {}
-    for name, value in Knobs(**knobs).model_dump().items():
+    for name, value in Knobs.stored(knobs).model_dump().items():
         if value is None:
             continue
         key = name.replace("_", "-")

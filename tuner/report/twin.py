@@ -10,7 +10,7 @@ import statistics
 
 from tuner.report.model import TwinFitRow, TwinRankRow, TwinSection, TwinVerified
 from tuner.storage.reader import StudyData
-from tuner.storage.twin import TwinLog, knobs_key
+from tuner.storage.twin import TwinLog
 
 RANK_ROWS = 10
 
@@ -22,7 +22,7 @@ def twin_section(data: StudyData) -> TwinSection | None:
     by_key: dict[str, list] = {}
     for t in data.trials:
         if t.record.launched:
-            by_key.setdefault(knobs_key(t.record.knobs), []).append(t.record)
+            by_key.setdefault(t.record.config.key(), []).append(t.record)
     verified = []
     for key, pred in log.predicted_before_launch.items():
         for rec in by_key.get(key, [])[:1]:

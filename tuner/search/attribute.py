@@ -75,7 +75,7 @@ def _measure_shares(runner: TrialRunner, step: StepShares, before: TrialRecord, 
     """`--attribute`: launch each leave-one-out configuration; a measured share replaces the prediction
     in deciding whether the knob is within noise."""
     for sh in step.knobs:
-        rec = runner.evaluate(Knobs(**sh.without_knobs), role="attribute", changed_knob=sh.knob,
+        rec = runner.evaluate(Knobs.stored(sh.without_knobs), role="attribute", changed_knob=sh.knob,
                               start_rate=after.capacity_rps, incumbent=after.capacity_rps)
         sh.measured_trial = rec.number
         sh.measured_without_rps = rec.capacity_rps if rec.launched else None
@@ -168,7 +168,7 @@ def _confirm(runner: TrialRunner, budget: Budget, final: TrialRecord, knobs: dic
                         "so it cannot be recommended: a recommendation is always a measured configuration.")
             return out
         say(f"confirming trial {final.number} without {names} (their shares are within noise)")
-        done = runner.evaluate(Knobs(**knobs), role="simplify", start_rate=final.capacity_rps,
+        done = runner.evaluate(Knobs.stored(knobs), role="simplify", start_rate=final.capacity_rps,
                                incumbent=final.capacity_rps)
     out.trial = done.number
     cap = f"{done.capacity_rps:.3g} req/s" if done.capacity_rps else "no capacity"
@@ -180,9 +180,7 @@ def _confirm(runner: TrialRunner, budget: Budget, final: TrialRecord, knobs: dic
 
 
 def _key(runner: TrialRunner, knobs: dict) -> str:
-    from tuner.search.runner import knobs_key
-
-    return knobs_key(runner.space.layout(Knobs(**knobs)))
+    return runner.space.layout(Knobs.stored(knobs)).key()
 
 
 def attribute_study(runner: TrialRunner, budget: Budget, outcome: Outcome, twin=None, *, noise_floor: float,
@@ -192,7 +190,7 @@ def attribute_study(runner: TrialRunner, budget: Budget, outcome: Outcome, twin=
     predict = None
     if twin is not None and twin.fits:
         def predict(knobs: dict, rate: float) -> float | None:
-            return twin.predict(runner.space.layout(Knobs(**knobs)), start_rate=rate).capacity_rps
+            return twin.predict(runner.space.layout(Knobs.stored(knobs)), start_rate=rate).capacity_rps
     return attribute(runner, budget, outcome, noise_floor=noise_floor, predict=predict,
                      fit_after=twin.after_trial if twin is not None else -1, verify=verify,
                      say=say or (lambda m: None))

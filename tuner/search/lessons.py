@@ -20,7 +20,7 @@ import math
 import re
 from typing import Any, Iterable
 
-from tuner.knobs import Knobs
+from tuner.knobs import KNOB_SPECS, Knobs, neutral_values
 from tuner.storage.records import LearnedConstraint, TrialRecord
 
 #: Taken off the free fraction vLLM reported: other processes' memory moves between two launches.
@@ -28,13 +28,12 @@ FREE_MARGIN = 0.02
 _NUM = r"(\d+(?:\.\d+)?)"
 _MEMORY = re.compile(rf"\({_NUM}/{_NUM} GiB\) on startup is less than desired (?:GPU|CPU) memory "
                      rf"utilization \({_NUM}", re.I)
-#: Which knob a hardware or build failure names, when its message names one.
-_NAMES_KNOB = [
-    ("kv_cache_dtype", re.compile(r"KV cache|kv_cache_dtype|cache_dtype|cache dtype", re.I)),
-    ("quantization", re.compile(r"quant|fp8|awq|gptq|marlin|compressed.tensors", re.I)),
-]
 _HOST_FAILURES = ("unsupported", "bad_flag")
-_HOST_KNOBS = ("kv_cache_dtype", "quantization")
+#: The knobs a host or build may lack a value's kernel for (`KnobSpec.host_dependent`), each with the
+#: words of a failure message that name it (`KnobSpec.named_by`), in the order they are checked.
+_HOST_KNOBS = {s.name: re.compile(s.named_by[1] if s.named_by else "(?!)", re.I) for s in
+               sorted((s for s in KNOB_SPECS.values() if s.host_dependent),
+                      key=lambda s: s.named_by[0] if s.named_by else len(KNOB_SPECS))}
 
 
 def _memory_lesson(rec: TrialRecord, defaults: dict[str, Any]) -> LearnedConstraint | None:
@@ -65,8 +64,9 @@ def _host_lesson(rec: TrialRecord) -> LearnedConstraint | None:
     msg = rec.launch_failure_message or ""
     if msg.startswith("breaks constraint"):
         return None  # the space's own rule, not a fact about the host
-    set_here = [k for k in _HOST_KNOBS if rec.knobs.get(k) not in (None, "auto")]
-    named = [k for k, pat in _NAMES_KNOB if k in set_here and pat.search(msg)]
+    neutral = neutral_values()
+    set_here = [k for k in _HOST_KNOBS if rec.knobs.get(k) is not None and rec.knobs.get(k) != neutral.get(k)]
+    named = [k for k in set_here if _HOST_KNOBS[k].search(msg)]
     if named:
         knob = named[0]
     elif rec.changed_knob in set_here:

@@ -19,29 +19,16 @@ from tuner import signals
 from tuner.diagnose import diagnose
 from tuner.engine.base import Engine
 from tuner.failures import LaunchFailure
-from tuner.knobs import Knobs
+from tuner.knobs import Knobs, fixing
 from tuner.capacity.knee import KneeSearch, KneeSettings
 from tuner.search.lessons import Lessons, learn
 from tuner.capacity.measure import LoadSettings, latency_quantiles, measure
-from tuner.storage.optuna_study import (TrialState, ask, enqueue, finished_records, heartbeats, interrupt,
-                                        tell)
-from tuner.storage.twin import knobs_key as storage_knobs_key
+from tuner.storage.optuna_study import (EXTRA_KNOBS, TrialState, ask, enqueue, finished_records, heartbeats,
+                                        interrupt, split_knobs, tell, trial_knobs)
 from tuner.storage.records import Diagnosis, LoadRunSummary, TrialRecord
 from tuner.search.space import SearchSpace
 from tuner.slo import SLO
 from tuner.workload.model import Workload
-
-# What a failed launch teaches, as a diagnosis the guided strategy can act on.
-LAUNCH_LESSONS = {
-    "max_model_len": (["max_model_len", "gpu_memory_utilization", "kv_cache_dtype"],
-                      {"max_model_len": "down", "gpu_memory_utilization": "up", "kv_cache_dtype": "any"}),
-    "no_cache_blocks": (["gpu_memory_utilization", "quantization"],
-                        {"gpu_memory_utilization": "up", "quantization": "any"}),
-    "memory_utilization": (["gpu_memory_utilization"], {"gpu_memory_utilization": "down"}),
-    "oom": (["gpu_memory_utilization", "quantization", "max_num_batched_tokens"],
-            {"gpu_memory_utilization": "down", "quantization": "any", "max_num_batched_tokens": "down"}),
-}
-
 
 class Reporter(Protocol):
     def trial_started(self, number: int, knobs: Knobs, role: str) -> None: ...
@@ -57,11 +44,6 @@ class NullReporter:
     def point(self, number, point): pass
     def trial_done(self, record): pass
     def incumbent_changed(self, record): pass
-
-
-def knobs_key(knobs: Knobs) -> str:
-    """`tuner.storage.twin.knobs_key` of a `Knobs` record: the one name of a configuration."""
-    return storage_knobs_key(knobs.set_only())
 
 
 def counts_as_launch(rec: TrialRecord) -> bool:
@@ -104,7 +86,7 @@ class TrialRunner:
         configuration's launches in trial order (the baseline and its confirmation are two)."""
         out: dict[str, list[TrialRecord]] = {}
         for r in finished_records(self.study):
-            out.setdefault(knobs_key(Knobs(**r.knobs)), []).append(r)
+            out.setdefault(r.config.key(), []).append(r)
         return out
 
     def finished(self) -> dict[str, TrialRecord]:
@@ -119,7 +101,7 @@ class TrialRunner:
     def seen(self, knobs: Knobs) -> bool:
         """Whether this process evaluated `knobs` already (a stored launch not yet read back is not seen:
         a resumed strategy reads it back where the first run measured it)."""
-        return self.served[knobs_key(self.space.layout(knobs))] > 0
+        return self.served[self.space.layout(knobs).key()] > 0
 
     def account_stored(self) -> int:
         """Count every stored launch against the budget now (strategies that do not replay their
@@ -151,7 +133,7 @@ class TrialRunner:
         becomes the incumbent (`accepted`) when its capacity beats `accept_above` (None: any capacity),
         or when `accept(record)` says so. The space's `layout` fills the host first."""
         knobs = self.space.layout(knobs)
-        key = knobs_key(knobs)
+        key = knobs.key()
         nth = self.served[key] if fresh else 0
         stored = self.finished_all().get(key, [])
         if nth < len(stored):  # measured before (by this process, or before an interruption): reused
@@ -162,12 +144,11 @@ class TrialRunner:
             return done
         self.served[key] = nth + 1
         # knobs outside the space (or values it does not list) travel as a user attribute
-        params = {k: getattr(knobs, k) for k in self.space.knobs if getattr(knobs, k) in self.choices(k)}
-        extra = {k: v for k, v in knobs.set_only().items() if k not in params}
+        params, extra = split_knobs(knobs, {k: self.choices(k) for k in self.space.knobs})
         signals.check()
         with signals.deferred():  # the trial exists from here: a Ctrl-C must find it in `current`
             # the role travels with the trial, so a trial a killed tool left RUNNING is recorded in it
-            enqueue(self.study, params, {"extra_knobs": extra, "role": role})
+            enqueue(self.study, params, {EXTRA_KNOBS: extra, "role": role})
             trial = self.ask()
         return self.run_trial(trial, role=role, changed_knob=changed_knob, race_rate=race_rate,
                               start_rate=start_rate, incumbent=incumbent, accept_above=accept_above,
@@ -197,10 +178,8 @@ class TrialRunner:
                    race_rate: float | None = None, start_rate: float | None = None,
                    incumbent: float | None = None, accept_above: float | None = None,
                   accept: Callable[[TrialRecord], bool] | None = None) -> TrialRecord:
-        params = {k: trial.params.get(k) for k in self.space.knobs}
-        knobs = self.space.layout(Knobs(**{k: v for k, v in {**params, **trial.user_attrs.get("extra_knobs", {})}.items()
-                                           if v is not None}))
-        rec = TrialRecord(number=trial.number, role=role, knobs=knobs.set_only(),
+        knobs = self.space.layout(trial_knobs({k: trial.params.get(k) for k in self.space.knobs}, trial.user_attrs))
+        rec = TrialRecord(number=trial.number, role=role, knobs=knobs,
                           changed_knob=changed_knob, incumbent_before=incumbent)
         t0 = time.perf_counter()
         self.reporter.trial_started(trial.number, knobs, role)
@@ -221,11 +200,11 @@ class TrialRunner:
             except LaunchFailure as e:
                 rec.launch_failure_kind, rec.launch_failure_message = e.kind, e.message
                 rec.learned = learn(rec, self.defaults)
-                lesson = LAUNCH_LESSONS.get(e.kind)
-                if lesson:
+                knobs_fixing, directions = fixing(e.kind)
+                if knobs_fixing:
                     rec.diagnosis = Diagnosis(kind="launch_failure", summary=e.message[:300],
-                                              evidence={"failure": e.kind}, knobs=lesson[0],
-                                              directions=lesson[1])
+                                              evidence={"failure": e.kind}, knobs=knobs_fixing,
+                                              directions=directions)
                 return self._tell(trial, rec, TrialState.FAIL, t0)
             rec.launched = True
             rec.kv_cache_tokens = server.info.kv_cache_tokens

@@ -117,7 +117,7 @@ class SearchSpace(BaseModel):
         """Every combination, constraints applied, one at a time (nothing held but the current one)."""
         names = list(self.knobs)
         for combo in itertools.product(*(self.knobs[n].values for n in names)):
-            k = self.layout(Knobs(**{n: v for n, v in zip(names, combo) if v is not None}))
+            k = self.layout(Knobs.stored({n: v for n, v in zip(names, combo) if v is not None}))
             if self.allows(k) is None:
                 yield k
 

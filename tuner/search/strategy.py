@@ -10,12 +10,11 @@ and storage, and the rules here.
 from __future__ import annotations
 
 import math
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.knobs import KNOB_SPECS, Knobs
+from tuner.knobs import KNOB_SPECS, Knobs, neutral_values
 from tuner.storage.records import Diagnosis, TrialRecord
 from tuner.search.runner import TrialRunner
 
@@ -60,46 +59,25 @@ def _order(value: Any, values: list[Any], direction: str) -> list[Any]:
     return others
 
 
-def _can_bind(knob: str, values: list[Any], direction: str, diag: Diagnosis | None) -> list[Any]:
-    """Drop the lower batch caps that cannot change the run: a `max_num_seqs` at or above twice the batch
-    that ran at the failing point (p90) never limits it, so launching it measures the incumbent again. (On
-    chat with a strict TPOT on an RTX 4090 the knee runs 7 sequences: 128 and 64 were two wasted launches.)"""
-    running = diag.evidence.get("running_p90") if diag else None
-    if knob != "max_num_seqs" or direction != "down" or not isinstance(running, (int, float)) or running <= 0:
-        return values
-    return [v for v in values if not isinstance(v, (int, float)) or v < 2 * running]
-
-
-def _for_batch(knob: str, values: list[Any], diag: Diagnosis | None, stated: dict[str, float],
-               current: Any) -> list[Any]:
-    """Speculative configs in the order worth trying at the batch the knee runs at: the draft length
-    (and method) with the largest expected gain first, the ones expected to lose dropped
-    (`tuner.speculative.order_for_batch`). The acceptance rate an incumbent with speculation measured is
-    used for its own method; other methods take the stated rate or the prior."""
-    from tuner.speculative import parse as parse_spec, order_for_batch
-
-    running = diag.evidence.get("running_p90") if diag else None
-    if knob != "speculative_config" or not isinstance(running, (int, float)):
-        return values
-    measured = diag.evidence.get("spec_acceptance_rate") if diag else None
-    rates = dict(stated)
-    if isinstance(measured, float) and current:
-        rates[parse_spec(current).method] = measured
-    specs = [v for v in values if v is not None]
-    return order_for_batch(specs, running, stated=rates) + [v for v in values if v is None]
+def _narrowed(knob: str, values: list[Any], direction: str, diag: Diagnosis | None, stated: dict[str, float],
+              current: Any) -> list[Any]:
+    """The candidate values of `knob` worth launching, in order, as the knob's own hook sees them at the
+    knee the incumbent's diagnosis describes (`KnobSpec.narrow`: the batch caps that cannot bind dropped,
+    speculative configs ordered for the batch)."""
+    hook = KNOB_SPECS[knob].narrow
+    return values if hook is None else hook(values, direction, diag.evidence if diag else {}, stated, current)
 
 
 def normalize(knobs: Knobs, defaults: dict[str, Any]) -> Knobs:
     """Unset the knobs whose value is vLLM's default: `--kv-cache-dtype auto` is the baseline."""
-    always = {k: spec.neutral for k, spec in KNOB_SPECS.items() if spec.neutral is not None}
-    keep = {k: v for k, v in knobs.set_only().items() if {**always, **defaults}.get(k, object()) != v}
-    return Knobs(**keep)
+    same = {**neutral_values(), **defaults}
+    return Knobs.stored({k: v for k, v in knobs.set_only().items() if same.get(k, object()) != v})
 
 
 def _current(knobs: Knobs, name: str, defaults: dict[str, Any]) -> Any:
     v = getattr(knobs, name)
     if v is None:
-        return {"kv_cache_dtype": "auto", **defaults}.get(name)
+        return {**neutral_values(), **defaults}.get(name)
     return v
 
 
@@ -179,7 +157,7 @@ def _launch_again(runner: TrialRunner, rec: TrialRecord, against: float | None,
                   noise: LaunchNoise) -> TrialRecord:
     """A second launch of `rec`'s configuration, measured from its claimed capacity; the lower of the
     two estimates is returned, and their spread is noted."""
-    again = runner.evaluate(Knobs(**rec.knobs), role="confirm", changed_knob=rec.changed_knob,
+    again = runner.evaluate(rec.config, role="confirm", changed_knob=rec.changed_knob,
                             start_rate=rec.capacity_rps, incumbent=against, fresh=True)
     noise.add(rec.capacity_rps, again.capacity_rps)
     return again if (again.capacity_rps or 0.0) < (rec.capacity_rps or 0.0) else rec
@@ -218,9 +196,9 @@ def fitted_baseline(runner: TrialRunner, budget: Budget) -> TrialRecord:
     a baseline that ran, and it differs from the defaults only in what the host forced."""
     first = runner.evaluate(Knobs(), role="baseline")
     while not first.launched and budget.left(runner):
-        fitted = normalize(runner.lessons().repair(Knobs(**first.knobs), runner.defaults), runner.defaults)
+        fitted = normalize(runner.lessons().repair(first.config, runner.defaults), runner.defaults)
         changed = next(iter(fitted.set_only()), None)
-        if fitted == Knobs(**first.knobs) or runner.seen(fitted):
+        if fitted == first.config or runner.seen(fitted):
             fitted = fit_to_host(runner, first)
             if fitted is None or runner.seen(fitted):
                 break
@@ -229,24 +207,18 @@ def fitted_baseline(runner: TrialRunner, budget: Budget) -> TrialRecord:
     return first
 
 
-_ESTIMATED_LEN = re.compile(r"estimated maximum model length is (\d+)")
-
-
 def fit_to_host(runner: TrialRunner, rec: TrialRecord) -> Knobs | None:
-    """The smallest change of the space that lets a launch whose model did not fit its GPUs fit: where
-    one request of max_model_len did not fit the KV pool, the space's longest max_model_len vLLM's own
-    estimate allows (the study refused any value below the workload's longest request); else, where the
-    weights or that KV did not fit, the next tensor-parallel size (a 70B model in BF16 needs at least two
-    80 GB GPUs). So a baseline is vLLM's defaults with only what the host forced changed."""
-    kind, knobs = rec.launch_failure_kind, Knobs(**rec.knobs)
-    m = _ESTIMATED_LEN.search(rec.launch_failure_message or "")
-    if kind == "max_model_len" and m and "max_model_len" in runner.space.knobs:
-        fits = [v for v in runner.space.knobs["max_model_len"].values
-                if v is not None and v <= int(m.group(1)) and v != knobs.max_model_len]
-        if fits:
-            return knobs.with_(max_model_len=max(fits))
-    if kind not in ("oom", "max_model_len", "no_cache_blocks") or "tensor_parallel_size" not in runner.space.knobs:
-        return None
-    cur = knobs.tensor_parallel_size or 1
-    wider = sorted(v for v in runner.space.knobs["tensor_parallel_size"].values if v is not None and v > cur)
-    return knobs.with_(tensor_parallel_size=wider[0]) if wider else None
+    """The smallest change of the space that lets a launch whose model did not fit its GPUs fit, as the
+    knobs' own hooks propose it (`KnobSpec.fit_host`, in the table's order: the longest max_model_len
+    vLLM's estimate allows, else the next tensor-parallel size). So a baseline is vLLM's defaults with only
+    what the host forced changed."""
+    knobs = rec.config
+    for name, spec in KNOB_SPECS.items():
+        if spec.fit_host is None or name not in runner.space.knobs:
+            continue
+        v = spec.fit_host(getattr(knobs, name), runner.space.knobs[name].values, rec.launch_failure_kind,
+                          rec.launch_failure_message or "")
+        if v is not None:
+            return knobs.with_(**{name: v})
+    return None
+

@@ -20,15 +20,12 @@ from typing import Sequence
 
 import typer
 
-from tuner.knobs import KNOB_SPECS, KV_CACHE_DTYPES
+from tuner.knobs import KNOB_SPECS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="The simulated vLLM engine (no GPU needed).")
 
 _HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
-# pydantic config classes vLLM validates each knob in (for its error wording)
-_CONFIG_OF = {"max_num_seqs": "SchedulerConfig", "max_num_batched_tokens": "SchedulerConfig",
-              "gpu_memory_utilization": "CacheConfig", "max_model_len": "ModelConfig"}
 
 
 def human_readable_int(value: str) -> int:
@@ -78,8 +75,6 @@ def _acceptance(text: str) -> tuple[str, float]:
 
 
 def build_parser(prog: str = "tune sim serve") -> argparse.ArgumentParser:
-    from tuner.sim.config import QUANT_CHOICES
-
     p = argparse.ArgumentParser(
         prog=prog, description="Serve a simulated vLLM (OpenAI API, /metrics) for a GPU and model profile. "
         "Knob flags are vLLM's.")
@@ -99,14 +94,12 @@ def build_parser(prog: str = "tune sim serve") -> argparse.ArgumentParser:
     v.add_argument("--port", type=int, default=8000)
     v.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 (or VLLM_API_KEY)")
     v.add_argument("--served-model-name", nargs="+", default=None)
-    modelled = {"quantization": QUANT_CHOICES, "kv_cache_dtype": KV_CACHE_DTYPES}  # the simulated subsets
-    for spec in KNOB_SPECS.values():  # every knob, spelled and parsed as vLLM does
+    for spec in KNOB_SPECS.values():  # every knob, spelled and parsed as vLLM does (choices: the simulated ones)
         kw: dict = {"int": {"type": int}, "tokens": {"type": human_readable_int}, "fraction": {"type": float},
                     "switch": {"action": argparse.BooleanOptionalAction},
-                    "choice": {"choices": modelled.get(spec.name, spec.choices)},
+                    "choice": {"choices": spec.simulated or spec.choices},
                     "json": {"type": str}}[spec.kind]
-        v.add_argument(spec.flag, *(["-q"] if spec.name == "quantization" else []), default=None,
-                       help=spec.help, **kw)
+        v.add_argument(spec.flag, *([spec.short] if spec.short else []), default=None, help=spec.help, **kw)
     # vLLM flags a study may pass with --vllm-arg that change nothing the simulator models: accepted (a
     # study and its gate run the same command line on every engine), named in the launch log as such;
     # any other flag is refused, as vLLM refuses an unknown one
@@ -158,8 +151,9 @@ def _knobs(args: argparse.Namespace):
     except ValidationError as e:
         err = e.errors()[0]
         field = str(err["loc"][0])
+        config = KNOB_SPECS[field].config if field in KNOB_SPECS else "EngineArgs"
         return (f"pydantic_core._pydantic_core.ValidationError: 1 validation error for "
-                f"{_CONFIG_OF.get(field, 'EngineArgs')}\n{field}\n  {err['msg']} [type={err['type']}, "
+                f"{config}\n{field}\n  {err['msg']} [type={err['type']}, "
                 f"input_value={err['input']!r}, input_type={type(err['input']).__name__}]")
 
 

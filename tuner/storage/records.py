@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
+from tuner.knobs import Knobs
 from tuner.metrics.window import GaugeSample
 from tuner.settings import RunSettings
 
@@ -176,7 +177,9 @@ class TrialRecord(BaseModel):
     #: a leave-one-knob-out launch (`--attribute`)
     role: Literal["baseline", "candidate", "confirm", "grid", "tpe", "random", "gate", "simplify",
                   "attribute"] = "candidate"
-    knobs: dict = Field(default_factory=dict)           # set knobs only; {} = vLLM's defaults
+    #: set knobs only; {} = vLLM's defaults. Given a `Knobs` value, stored as its `set_only()`; read back
+    #: as one with `config`.
+    knobs: dict = Field(default_factory=dict)
     changed_knob: str | None = None                     # the one knob this trial turned
     launched: bool = False
     launch_failure_kind: str | None = None
@@ -202,6 +205,16 @@ class TrialRecord(BaseModel):
     learned: list[LearnedConstraint] = Field(default_factory=list)
     wall_s: float = 0.0
     engine_s: float = 0.0                               # engine (GPU) seconds spent in load runs
+
+    @field_validator("knobs", mode="before")
+    @classmethod
+    def _set_knobs(cls, v: Any) -> Any:
+        return v.set_only() if isinstance(v, Knobs) else v
+
+    @property
+    def config(self) -> Knobs:
+        """This trial's configuration, as the `Knobs` value it was stored from."""
+        return Knobs.stored(self.knobs)
 
 
 class StudyInfo(BaseModel):

@@ -8,10 +8,11 @@ measured capacity, never a prediction made afterwards). `tuner.twin` writes them
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pydantic import BaseModel, Field
+
+from tuner.knobs import Knobs, key_of
 
 ATTR = "twin"
 RANKING_KEPT = 40   # predictions of the latest ranking kept in storage (the report shows ten)
@@ -53,12 +54,6 @@ class FitResult(BaseModel):
     wall_s: float = 0.0
 
 
-def knobs_key(knobs: dict) -> str:
-    """One configuration's name in storage (its set knobs as sorted JSON): the trial runner, the twin and
-    the report all key configurations by it."""
-    return json.dumps(knobs, sort_keys=True)
-
-
 class Prediction(BaseModel):
     """What the twin expects a launch of `knobs` to measure."""
 
@@ -75,7 +70,12 @@ class Prediction(BaseModel):
 
     @property
     def key(self) -> str:
-        return knobs_key(self.knobs)
+        return key_of(self.knobs)
+
+    @property
+    def config(self) -> Knobs:
+        """The predicted configuration, as the `Knobs` value the twin ranked."""
+        return Knobs.stored(self.knobs)
 
 
 class Ranking(BaseModel):
@@ -87,7 +87,7 @@ class Ranking(BaseModel):
     wall_s: float = 0.0
 
     def get(self, knobs: dict) -> Prediction | None:
-        key = knobs_key(knobs)
+        key = key_of(knobs)
         return next((p for p in self.predictions if p.key == key), None)
 
 

@@ -29,7 +29,7 @@ import httpx
 import pytest
 
 from tuner.engine.base import LaunchFailure, Server
-from tuner.knobs import Knobs
+from tuner.knobs import REFUSED_BY_VLLM, Knobs
 from tuner.metrics.window import GENERATION_TOKENS, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, PROMPT_TOKENS
 from tuner.workload.model import WorkloadRequest
 from tuner.workload.prompts import synthesize_prompt
@@ -70,7 +70,7 @@ class EngineConformance:
     #: The shared server: a small batch cap, so a burst of 16 must queue.
     base_knobs: ClassVar[Knobs] = Knobs(max_num_seqs=4, max_num_batched_tokens=512)
     tiny_kv_knobs: ClassVar[Knobs] = Knobs(max_num_seqs=16, max_num_batched_tokens=1024, max_model_len=1024)
-    bad_flag_knobs: ClassVar[Knobs] = Knobs.model_construct(kv_cache_dtype="not-a-dtype")  # past the tool's own check: what the server says
+    bad_flag_knobs: ClassVar[Knobs] = REFUSED_BY_VLLM  # past the tool's own check: what the server says
     bad_flag_kind: ClassVar[str] = "bad_flag"
     request_timeout_s: ClassVar[float] = 300.0
 

@@ -64,7 +64,7 @@ class Observation:
         if not rec.launched or not pts:
             return None
         km = rec.knee_metrics
-        return cls(trial=rec.number, knobs=Knobs(**rec.knobs), points=_informative(pts, km.rate if km else None),
+        return cls(trial=rec.number, knobs=rec.config, points=_informative(pts, km.rate if km else None),
                    kv_cache_tokens=rec.kv_cache_tokens,
                    running_p90=km.running_p90 if km and km.running_p90 > 0 else None,
                    digest_rate=km.rate if km else None,

@@ -22,7 +22,7 @@ from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs
 from tuner.slo import SLO
 from tuner.twin.engine import TwinEngine
-from tuner.storage.twin import Prediction, Ranking, TwinParams, knobs_key
+from tuner.storage.twin import Prediction, Ranking, TwinParams
 from tuner.workload.model import Workload
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def rank_space(params: TwinParams, gpu, model, choices: dict[str, list], allowed
         and a start near the knee saves the bracketing runs."""
         nonlocal last
         k = canonical(k)
-        key = knobs_key(k.set_only())
+        key = k.key()
         if key not in out:
             out[key] = predict(params, gpu, model, k, workload, slo, load, start_rate=last,
                                after_trial=after_trial, shapes=shapes, fidelity=SCREEN)
@@ -132,7 +132,7 @@ def rank_space(params: TwinParams, gpu, model, choices: dict[str, list], allowed
         size *= len(choices[n])
     if size <= budget:
         for combo in itertools.product(*(choices[n] for n in names)):
-            k = Knobs(**{n: v for n, v in zip(names, combo) if v is not None})
+            k = Knobs.stored({n: v for n, v in zip(names, combo) if v is not None})
             if allowed(k):
                 one(k)
         method = "grid"
@@ -144,8 +144,8 @@ def rank_space(params: TwinParams, gpu, model, choices: dict[str, list], allowed
             if len(out) >= budget:
                 break
             t = study.ask()
-            k = Knobs(**{n: v for n, v in ((n, t.suggest_categorical(n, list(choices[n]))) for n in names)
-                         if v is not None})
+            k = Knobs.stored({n: v for n, v in ((n, t.suggest_categorical(n, list(choices[n]))) for n in names)
+                              if v is not None})
             if not allowed(k):
                 study.tell(t, state=optuna.trial.TrialState.PRUNED)
                 continue
@@ -164,14 +164,14 @@ def rerank(params: TwinParams, gpu, model, previous: Ranking, workload: Workload
     the numbers more than the order), marked stale by their `params_after_trial`. `freshen` predicts a
     stale one again before it is used."""
     t0 = time.perf_counter()
-    head = [Knobs(**p.knobs) for p in previous.predictions[:top]] + list(always)
+    head = [p.config for p in previous.predictions[:top]] + list(always)
     fresh: dict[str, Prediction] = {}
     ratios = []
     old = {p.key: p for p in previous.predictions}
     for k in head:
-        if knobs_key(k.set_only()) in fresh:
+        if k.key() in fresh:
             continue
-        o = old.get(knobs_key(k.set_only()))
+        o = old.get(k.key())
         p = predict(params, gpu, model, k, workload, slo, load, start_rate=(o and o.capacity_rps) or start_rate,
                     after_trial=after_trial, shapes=shapes)
         fresh[p.key] = p
@@ -193,6 +193,6 @@ def freshen(params: TwinParams, gpu, model, ranking: Ranking, workload: Workload
         top = next((p for p in preds if p.capacity_rps and not skip(p)), None)
         if top is None or (top.params_after_trial == ranking.after_trial and not top.screened):
             return ranking.model_copy(update={"predictions": preds})
-        p = predict(params, gpu, model, Knobs(**top.knobs), workload, slo, load,
+        p = predict(params, gpu, model, top.config, workload, slo, load,
                     start_rate=top.capacity_rps or start_rate, after_trial=ranking.after_trial, shapes=shapes)
         preds = _ordered([p if q.key == p.key else q for q in preds])

@@ -8,7 +8,7 @@ other hosts can share it, and an interrupted grid resumes where it stopped.
 from __future__ import annotations
 
 from tuner.knobs import Knobs
-from tuner.search.runner import TrialRunner, knobs_key
+from tuner.search.runner import TrialRunner
 from tuner.search.strategies import StrategyRun, register_strategy
 from tuner.search.strategy import Outcome
 from tuner.search.worker import work
@@ -34,13 +34,13 @@ def enqueue_grid(runner: TrialRunner) -> int:
     """Enqueue every grid configuration not already in the study (an interrupted trial does not count: its
     configuration is queued again); returns how many were added."""
     layout = runner.space.layout  # the grid's configurations fill the host; a trial's params do not say so
-    have = {knobs_key(layout(Knobs(**{k: v for k, v in params.items() if v is not None})))
+    have = {layout(Knobs.stored({k: v for k, v in params.items() if v is not None})).key()
             for params in [*stored_params(runner.study), *queued_params(runner.study)]}
     n = 0
     for knobs in runner.space.iter_grid():
-        if knobs_key(knobs) in have:
+        if knobs.key() in have:
             continue
         enqueue(runner.study, {k: getattr(knobs, k) for k in runner.space.knobs}, {"role": "grid"})
-        have.add(knobs_key(knobs))
+        have.add(knobs.key())
         n += 1
     return n

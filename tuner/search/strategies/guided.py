@@ -13,8 +13,8 @@ from collections import Counter
 from tuner.knobs import Knobs
 from tuner.search.runner import TrialRunner
 from tuner.search.strategies import StrategyRun, register_strategy
-from tuner.search.strategy import (TIE_MARGIN, Budget, LaunchNoise, Outcome, _can_bind, _current, _for_batch,
-                                   _order, accept_floor, clearly_better_at_same_load, confirm_incumbent,
+from tuner.search.strategy import (TIE_MARGIN, Budget, LaunchNoise, Outcome, _current, _narrowed, _order,
+                                   accept_floor, clearly_better_at_same_load, confirm_incumbent,
                                    fitted_baseline, normalize, replicate_baseline)
 from tuner.storage.records import Diagnosis
 
@@ -55,11 +55,11 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
             return Outcome(base, inc, "every knob tried: plateau", chain)
         knob = order[0]
         direction = (diag.directions.get(knob, "any") if diag and knob in wanted else "any")
-        inc_knobs = Knobs(**inc.knobs)
+        inc_knobs = inc.config
         cur = _current(inc_knobs, knob, runner.defaults)
         lessons = runner.lessons()
-        candidates = _can_bind(knob, _order(cur, runner.space.knobs[knob].values, direction), direction, diag)
-        candidates = _for_batch(knob, candidates, diag, runner.space.spec_acceptance, cur)
+        candidates = _narrowed(knob, _order(cur, runner.space.knobs[knob].values, direction), direction, diag,
+                               runner.space.spec_acceptance, cur)
         queue = lessons.allowed(knob, candidates, inc_knobs, runner.defaults)
         best = inc
         misses = 0

@@ -4,7 +4,7 @@ the same baseline as every strategy (what peer tools do; for comparison and for 
 from __future__ import annotations
 
 from tuner.knobs import Knobs
-from tuner.search.runner import TrialRunner, knobs_key
+from tuner.search.runner import TrialRunner
 from tuner.search.strategies import StrategyRun, register_strategy
 from tuner.search.strategy import Budget, Outcome, accept_floor, fitted_baseline
 from tuner.storage.optuna_study import prune, use_sampler
@@ -38,15 +38,15 @@ def whole_space(runner: TrialRunner, budget: Budget, *, sampler: str, noise_floo
     while budget.left(runner) and stale < 50:
         trial = runner.ask({})
         picked = {k: trial.suggest_categorical(k, runner.choices(k)) for k in runner.space.knobs}
-        knobs = runner.space.layout(Knobs(**{k: v for k, v in picked.items() if v is not None}))
-        if knobs_key(knobs) in seen or runner.space.allows(knobs, runner.defaults) or \
+        knobs = runner.space.layout(Knobs.stored({k: v for k, v in picked.items() if v is not None}))
+        if knobs.key() in seen or runner.space.allows(knobs, runner.defaults) or \
                 runner.lessons().broken_by(knobs, runner.defaults):
             prune(runner.study, trial)
             runner.current = None
             stale += 1
             continue
         stale = 0
-        seen.add(knobs_key(knobs))
+        seen.add(knobs.key())
         floor = accept_floor(best, noise_floor) if best else None
         rec = runner.run_trial(trial, role=sampler, race_rate=floor if race else None,
                                start_rate=(best.capacity_rps if best else None),

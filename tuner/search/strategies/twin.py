@@ -28,7 +28,7 @@ from tuner.search.strategies import StrategyRun, register_strategy
 from tuner.search.strategy import (Budget, Outcome, accept_floor, clearly_better_at_same_load,
                                    fitted_baseline, normalize)
 from tuner.storage.records import TrialRecord
-from tuner.storage.twin import ATTR, Prediction, TwinLog, knobs_key
+from tuner.storage.twin import ATTR, Prediction, TwinLog
 from tuner.twin.twin import Twin
 
 
@@ -49,7 +49,7 @@ def _launched(runner: TrialRunner) -> list[TrialRecord]:
 
 def _verified(runner: TrialRunner, log: TwinLog) -> int:
     """Launched configurations the twin predicted before their launch (stored; a resumed study counts its own)."""
-    return sum(1 for r in _launched(runner) if knobs_key(r.knobs) in log.predicted_before_launch)
+    return sum(1 for r in _launched(runner) if r.config.key() in log.predicted_before_launch)
 
 
 def _save(runner: TrialRunner, log: TwinLog) -> None:
@@ -103,7 +103,7 @@ def twin_search(runner: TrialRunner, budget: Budget, twin: Twin, *, noise_floor:
 
     def skip(p: Prediction) -> bool:
         # evaluated by this process (a resumed study reads each stored launch back where it was made)
-        k = Knobs(**p.knobs)
+        k = p.config
         return runner.seen(k) or not allowed(k)
 
     reason = "budget spent"
@@ -113,9 +113,9 @@ def twin_search(runner: TrialRunner, budget: Budget, twin: Twin, *, noise_floor:
         if cand is None:
             reason = "the twin predicts no configuration left to try that meets the SLO"
             break
-        knobs = Knobs(**cand.knobs)
+        knobs = cand.config
         floor = accept_floor(inc, noise_floor) if inc else None
-        mine = ranking.get(normalize(Knobs(**inc.knobs), runner.defaults).set_only()) if inc else None
+        mine = ranking.get(normalize(inc.config, runner.defaults).set_only()) if inc else None
         if inc and mine and mine.capacity_rps:
             ratio = cand.capacity_rps / mine.capacity_rps
             if inc.capacity_rps * ratio <= floor and _verified(runner, log):
@@ -144,7 +144,7 @@ def twin_search(runner: TrialRunner, budget: Budget, twin: Twin, *, noise_floor:
         if fitres is not None:
             log.fits.append(fitres)
             say(f"twin refitted with trial {rec.number}: loss {fitres.loss:.3g}")
-        always = [Knobs(**inc.knobs)] if inc else []
+        always = [inc.config] if inc else []
         ranking = twin.rerank(ranking, always=always, start_rate=inc.capacity_rps if inc else start)
         log.ranking = ranking
         _save(runner, log)
