@@ -206,6 +206,12 @@ KNOB_SPECS: dict[str, KnobSpec] = {s.name: s for s in (
              fixes={"max_model_len": (2, "any")}),
     KnobSpec("enable_prefix_caching", "switch", "reuse the KV of shared prompt prefixes", default=True,
              answers={"prefill": (1, "on")}),
+    # Chunked prefill (vLLM 0.32: on by default for generative models, `EngineArgs._set_default_args`). Off,
+    # a prefill runs whole in one step: a long prompt's TTFT is one step, the decodes sharing that step
+    # stall for all of it, and vLLM then requires max_num_batched_tokens >= max_model_len (its default
+    # becomes max_model_len). Tried last for a prefill-bound knee.
+    KnobSpec("enable_chunked_prefill", "switch", "split long prefills into chunks of the step's token budget",
+             config="SchedulerConfig", default=True, answers={"prefill": (4, "off")}),
     KnobSpec("max_model_len", "tokens", "longest prompt + output a request may have", config="ModelConfig",
              fit_host=_longest_that_fits, answers={"kv_capacity": (3, "down")}, fixes={"max_model_len": (0, "down")}),
     # The parallel layout. One server uses tensor_parallel_size x data_parallel_size GPUs; a search space

@@ -104,3 +104,55 @@ def test_awq_lowers_tpot_at_light_load():
     bf16 = run(Knobs(max_model_len=4096), reqs)
     awq = run(Knobs(max_model_len=4096), reqs, model=get_model("qwen2.5-7b-awq"))
     assert med(r.tpot for r in awq.records) < 0.6 * med(r.tpot for r in bf16.records)
+
+
+# -- enable_chunked_prefill ---------------------------------------------------------------------------------
+
+def test_unchunked_prefill_needs_a_token_budget_of_one_whole_request():
+    """vLLM 0.32 with --no-enable-chunked-prefill: the default budget becomes max_model_len, and a smaller
+    one is refused at start-up with vLLM's SchedulerConfig message."""
+    from tuner.failures import LaunchFailure
+
+    assert resolve(GPU, MODEL, Knobs(max_model_len=4096)).enable_chunked_prefill is True  # vLLM's default
+    assert resolve(GPU, MODEL, Knobs(max_model_len=4096)).max_num_batched_tokens == 2048
+    off = resolve(GPU, MODEL, Knobs(max_model_len=4096, enable_chunked_prefill=False))
+    assert not off.enable_chunked_prefill and off.max_num_batched_tokens == 4096
+    with pytest.raises(LaunchFailure) as e:
+        resolve(GPU, MODEL, Knobs(max_model_len=4096, max_num_batched_tokens=2048, enable_chunked_prefill=False))
+    assert e.value.kind == "bad_flag" and "max_num_batched_tokens (2048) is smaller than max_model_len (4096)" \
+        in e.value.message
+
+
+def _prefills_left_partial(chunked: bool) -> int:
+    """Steps after which some prompt was only partly prefilled, on a stream of 3,000-token prompts."""
+    from tuner.sim.engine import EngineCore, Seq
+
+    cfg = resolve(GPU, MODEL, Knobs(max_model_len=4096, max_num_batched_tokens=4096, max_num_seqs=64,
+                                    enable_chunked_prefill=chunked))
+    core = EngineCore(cfg)
+    for i in range(40):
+        core.add(Seq(rid=i, arrival=0.0, prompt_len=3000, output_len=50, hashes=[]))
+    now, partial = 0.0, 0
+    while core.has_work():
+        dur, _ = core.step(now)
+        now += dur
+        assert core.last_step_tokens <= 4096
+        partial += any(0 < s.computed < s.target for s in core.prefilling)
+    return partial
+
+
+def test_without_chunked_prefill_a_prompt_is_scheduled_whole():
+    """Chunked, the budget left after a step's first prompt takes a chunk of the next one; unchunked, the
+    next prompt waits for a step with room for all of it (vLLM V1's scheduler stops admitting there)."""
+    assert _prefills_left_partial(chunked=True) > 0
+    assert _prefills_left_partial(chunked=False) == 0
+
+
+def test_the_chunked_prefill_knob_is_spelled_and_parsed_as_vllm_does():
+    from tuner.knobs import vllm_defaults
+    from tuner.sim.cli import _knobs, build_parser
+
+    assert Knobs(enable_chunked_prefill=False).flags() == ["--no-enable-chunked-prefill"]
+    assert vllm_defaults(GPU)["enable_chunked_prefill"] is True
+    args = build_parser().parse_args(["--gpu", "-", "--model", "-", "--no-enable-chunked-prefill"])
+    assert _knobs(args) == Knobs(enable_chunked_prefill=False)

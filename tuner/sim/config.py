@@ -47,6 +47,7 @@ class ResolvedConfig(BaseModel):
     gpu_memory_utilization: float
     kv_cache_dtype: str
     enable_prefix_caching: bool
+    enable_chunked_prefill: bool = True  # off: a prefill is scheduled whole (`tuner.sim.engine`)
     max_model_len: int
     quantization: str | None
     block_size: int = BLOCK_SIZE
@@ -167,7 +168,14 @@ def resolve(gpu: GPUProfile, model: ModelProfile, knobs: Knobs, *,
                             f"greater than the derived max_model_len (max_position_embeddings="
                             f"{model.max_position_embeddings} or model_max_length=None in model's "
                             f"config.json).")
-    mnbt = knobs.max_num_batched_tokens or d_tokens
+    chunked = True if knobs.enable_chunked_prefill is None else knobs.enable_chunked_prefill
+    # without chunked prefill vLLM's default token budget is one whole request (EngineArgs, 0.32)
+    mnbt = knobs.max_num_batched_tokens or (d_tokens if chunked else max_model_len)
+    if not chunked and mnbt < max_model_len:
+        raise LaunchFailure("bad_flag", f"ValueError: max_num_batched_tokens ({mnbt}) is smaller than "
+                            f"max_model_len ({max_model_len}). This effectively limits the maximum sequence "
+                            "length to max_num_batched_tokens and makes vLLM reject longer sequences. Please "
+                            "increase max_num_batched_tokens or decrease max_model_len.")
     if mnbt < max_num_seqs:
         raise LaunchFailure("bad_flag", f"ValueError: max_num_batched_tokens ({mnbt}) must be greater "
                             f"than or equal to max_num_seqs ({max_num_seqs}).")
@@ -211,6 +219,7 @@ def resolve(gpu: GPUProfile, model: ModelProfile, knobs: Knobs, *,
         gpu=gpu, model=model, knobs=knobs, max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt,
         gpu_memory_utilization=util, kv_cache_dtype=kv_dtype,
         enable_prefix_caching=True if knobs.enable_prefix_caching is None else knobs.enable_prefix_caching,
+        enable_chunked_prefill=chunked,
         max_model_len=max_model_len, quantization=fam, weight_bytes=weights, activation_bytes=act,
         kv_cache_bytes=kv_bytes, num_gpu_blocks=num_blocks, block_size=block, tensor_parallel_size=tp,
         data_parallel_size=dp,

@@ -274,6 +274,8 @@ class EngineCore:
             seq = self.waiting[0]
             n_hit, from_free = pool.match(seq.hashes, (seq.target - 1) // B) if caching else (0, 0)
             hit_tokens = n_hit * B
+            if not self.cfg.enable_chunked_prefill and seq.target - hit_tokens > budget:
+                break  # unchunked, a prefill is scheduled whole or waits for a step with room (vLLM's V1 scheduler)
             n = min(seq.target - hit_tokens, budget)
             new_blocks = -(-(hit_tokens + n) // B) - n_hit
             if new_blocks + from_free > pool.num_free:
