@@ -136,8 +136,8 @@ def _errors(point: LoadRunSummary, errs: dict[str, int], ev: dict) -> Diagnosis:
     ev = {**ev, "errors": point.errors, **{f"errors_{k}": v for k, v in errs.items()}}
     why = f"{count} of {point.n} {ERROR_ADVICE.get(cause, cause)}"
     if cause == "over_context":
-        return Diagnosis(kind="errors", summary=why, evidence=ev, knobs=["max_model_len"],
-                         directions={"max_model_len": "up"})
+        knobs, directions = answering(cause)
+        return Diagnosis(kind="errors", summary=why, evidence=ev, knobs=knobs, directions=directions)
     return Diagnosis(kind="errors", summary=why, evidence=ev)
 
 

@@ -213,7 +213,9 @@ KNOB_SPECS: dict[str, KnobSpec] = {s.name: s for s in (
     KnobSpec("enable_chunked_prefill", "switch", "split long prefills into chunks of the step's token budget",
              config="SchedulerConfig", default=True, answers={"prefill": (4, "off")}),
     KnobSpec("max_model_len", "tokens", "longest prompt + output a request may have", config="ModelConfig",
-             fit_host=_longest_that_fits, answers={"kv_capacity": (3, "down")}, fixes={"max_model_len": (0, "down")}),
+             fit_host=_longest_that_fits, fixes={"max_model_len": (0, "down")},
+             # over_context: requests longer than the context fail (`tuner.diagnose`'s errors kind)
+             answers={"kv_capacity": (3, "down"), "over_context": (0, "up")}),
     # The parallel layout. One server uses tensor_parallel_size x data_parallel_size GPUs; a search space
     # with `host_gpus` fills the host with replicas (`SearchSpace.layout`), so layouts compare on one
     # scale: the capacity of the host.

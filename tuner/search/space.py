@@ -28,7 +28,9 @@ _CONSTRAINT = re.compile(r"^\s*(\w+)\s*(>=|<=|==|!=|>|<)\s*([\w.]+)\s*$")
 BUILTIN_DIR = Path(__file__).resolve().parent / "spaces"  # package data: a wheel ships it
 
 
-class KnobSpec(BaseModel):
+class KnobValues(BaseModel):
+    """One knob's candidate values in a search space (what the knob is: `tuner.knobs.KnobSpec`)."""
+
     model_config = ConfigDict(extra="forbid")
     values: list[Any]
 
@@ -45,7 +47,7 @@ class SearchSpace(BaseModel):
 
     name: str = "custom"
     description: str = ""
-    knobs: dict[str, KnobSpec]
+    knobs: dict[str, KnobValues]
     constraints: list[str] = []
     #: The GPUs of the host. With it, every configuration fills the host with data-parallel replicas
     #: (`layout`), so a study of tensor-parallel sizes compares the capacity of the whole host: TP 1 x 8
