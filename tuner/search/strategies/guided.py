@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-from tuner.knobs import Knobs
 from tuner.search.runner import TrialRunner
 from tuner.search.strategies import StrategyRun, register_strategy
 from tuner.search.strategy import (TIE_MARGIN, Budget, LaunchNoise, Outcome, _current, _narrowed, _order,
