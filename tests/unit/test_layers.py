@@ -101,8 +101,7 @@ def _under(module: str, prefix: str) -> bool:
 def _is_cli(module: str) -> bool:
     """A command line module: the top of the tool, over every layer (thin: parse options, call one entry
     point). The rules below are for everything else."""
-    last = module.rpartition(".")[2]
-    return last == "__main__" or last == "cli" or last.endswith("_cli")
+    return _under(module, "tuner.cli") or module.rpartition(".")[2] == "__main__"
 
 
 #: (layer, what it must never import, why)

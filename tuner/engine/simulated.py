@@ -35,7 +35,7 @@ class SimulatedEngineChecks:
 
     @classmethod
     def check_extra_args(cls, args: Sequence[str]) -> None:
-        from tuner.sim.cli import check_extra_args
+        from tuner.sim.flags import check_extra_args
 
         check_extra_args(args, engine=cls.name)
 
