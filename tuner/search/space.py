@@ -1,4 +1,4 @@
-"""Search spaces: which knobs the tuner may turn, to which values (`tuner/search/spaces/*.yaml`).
+"""Search spaces: which knobs the tuner may turn, to which values (the top-level `search_spaces/*.yaml`).
 
 A knob's value `null` means "leave vLLM's default". Constraints are simple comparisons between knobs or
 with numbers (`max_num_batched_tokens >= max_num_seqs`, which vLLM itself enforces), checked before a
@@ -25,7 +25,18 @@ KNOB_NAMES = tuple(Knobs.model_fields)
 _OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq,
         "!=": operator.ne}
 _CONSTRAINT = re.compile(r"^\s*(\w+)\s*(>=|<=|==|!=|>|<)\s*([\w.]+)\s*$")
-BUILTIN_DIR = Path(__file__).resolve().parent / "spaces"  # package data: a wheel ships it
+
+
+def _builtin_dir() -> Path:
+    """The built-in spaces: the top-level `search_spaces/` folder, which users read and copy. A wheel ships
+    it inside the package as `tuner/search_spaces/` (`setup.py` maps it there); a checkout or an editable
+    install reads the folder in place."""
+    package = Path(__file__).resolve().parents[1]
+    shipped = package / "search_spaces"
+    return shipped if shipped.is_dir() else package.parent / "search_spaces"
+
+
+BUILTIN_DIR = _builtin_dir()
 
 
 class KnobSpec(BaseModel):
