@@ -15,6 +15,7 @@ from tuner import signals
 from tuner.engine.base import LaunchFailure, LaunchInfo, Server
 from tuner.engine.classify import classify_failure
 from tuner.engine.launcher import ManagedProcess
+from tuner.replay.client import run_load_http
 from tuner.replay.record import LoadRun
 from tuner.workload.model import WorkloadRequest
 
@@ -56,8 +57,6 @@ class HTTPServer(Server):
                  offered_rate: float, request_timeout_s: float = 120.0, warmup_s: float = 0.0,
                  cooldown_s: float = 0.0, **client_options) -> LoadRun:
         """Replay `requests` open-loop against this server (see `run_load_http` for `client_options`)."""
-        from tuner.replay.client import run_load_http  # the client pulls in asyncio machinery; load lazily
-
         dead = self.check_alive()
         if dead is not None:
             raise dead

@@ -5,6 +5,10 @@ from __future__ import annotations
 from typing import ClassVar, Sequence
 
 from tuner.errors import UserError
+from tuner.knobs import KV_CACHE_DTYPES
+from tuner.sim.config import QUANT_CHOICES
+from tuner.sim.flags import check_extra_args
+from tuner.speculative import SIMULATED_METHODS, parse
 
 
 class SimulatedEngineChecks:
@@ -16,16 +20,11 @@ class SimulatedEngineChecks:
     @classmethod
     def unsupported_value(cls, values: dict[str, list]) -> tuple[str, str] | None:
         """A value vLLM accepts but the simulator does not model: every simulated launch would refuse it."""
-        from tuner.knobs import KV_CACHE_DTYPES
-        from tuner.sim.config import QUANT_CHOICES
-
         for knob, modelled in (("kv_cache_dtype", KV_CACHE_DTYPES), ("quantization", QUANT_CHOICES)):
             for v in values.get(knob, []):
                 if v is not None and v not in modelled:
                     return knob, (f"{v!r} is not modelled by the simulated engines (modelled: "
                                   f"{', '.join(modelled)}); drop it or use --engine vllm")
-        from tuner.speculative import SIMULATED_METHODS, parse
-
         for v in values.get("speculative_config", []):
             if v is not None and parse(v).method not in SIMULATED_METHODS:
                 return "speculative_config", (f"method {parse(v).method!r} is not modelled by the simulated "
@@ -35,8 +34,6 @@ class SimulatedEngineChecks:
 
     @classmethod
     def check_extra_args(cls, args: Sequence[str]) -> None:
-        from tuner.sim.flags import check_extra_args
-
         check_extra_args(args, engine=cls.name)
 
     @classmethod
