@@ -32,11 +32,15 @@ from tuner.capacity.knee import KneeSearch
 from tuner.capacity.measure import LoadSettings, measure, run_size
 from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs
+from tuner.profiles.gpus import get_gpu
+from tuner.profiles.models import get_model
+from tuner.sim.config import resolve
+from tuner.sim.costs import CostModel
 from tuner.slo import SLO
 from tuner.storage.records import LoadRunSummary, TrialRecord
 from tuner.storage.twin import FitResult, TwinParams
 from tuner.twin.engine import TwinEngine
-from tuner.twin.params import FREE_PARAMS, from_values, nominal, value
+from tuner.twin.params import FREE_PARAMS, cost_params, from_values, nominal, value
 from tuner.twin.start import STEADY, decode_start, prefill_start
 from tuner.workload.model import Workload
 
@@ -172,19 +176,12 @@ def residuals(terms: Sequence[tuple[str, float]]) -> dict[str, float]:
 
 
 def _profiles(ctx: FitContext):
-    from tuner.profiles.gpus import get_gpu
-    from tuner.profiles.models import get_model
-
     return (get_gpu(ctx.gpu) if isinstance(ctx.gpu, str) else ctx.gpu,
             get_model(ctx.model) if isinstance(ctx.model, str) else ctx.model)
 
 
 def weight_time(ctx: FitContext, params: TwinParams, knobs: Knobs) -> float:
     """The twin's seconds to stream the weights once under `params` (0 where it cannot launch)."""
-    from tuner.sim.config import resolve
-    from tuner.sim.costs import CostModel
-    from tuner.twin.params import cost_params
-
     gpu, model = _profiles(ctx)
     try:
         return CostModel(resolve(gpu, model, knobs), cost_params(params)).decode_floor()
@@ -194,8 +191,6 @@ def weight_time(ctx: FitContext, params: TwinParams, knobs: Knobs) -> float:
 
 def kv_scale(ctx: FitContext, observations: Sequence[Observation]) -> float:
     """Measured / simulated KV-cache tokens (geometric mean over launches that reported theirs)."""
-    from tuner.sim.config import resolve
-
     gpu, model = _profiles(ctx)
     logs = []
     for o in observations:
