@@ -25,7 +25,7 @@ from typing import Callable
 
 from tuner.knobs import Knobs
 from tuner.recommend import effective_floor, launch_spreads
-from tuner.search.runner import TrialRunner
+from tuner.search.runner import TrialRunner, knobs_key
 from tuner.search.strategy import Budget, Outcome
 from tuner.storage.records import TrialRecord
 from tuner.storage.shares import ATTR, KnobShare, SharesLog, Simplification, StepShares
@@ -180,8 +180,6 @@ def _confirm(runner: TrialRunner, budget: Budget, final: TrialRecord, knobs: dic
 
 
 def _key(runner: TrialRunner, knobs: dict) -> str:
-    from tuner.search.runner import knobs_key
-
     return knobs_key(runner.space.layout(Knobs(**knobs)))
 
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tuner.errors import UserError
 from tuner.inputs import looks_like_path, parse_yaml, read_text, yaml_line
 from tuner.knobs import KNOB_SPECS as KNOB_TABLE, Knobs
+from tuner.speculative import VLLM_SPEC_METHODS
 from tuner.validation import first_error
 
 KNOB_NAMES = tuple(Knobs.model_fields)
@@ -70,8 +71,6 @@ class SearchSpace(BaseModel):
     @field_validator("spec_acceptance")
     @classmethod
     def _rates(cls, v: dict[str, float]) -> dict[str, float]:
-        from tuner.speculative import VLLM_SPEC_METHODS
-
         for method, rate in v.items():
             if method not in VLLM_SPEC_METHODS:
                 raise ValueError(f"{method!r} is not a vLLM speculative method ({', '.join(VLLM_SPEC_METHODS)})")

@@ -28,7 +28,9 @@ from typing import ClassVar
 import httpx
 import pytest
 
+from tuner.engine import procs
 from tuner.engine.base import LaunchFailure, Server
+from tuner.engine.launcher import port_is_free
 from tuner.knobs import Knobs
 from tuner.metrics.window import GENERATION_TOKENS, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, PROMPT_TOKENS
 from tuner.workload.model import WorkloadRequest
@@ -51,8 +53,6 @@ def needs_process(fn):
 
 
 def _group_members(pgid: int) -> list[int]:
-    from tuner.engine import procs
-
     return procs.group_members(pgid)
 
 
@@ -273,7 +273,6 @@ class EngineConformance:
         s.stop()
         assert _group_members(pgid) == [], "processes of the server's group are still running"
         assert not _port_open(host, port)
-        from tuner.engine.launcher import port_is_free
 
         assert port_is_free(host, port)
         s.stop()  # a second stop is harmless
