@@ -43,8 +43,8 @@ import httpx
 import tuner
 from tuner import signals
 from tuner.engine import procs
-from tuner.engine.base import LaunchFailure, LaunchInfo
-from tuner.engine.classify import classify_failure, parse_launch_info
+from tuner.engine.base import LaunchInfo
+from tuner.engine.classify import classified_failure, classify_failure, parse_launch_info
 from tuner.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -263,7 +263,7 @@ class ManagedProcess:
                 rc = self.poll()
                 if rc is not None:
                     kind, message = classify_failure(self.read_log(), returncode=rc)
-                    raise LaunchFailure(kind, message, _tail(self.read_log()))
+                    raise classified_failure(kind, message, _tail(self.read_log()))
                 try:
                     if client.get(url).status_code == 200:
                         self._write_pidfile()
@@ -272,7 +272,7 @@ class ManagedProcess:
                     pass
                 if time.monotonic() > deadline:
                     kind, message = classify_failure(self.read_log(), timed_out=True, timeout_s=timeout_s)
-                    raise LaunchFailure(kind, message, _tail(self.read_log()))
+                    raise classified_failure(kind, message, _tail(self.read_log()))
                 time.sleep(interval_s)
 
     def stop(self, *, term_timeout_s: float = 30.0, kill_timeout_s: float = 10.0,

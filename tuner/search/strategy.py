@@ -10,7 +10,6 @@ and storage, and the rules here.
 from __future__ import annotations
 
 import math
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -229,9 +228,6 @@ def fitted_baseline(runner: TrialRunner, budget: Budget) -> TrialRecord:
     return first
 
 
-_ESTIMATED_LEN = re.compile(r"estimated maximum model length is (\d+)")
-
-
 def fit_to_host(runner: TrialRunner, rec: TrialRecord) -> Knobs | None:
     """The smallest change of the space that lets a launch whose model did not fit its GPUs fit: where
     one request of max_model_len did not fit the KV pool, the space's longest max_model_len vLLM's own
@@ -239,10 +235,10 @@ def fit_to_host(runner: TrialRunner, rec: TrialRecord) -> Knobs | None:
     weights or that KV did not fit, the next tensor-parallel size (a 70B model in BF16 needs at least two
     80 GB GPUs). So a baseline is vLLM's defaults with only what the host forced changed."""
     kind, knobs = rec.launch_failure_kind, Knobs(**rec.knobs)
-    m = _ESTIMATED_LEN.search(rec.launch_failure_message or "")
-    if kind == "max_model_len" and m and "max_model_len" in runner.space.knobs:
+    estimate = rec.launch_facts.estimated_max_model_len if rec.launch_facts else None
+    if kind == "max_model_len" and estimate and "max_model_len" in runner.space.knobs:
         fits = [v for v in runner.space.knobs["max_model_len"].values
-                if v is not None and v <= int(m.group(1)) and v != knobs.max_model_len]
+                if v is not None and v <= estimate and v != knobs.max_model_len]
         if fits:
             return knobs.with_(max_model_len=max(fits))
     if kind not in ("oom", "max_model_len", "no_cache_blocks") or "tensor_parallel_size" not in runner.space.knobs:
