@@ -11,6 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
+from tuner.errors import UserError
+from tuner.speculative import canonical
+
 VLLM_VERSION = "0.32"  # the vLLM whose flags and choices the tuner knows
 
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16")
@@ -115,8 +118,6 @@ class _KnobsBase(BaseModel):
     @field_validator(*[n for n, s in KNOB_SPECS.items() if s.kind == "json"], mode="before", check_fields=False)
     @classmethod
     def _json_object(cls, v: Any) -> str | None:
-        from tuner.speculative import canonical
-
         return None if v is None else canonical(v)
 
     @field_validator(*[n for n, s in KNOB_SPECS.items() if s.choices], check_fields=False)
@@ -152,8 +153,6 @@ SECRET_FLAGS = ("--api-key",)
 
 def check_server_args(extra_args) -> None:
     """Extra `vllm serve` arguments (`--vllm-arg`) that would fight the tool or leak a secret."""
-    from tuner.errors import UserError
-
     for a in extra_args:
         flag = a.split("=", 1)[0]
         if flag in SECRET_FLAGS:

@@ -17,6 +17,7 @@ from typing import Any
 from tuner.knobs import KNOB_SPECS, Knobs
 from tuner.storage.records import Diagnosis, TrialRecord
 from tuner.search.runner import TrialRunner
+from tuner.speculative import order_for_batch, parse as parse_spec
 
 
 @dataclass
@@ -75,8 +76,6 @@ def _for_batch(knob: str, values: list[Any], diag: Diagnosis | None, stated: dic
     (and method) with the largest expected gain first, the ones expected to lose dropped
     (`tuner.speculative.order_for_batch`). The acceptance rate an incumbent with speculation measured is
     used for its own method; other methods take the stated rate or the prior."""
-    from tuner.speculative import parse as parse_spec, order_for_batch
-
     running = diag.evidence.get("running_p90") if diag else None
     if knob != "speculative_config" or not isinstance(running, (int, float)):
         return values
