@@ -214,7 +214,7 @@ def load_space(name_or_path: str | Path) -> SearchSpace:
         if hit:
             raise UserError(msg, file=str(p), line=yaml_line(root, ["constraints", hit[0]]),
                             field=f"constraints.{hit[0]}") from None
-        bad = re.search(r"unknown knob '(\w+)'", msg)
-        key = bad.group(1) if bad else (field.split(".")[-1] if field else None)
+        unknown = re.search(r"unknown knob '(\w+)'", msg)
+        key = unknown.group(1) if unknown else (field.split(".")[-1] if field else None)
         raise UserError(msg, file=str(p), line=_line_of(text, key) if key else None, field=field) from None
     return space
