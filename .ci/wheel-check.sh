@@ -21,9 +21,12 @@ case "$shipped" in
   "$work/venv/"*) test -s "$shipped" || { echo "wheel check: $shipped is not shipped"; exit 1; } ;;
   *) echo "wheel check: --search-space rag resolves to $shipped, outside the installed wheel"; exit 1 ;;
 esac
+# 4: launched, nothing met the RAG SLO on an RTX 4090 in two trials (the study itself ran on the space)
+rc=0
 "$work/venv/bin/tune" --workload "$repo/workloads/rag.jsonl" --slo "$repo/workloads/rag.slo.yaml" \
   --gpu rtx4090 --model qwen2.5-7b --search-space rag --strategy guided --max-trials 2 --no-confirm \
-  --out "$work/runs/rag" 2> "$work/rag.log" || { tail -20 "$work/rag.log"; exit 1; }
+  --out "$work/runs/rag" 2> "$work/rag.log" || rc=$?
+[ "$rc" = 0 ] || [ "$rc" = 4 ] || { tail -20 "$work/rag.log"; exit 1; }
 test -s "$work/runs/rag/report.md" || { echo "wheel check: the rag study wrote no report"; exit 1; }
 echo "wheel check: pip install . and the README's main job from $work: report written; --search-space rag"
 echo "  read the shipped $shipped"
