@@ -167,16 +167,22 @@ class EngineCore:
             pool.take(sum(self.phase[(-u) % B] for u in range(t, t + g)))
         else:
             key_now = (-t) % B
-            while self.phase[key_now] > pool.num_free:
-                self._preempt_tail(t, scheduled_decodes=False)
-                preempted = True
-            pool.take(self.phase[key_now])
+            need = self.phase[key_now]
+            if need:  # (the pool's num_free and take, inlined: this runs every step of every load run)
+                while need > pool.free_anon + len(pool.cached_free):
+                    self._preempt_tail(t, scheduled_decodes=False)
+                    preempted = True
+                    need = self.phase[key_now]
+                if need <= pool.free_anon:
+                    pool.free_anon -= need
+                else:
+                    pool.take(need)
         n_dec_sched = self.n_dec
         budget -= n_dec_sched * width
 
         # 2. running chunked prefills, in admission order
         chunks: list[tuple[Seq, int]] = []
-        for seq in list(self.prefilling):
+        for seq in list(self.prefilling) if self.prefilling else ():
             if budget <= 0:
                 break
             if seq.rid not in self.running:
@@ -198,7 +204,7 @@ class EngineCore:
             budget -= n
 
         # 3. admit waiting requests FCFS (not in a step that had to preempt, as vLLM)
-        if not preempted:
+        if not preempted and self.waiting:
             self._admit(now, budget, chunks)
 
         # cost of the batch
@@ -231,12 +237,14 @@ class EngineCore:
         self.generation_tokens += completing
 
         finished: list[Seq] = []
+        finish_at = self.finish_at
         for u in range(t, t + g):  # the decodes' tokens, one index each
             if events is not None:
                 events.extend(s for s in self.running.values() if s.decoding)
             self.generation_tokens += self.n_dec
             self.dec_ctx += self.n_dec
-            for seq, epoch in self.finish_at.pop(u, ()):  # decodes that produced their last token
+            due = finish_at.pop(u, None)
+            for seq, epoch in due or ():  # decodes that produced their last token
                 if epoch == seq.epoch and seq.decoding:
                     computed = seq.c0 + (u - seq.t0 + 1)
                     self._stop_decoding(seq, computed, u + 1)
@@ -303,10 +311,14 @@ class EngineCore:
         seq.computed = new = old + n
         hashes = seq.hashes
         if self.pool.caching and hashes:
-            register = self.pool.register
-            for b in range(old // B, min(new // B, len(hashes))):
-                if b >= len(seq.held) and register(hashes[b]):
-                    seq.held.append(hashes[b])
+            # `BlockPool.register`, inlined: a prompt's every block passes here
+            used, free = self.pool.cached_used, self.pool.cached_free
+            held = seq.held
+            for b in range(max(old // B, len(held)), min(new // B, len(hashes))):
+                h = hashes[b]
+                if h not in used and h not in free:
+                    used[h] = 1
+                    held.append(h)
         if new < seq.target:
             return
         # prefill complete: it samples one token
