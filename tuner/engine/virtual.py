@@ -121,6 +121,12 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
             next_sample += sample_interval_s
         if rel > deadline and (i >= n or not max_concurrency):
             break
+        if not max_concurrency:  # plain decode steps up to the next arrival or sample, in one call
+            until = min(requests[order[i]].arrival if i < n else float("inf"), next_sample)
+            at = core.step_idx
+            now = core.decode_steps(now, t0, until, deadline, it_tokens)
+            if core.step_idx != at:
+                continue
         dur, finished = core.step(now)
         it_tokens.append(core.last_step_tokens)
         now += dur

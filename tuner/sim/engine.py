@@ -261,6 +261,40 @@ class EngineCore:
         self.step_idx += g
         return dur, finished
 
+    def decode_steps(self, now: float, t0: float, until_rel: float, deadline_rel: float, it_tokens: list) -> float:
+        """Plain decode steps in a row, the same arithmetic as `step`, while nothing waits or prefills and
+        no request finishes or needs preempting (no speculation, no noise): most steps of a load run, at a
+        fraction of `step`'s cost. Stops after the step whose end (`- t0`) reaches `until_rel` or passes
+        `deadline_rel`, the caller's next event; each step's tokens go to `it_tokens`. Returns the clock
+        after the last step (`now` when none could run)."""
+        n_dec = self.n_dec
+        if self.waiting or self.prefilling or not n_dec or self.width != 1 or self.noise or not self.keep_step_times:
+            return now
+        phase, pool, finish_at, B = self.phase, self.pool, self.finish_at, self.block
+        step_time, ends = self.cost.step_time, self.step_end
+        t = self.step_idx
+        while t not in finish_at:
+            need = phase[(-t) % B]
+            if need:
+                if need <= pool.free_anon:
+                    pool.free_anon -= need
+                elif need <= pool.free_anon + len(pool.cached_free):
+                    pool.take(need)
+                else:
+                    break  # a preemption: `step` does it
+            now = now + step_time(0, 0.0, 0, n_dec, self.dec_ctx + n_dec, n_dec, 1)
+            ends.append(now)
+            self.last_step_tokens = n_dec
+            self.generation_tokens += n_dec
+            self.dec_ctx += n_dec
+            t += 1
+            self.step_idx = t
+            it_tokens.append(n_dec)
+            rel = now - t0
+            if rel >= until_rel or rel > deadline_rel:
+                break
+        return now
+
     def _accepted_now(self, t: int) -> int:
         """Tokens every decode emits this speculative step: the carried expectation's whole part, at
         most k + 1, and 1 where the blocks the extra tokens need are not free (that step then preempts

@@ -22,6 +22,7 @@ from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs
 from tuner.slo import SLO
 from tuner.twin.engine import TwinEngine
+from tuner.twin.workers import Workers
 from tuner.storage.twin import Prediction, Ranking, TwinParams, knobs_key
 from tuner.workload.model import Workload
 
@@ -187,15 +188,21 @@ def rerank(params: TwinParams, gpu, model, previous: Ranking, workload: Workload
     fresh: dict[str, Prediction] = {}
     ratios = []
     old = {p.key: p for p in previous.predictions}
+    todo: dict[str, Knobs] = {}
     for k in head:
-        if knobs_key(k.set_only()) in fresh:
-            continue
-        o = old.get(knobs_key(k.set_only()))
-        p = predict(params, gpu, model, k, workload, slo, load, start_rate=(o and o.capacity_rps) or start_rate,
-                    after_trial=after_trial, shapes=shapes)
-        fresh[p.key] = p
-        if o is not None and o.capacity_rps and p.capacity_rps:
-            ratios.append(p.capacity_rps / o.capacity_rps)
+        todo.setdefault(knobs_key(k.set_only()), k)
+
+    def one(item: tuple[str, Knobs]) -> Prediction:
+        o = old.get(item[0])
+        return predict(params, gpu, model, item[1], workload, slo, load,
+                       start_rate=(o and o.capacity_rps) or start_rate, after_trial=after_trial, shapes=shapes)
+
+    with Workers(one) as workers:  # independent knee searches: side by side
+        for key, p in zip(todo, workers.map(list(todo.items()))):
+            o = old.get(key)
+            fresh[p.key] = p
+            if o is not None and o.capacity_rps and p.capacity_rps:
+                ratios.append(p.capacity_rps / o.capacity_rps)
     scale = statistics.median(ratios) if ratios else 1.0
     rest = [p.model_copy(update={"capacity_rps": p.capacity_rps and p.capacity_rps * scale})
             for p in previous.predictions if p.key not in fresh]
