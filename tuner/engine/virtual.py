@@ -25,6 +25,11 @@ from tuner.sim.vllm_metrics import (ITERATION_TOKENS_BUCKETS, REQUEST_LATENCY_BU
                                     TTFT_BUCKETS)
 
 
+#: Plain decode steps run in a row by `EngineCore.decode_steps` (False: one `step` call each, the reference
+#: path `benchmarks/twin_rank_exact.py` compares against: the same numbers, slower).
+FUSED_DECODE = True
+
+
 @dataclass(frozen=True, slots=True)
 class SimRequest:
     """What the engine needs of a request: when it arrives, its lengths, its prompt's block hashes."""
@@ -121,7 +126,7 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
             next_sample += sample_interval_s
         if rel > deadline and (i >= n or not max_concurrency):
             break
-        if not max_concurrency:  # plain decode steps up to the next arrival or sample, in one call
+        if FUSED_DECODE and not max_concurrency:  # plain decode steps up to the next arrival or sample, in one call
             until = min(requests[order[i]].arrival if i < n else float("inf"), next_sample)
             at = core.step_idx
             now = core.decode_steps(now, t0, until, deadline, it_tokens)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import signal
 from typing import Callable, Iterator, Sequence
 
 import optuna
@@ -40,6 +41,13 @@ def worker_count() -> int:
     return max(1, min(2, cores))
 
 
+def _quiet() -> None:
+    """A worker leaves Ctrl-C to the parent (it reaches the whole process group; the parent stops the pool)
+    and ends silently when the pool stops it, whatever handlers the study installed (`tuner.signals`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _run(arg):
     assert _TASK is not None
     return _TASK(arg)
@@ -56,13 +64,16 @@ class Workers:
         global _TASK
         if self.n > 1:
             _TASK = self.task
-            self._pool = multiprocessing.get_context("fork").Pool(self.n)
+            self._pool = multiprocessing.get_context("fork").Pool(self.n, initializer=_quiet)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, *exc) -> None:
         global _TASK
         if self._pool is not None:
-            self._pool.terminate()
+            if kind is None:
+                self._pool.close()   # every task is done: the workers exit on their own
+            else:
+                self._pool.terminate()
             self._pool.join()
             self._pool = None
         _TASK = None
