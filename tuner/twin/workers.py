@@ -13,6 +13,7 @@ this process.
 
 from __future__ import annotations
 
+import gc
 import math
 import multiprocessing
 import os
@@ -43,7 +44,10 @@ def worker_count() -> int:
 
 def _quiet() -> None:
     """A worker leaves Ctrl-C to the parent (it reaches the whole process group; the parent stops the pool)
-    and ends silently when the pool stops it, whatever handlers the study installed (`tuner.signals`)."""
+    and ends silently when the pool stops it, whatever handlers the study installed (`tuner.signals`).
+    What it inherited is never collected here (`gc.freeze`): a parent's object awaiting collection (a
+    database connection, a server's pipe) must not be finalised by a copy of it."""
+    gc.freeze()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
