@@ -93,6 +93,11 @@ def cma_popsize(dims: int, popsize: int | None = None) -> int:
     return popsize or 4 + math.floor(3 * math.log(dims))
 
 
+def _system_attrs(study: optuna.Study, number: int) -> dict:
+    """The sampler's notes on trial `number` (asked, maybe not yet told)."""
+    return next((f.system_attrs for f in reversed(study.get_trials(deepcopy=False)) if f.number == number), {})
+
+
 def cma_batches(study: optuna.Study, ask: Callable[[], optuna.trial.Trial], n_trials: int, popsize: int,
                 generation_key: str = "cma:generation") -> Iterator[list]:
     """Asked trials in groups that may be evaluated together, each group told before the next is asked.
@@ -107,7 +112,7 @@ def cma_batches(study: optuna.Study, ask: Callable[[], optuna.trial.Trial], n_tr
     while asked < n_trials:
         t = ask()
         asked += 1
-        g = study._storage.get_trial_system_attrs(t._trial_id).get(generation_key)
+        g = _system_attrs(study, t.number).get(generation_key)
         if g is None or g != current:
             current, members = g, 1
             yield [t]
