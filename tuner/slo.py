@@ -307,17 +307,17 @@ def score(records: Iterable[RequestRecord], slo: SLO, window: float | None = Non
                 texts[r.error[:300]] = texts.get(r.error[:300], 0) + 1
             continue
         bad = _is_bad(r)
-        worst = 0.0
+        ratio = 0.0   # the request's worst (`request_ratio`)
         for i, (m, limit) in enumerate(limits):
             v = None if bad else _value_ms(r, m)
             x = math.inf if v is None else v / limit
             if x > 1.0:
                 violations[m] += 1
-            if i == 0 or x > worst:
-                worst = x
+            if i == 0 or x > ratio:
+                ratio = x
         if has_itl:
             fallback += _per_request_ms(r, "itl")[1]
-        n_good += worst <= 1.0
+        n_good += ratio <= 1.0
     finished = [r for r in recs if r.ok and not r.truncated]
     values: dict[str, list[float]] = {}
     for m in METRICS:
