@@ -21,8 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tuner.errors import UserError
+from tuner.floors import Lengths, gate_floors
+from tuner.knobs import Knobs
+from tuner.profiles.gpus import get_gpu
+from tuner.profiles.models import get_model
+from tuner.sim.config import resolve
 from tuner.slo import SLO
 from tuner.workload.model import Workload
+from tuner.workload.stats import prompt_length
 
 DROP_OPTION = "--drop-overlong"
 
@@ -54,8 +60,6 @@ def served_context(model: str | None, space_knobs: dict | None = None, vllm_args
     if not model:
         return None
     try:
-        from tuner.profiles.models import get_model
-
         prof = get_model(model)
     except Exception:  # noqa: BLE001  (a model the profiles do not know: real vLLM reads it itself)
         return None
@@ -64,8 +68,6 @@ def served_context(model: str | None, space_knobs: dict | None = None, vllm_args
 
 def overlong(workload: Workload, context: int) -> list[int]:
     """Indices of the requests whose prompt + output exceed `context` (vLLM's own check)."""
-    from tuner.workload.stats import prompt_length
-
     return [i for i, r in enumerate(workload.requests) if prompt_length(r) + r.output_tokens > context]
 
 
@@ -91,7 +93,6 @@ def _context(out: Feasibility, workload: Workload, slo: SLO, ctx: tuple[int, str
     if not bad:
         return workload
     n, target = len(workload.requests), float(slo.target)  # type: ignore[arg-type]
-    from tuner.workload.stats import prompt_length
 
     longest = max(prompt_length(workload.requests[i]) + workload.requests[i].output_tokens for i in bad)
     what = (f"{len(bad)} of {n} requests ({len(bad) / n:.1%}; the longest {longest:,} tokens, prompt + "
@@ -115,12 +116,6 @@ def floor_notes(workload: Workload, slo: SLO, gpu: str, model: str) -> list[str]
     """Thresholds below the predicted single-stream floor of the request at the target's rank, with
     vLLM's default configuration on this GPU (no knob lowers a single request's floor much)."""
     try:
-        from tuner.floors import Lengths, gate_floors
-        from tuner.knobs import Knobs
-        from tuner.profiles.gpus import get_gpu
-        from tuner.profiles.models import get_model
-        from tuner.sim.config import resolve
-
         cfg = resolve(get_gpu(gpu), get_model(model), Knobs())
         gates = gate_floors(cfg, slo, Lengths.of_workload(workload))
     except Exception:  # noqa: BLE001  (a model that does not fit, an unknown profile: the launch says it)

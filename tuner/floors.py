@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from tuner.sim.config import ResolvedConfig
 from tuner.sim.costs import CostModel, SingleStream, single_stream
 from tuner.slo import SLO
+from tuner.workload.stats import prefix_sharing, prompt_length
 
 NAMES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2E latency"}
 
@@ -48,8 +49,6 @@ class Lengths:
         """Lengths as the study counted them (`prompt_length`); a prompt sharing blocks with another
         request may find them in the prefix cache, so only its unshared tail counts toward the floor
         (with text prompts that share, all but its last token: a floor must never be too high)."""
-        from tuner.workload.stats import prefix_sharing, prompt_length
-
         reqs = workload.requests
         prompts = tuple(prompt_length(r) for r in reqs)
         sharing = prefix_sharing(workload)

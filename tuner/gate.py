@@ -29,13 +29,21 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner import __version__
+from tuner.capacity.knee import find_capacity
+from tuner.capacity.measure import (CLIENT_BOUND_RERUNS, LoadSettings, engine_load_settings, measure, measure_run,
+                                    rerun_client_bound, run_size, summarize)
 from tuner.engine.registry import create, engine_class, names as engine_names, spec_of
 from tuner.errors import UserError
-from tuner.inputs import file_sha256
+from tuner.inputs import file_sha256, parse_yaml, read_text, yaml_line
 from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs
-from tuner.limits import MAX_RATE_RPS, MAX_SEED
+from tuner.limits import MAX_RATE_RPS, MAX_SEED, check_load
+from tuner.recommend import recommend_study
 from tuner.settings import EngineSettings, host_engine
+from tuner.slo import load_slo
+from tuner.storage.reader import load_study_data
+from tuner.validation import first_error
+from tuner.workload.loader import load_workload
 
 DEFAULT_TOLERANCE = 0.10
 
@@ -50,8 +58,6 @@ def default_load(engine: str, arrival: str = "poisson") -> dict:
     the engine's clock decides it (`Engine.virtual_time`), not its name."""
     from dataclasses import asdict
 
-    from tuner.capacity.measure import engine_load_settings
-
     return asdict(engine_load_settings(engine_class(engine).virtual_time, arrival=arrival))
 
 
@@ -59,9 +65,6 @@ def load_settings(load: dict, where: str | Path | None = None, root=None):
     """The gate's `load` mapping as the search's `LoadSettings`, each field in the range the study's own
     options allow (`tuner.limits.LoadSpec`): `requests: 0` is a user error, not a gate that measured
     nothing and passed."""
-    from tuner.capacity.measure import LoadSettings
-    from tuner.limits import check_load
-
     return LoadSettings(**check_load(load, where, root))
 
 
@@ -110,9 +113,6 @@ def write_gate(run_dir: str | Path, *, path: str | Path | None = None,
     at the end of a run; `tune report` rewrites it with the report). Returns the file's path, or None when
     no configuration met the SLO at any rate: there is no capacity to hold a configuration to.
     `trial` gates another trial than the tuned one (e.g. the baseline, to watch vLLM upgrades)."""
-    from tuner.recommend import recommend_study
-    from tuner.storage.reader import load_study_data
-
     data = load_study_data(run_dir)
     info = data.info
     # the recommended configuration (`tuner.recommend`), as the report's headline and tuned-config.yaml
@@ -154,8 +154,6 @@ def write_gate(run_dir: str | Path, *, path: str | Path | None = None,
 def load_gate(path: str | Path) -> GateFile:
     """A gate file, checked as strictly as the study that wrote it: a gate that measured nothing (no
     requests, a NaN capacity) must be exit 2, never a PASS."""
-    from tuner.inputs import parse_yaml, read_text
-
     p = Path(path)
     data, root = parse_yaml(read_text(p, "gate file"), p)
     if not isinstance(data, dict):
@@ -163,16 +161,11 @@ def load_gate(path: str | Path) -> GateFile:
     try:
         gate = GateFile.model_validate(data)
     except ValidationError as e:
-        from tuner.inputs import yaml_line
-        from tuner.validation import first_error
-
         field, msg = first_error(e)
         raise UserError(msg, file=p, line=yaml_line(root, field.split(".") if field else []),
                         field=field) from None
     load_settings(gate.load, p, root)
     if gate.engine not in engine_names():
-        from tuner.inputs import yaml_line
-
         raise UserError(f"unknown engine {gate.engine!r} (known: {', '.join(engine_names())})", file=p,
                         line=yaml_line(root, ["engine"]), field="engine")
     try:
@@ -259,14 +252,8 @@ def check_rate(server, workload, slo, rate: float, load, *, max_runs: int = MAX_
     "unmeasured" (every try was client-bound, `tuner.replay.check`: the gate cannot pass on it).
     A regression gate must fail on a regression, not on one unlucky draw of a p99 from a few hundred
     requests, and must not pass on a lucky one either: hence pooling, then the interval."""
-    from tuner.capacity.measure import measure_run, summarize
-
     target = float(slo.target)
     from dataclasses import replace
-
-    from tuner.capacity.measure import run_size
-
-    from tuner.capacity.measure import CLIENT_BOUND_RERUNS, rerun_client_bound
 
     runs = []
     longer = 0
@@ -300,11 +287,6 @@ def check_rate(server, workload, slo, rate: float, load, *, max_runs: int = MAX_
 
 def _measure(gate: GateFile, settings: EngineSettings, knobs: dict, workload_path: Path, slo_path: Path,
              full: bool, work_dir: Path) -> tuple[list[Check], float | None]:
-    from tuner.capacity.knee import find_capacity
-    from tuner.capacity.measure import measure
-    from tuner.slo import load_slo
-    from tuner.workload.loader import load_workload
-
     workload, slo = load_workload(workload_path), load_slo(slo_path)
     engine_name = settings.name
     load = load_settings(gate.load or default_load(engine_name))

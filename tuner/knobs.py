@@ -7,13 +7,13 @@ flag entirely, so the baseline trial is exactly what a user gets from a bare `vl
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field as dataclass_field
 from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, create_model, field_validator
 
 from tuner import speculative
+from tuner.errors import UserError
 
 VLLM_VERSION = "0.32"  # the vLLM whose flags and choices the tuner knows
 
@@ -83,20 +83,18 @@ class KnobSpec:
     simulated: tuple[str, ...] | None = None
     simulated_part: tuple[str, Callable[[Any], Any]] | None = None
     #: A host or a build may lack the kernel for a value (a dtype, a quantisation): a launch that fails as
-    #: unsupported rules the value out for the study. `named_by`: (rank, words): the words of a failure
-    #: message (a regex, case-insensitive) that name this knob among several set, checked in rank order
-    #: (an FP8 KV-cache message names fp8 too).
+    #: unsupported rules the value out for the study (which knob a message names is the engine's reading
+    #: of it: `LaunchFacts.named_knobs`; vLLM's words stay in `tuner.engine`).
     host_dependent: bool = False
-    named_by: tuple[int, str] | None = None
     #: The guided search's hooks. `narrow(values, direction, evidence, stated, current)`: the candidate
     #: values worth launching, in order, given the diagnosis's evidence (`tuner.diagnose`), the stated
     #: speculative acceptance rates and the incumbent's value. `place(kind, binding, metrics)`: "first" or
     #: "drop" to move this knob in a diagnosis's list at the knee's metrics (None: keep its rank).
-    #: `fit_host(current, values, failure kind, message)`: the space's value that lets a launch refused by
-    #: the host fit it (None: no such value).
+    #: `fit_host(current, values, failure kind, vLLM's estimated max_model_len from the engine's
+    #: `LaunchFacts`)`: the space's value that lets a launch refused by the host fit it (None: no such value).
     narrow: Callable[..., list] | None = None
     place: Callable[[str, str | None, Any], str | None] | None = None
-    fit_host: Callable[[Any, list, str | None, str], Any] | None = None
+    fit_host: Callable[[Any, list, str | None, int | None], Any] | None = None
 
     @property
     def flag(self) -> str:
@@ -160,20 +158,16 @@ def _speculation_at_batch(kind: str, binding: str | None, metrics: Any) -> str |
     return "first" if speculative.low_concurrency(metrics.running_p90) else "drop"
 
 
-_ESTIMATED_LEN = re.compile(r"estimated maximum model length is (\d+)")
-
-
-def _longest_that_fits(current: Any, values: list, kind: str | None, message: str) -> Any:
+def _longest_that_fits(current: Any, values: list, kind: str | None, estimated_len: int | None) -> Any:
     """Where one request of max_model_len did not fit the KV pool: the space's longest max_model_len
     vLLM's own estimate allows (the study refused any value below the workload's longest request)."""
-    m = _ESTIMATED_LEN.search(message or "")
-    if kind != "max_model_len" or not m:
+    if kind != "max_model_len" or not estimated_len:
         return None
-    fits = [v for v in values if v is not None and v <= int(m.group(1)) and v != current]
+    fits = [v for v in values if v is not None and v <= estimated_len and v != current]
     return max(fits) if fits else None
 
 
-def _next_wider(current: Any, values: list, kind: str | None, message: str) -> Any:
+def _next_wider(current: Any, values: list, kind: str | None, estimated_len: int | None) -> Any:
     """Where the weights or one request's KV did not fit: the next tensor-parallel size (a 70B model in
     BF16 needs at least two 80 GB GPUs)."""
     if kind not in ("oom", "max_model_len", "no_cache_blocks"):
@@ -196,12 +190,10 @@ KNOB_SPECS: dict[str, KnobSpec] = {s.name: s for s in (
                     "oom": (0, "down")}),
     KnobSpec("quantization", "choice", "weight quantisation method", choices=VLLM_QUANTIZATIONS, short="-q",
              changes_outputs=True, default=None, simulated=QUANTIZATIONS, host_dependent=True,
-             named_by=(1, r"quant|fp8|awq|gptq|marlin|compressed.tensors"),
              answers={"kv_capacity": (2, "any"), "decode": (3, "any"), "prefill": (3, "any"), "queue": (0, "any")},
              fixes={"no_cache_blocks": (1, "any"), "oom": (1, "any")}),
     KnobSpec("kv_cache_dtype", "choice", "KV cache element type", choices=VLLM_KV_CACHE_DTYPES,
              changes_outputs=True, neutral="auto", default="auto", simulated=KV_CACHE_DTYPES, host_dependent=True,
-             named_by=(0, r"KV cache|kv_cache_dtype|cache_dtype|cache dtype"),
              answers={"kv_capacity": (1, "any"), "decode": (0, "any"), "prefill": (2, "any"), "queue": (1, "any")},
              fixes={"max_model_len": (2, "any")}),
     KnobSpec("enable_prefix_caching", "switch", "reuse the KV of shared prompt prefixes", default=True,
@@ -332,8 +324,6 @@ SECRET_FLAGS = ("--api-key",)
 
 def check_server_args(extra_args) -> None:
     """Extra `vllm serve` arguments (`--vllm-arg`) that would fight the tool or leak a secret."""
-    from tuner.errors import UserError
-
     for a in extra_args:
         flag = a.split("=", 1)[0]
         if flag in SECRET_FLAGS:

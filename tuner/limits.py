@@ -14,6 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner.errors import UserError
+from tuner.inputs import yaml_line
+from tuner.validation import first_error
 
 MAX_REQUESTS = 1_000_000        # requests in one load run
 MAX_RATE_RPS = 1_000_000.0      # an offered rate (req/s)
@@ -52,9 +54,6 @@ class LoadSpec(BaseModel):
 def check_load(load: Any, where: str | Path | None, root: Any = None) -> dict[str, Any]:
     """`load` checked field by field (a `UserError` naming `load.FIELD` and its line), as a plain dict of
     only the fields given."""
-    from tuner.inputs import yaml_line
-    from tuner.validation import first_error
-
     if not isinstance(load, dict):
         raise UserError("must be a mapping", file=where, line=yaml_line(root, ["load"]), field="load")
     try:

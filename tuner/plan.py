@@ -24,9 +24,12 @@ from tuner.knobs import Knobs
 from tuner.profiles.gpus import GPUProfile, get_gpu
 from tuner.floors import NAMES, ContextCheck, GateFloor, Lengths, context_check, gate_floors
 from tuner.profiles.models import get_model
+from tuner.recommend import recommend_study
 from tuner.sim.config import ResolvedConfig, resolve
 from tuner.sim.costs import CostModel, single_stream
 from tuner.slo import SLO
+from tuner.storage.reader import load_study_data
+from tuner.storage.status import EXIT_CODES, EXIT_NO_PASS, study_status
 
 HOURS_PER_MONTH = 730.0
 _EPS = 1e-9  # ceil(9.000000000001) must stay 9 when the quotient is an integer up to rounding
@@ -255,8 +258,6 @@ class NoCapacity(Exception):
     (`tuner.storage.status.EXIT_CODES`), as `tune` itself did for that study."""
 
     def __init__(self, status: str, message: str):
-        from tuner.storage.status import EXIT_CODES, EXIT_NO_PASS
-
         super().__init__(message)
         self.status, self.message = status, message
         self.exit_code = EXIT_CODES.get(status) or EXIT_NO_PASS
@@ -265,9 +266,6 @@ class NoCapacity(Exception):
 def plan_from_run(run_dir: str, **overrides) -> Plan:
     """The plan for a finished run (see `plan_for_study`); `NoCapacity` when the study measured none
     and no --rate-per-instance stands in for it."""
-    from tuner.recommend import recommend_study
-    from tuner.storage.reader import load_study_data
-
     data = load_study_data(run_dir)
     # the recommended configuration (`tuner.recommend`), the one the report's plan and the gate size
     chosen = recommend_study(data).trial
@@ -281,8 +279,6 @@ def plan_from_run(run_dir: str, **overrides) -> Plan:
 def _why_no_capacity(data, run_dir: str) -> tuple[str, str]:
     """The study's status line (`study_status`), the knee search's own reason (stored per trial), and
     the SLO floors this hardware breaks, if any: why there is no capacity, not just that."""
-    from tuner.storage.status import study_status
-
     done = [t.record for t in data.trials if t.state not in ("RUNNING", "WAITING")]
     status, text = study_status(done)
     why = next((r.no_capacity_reason for r in done if r.no_capacity_reason), None)

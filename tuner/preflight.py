@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from tuner.errors import UserError
+from tuner.inputs import check_out_file
 from tuner.limits import MAX_GRID_CONFIGS
+from tuner.storage.records import StudyInfo
 
 STUDY_NAME = "slo-tuner"  # tuner.storage.optuna_study.STUDY_NAME (not imported: that imports Optuna)
 CONNECT_TIMEOUT_S = 5
@@ -124,8 +126,6 @@ def check_study_target(url: str, out: Path, *, resume: bool, worker: bool = Fals
         raise UserError("a study already exists here: pass --resume to continue it, or another --out",
                         field="--out")
     if names is None:
-        from tuner.inputs import check_out_file
-
         check_out_file(db, "--out" if default else "--storage")
 
 
@@ -145,8 +145,6 @@ def stored_info(study: Any, run_dir: Path) -> Any:
     """The stored study's `info` (what it was started with), or a `UserError`: a study another tool wrote,
     or one whose record was damaged, is not something `tune worker` can continue."""
     from pydantic import ValidationError
-
-    from tuner.storage.records import StudyInfo
 
     raw = study.user_attrs.get("info")
     if not isinstance(raw, dict):

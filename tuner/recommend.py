@@ -31,6 +31,8 @@ from pydantic import BaseModel, Field
 
 from tuner.knobs import KNOB_SPECS
 from tuner.storage.records import TrialRecord
+from tuner.storage.select import pick_configs
+from tuner.storage.status import study_status
 
 OUTPUT_KNOBS = tuple(k for k, spec in KNOB_SPECS.items() if spec.changes_outputs)
 
@@ -216,9 +218,6 @@ def _why(r: Recommendation, best: _Config, pick: _Config, best_neutral: float | 
 def recommend_study(data) -> Recommendation:
     """The recommendation for a stored study (`tuner.storage.reader.StudyData`): what the report and the
     gate both call, so the configuration the report recommends is the one the gate holds."""
-    from tuner.storage.select import pick_configs
-    from tuner.storage.status import study_status
-
     info = data.info
     done = [t.record for t in data.trials if t.state not in ("RUNNING", "WAITING")]
     status, _ = study_status(done)

@@ -186,25 +186,81 @@ def _per_request_ms(r: RequestRecord, metric: str) -> tuple[float | None, bool]:
     return (v * 1000.0 if v is not None else None), False
 
 
+def _value_ms(r: RequestRecord, metric: str) -> float | None:
+    """`_per_request_ms(r, metric)[0]`, with TTFT, TPOT and E2E read off the record's fields directly (the
+    same arithmetic as its properties, so the same floats): the knee search judges millions of requests."""
+    s = r.sent_s
+    if metric == "ttft":
+        f = r.first_token_s
+        return None if f is None or s is None else (f - s) * 1000.0
+    if metric == "e2el":
+        e = r.finish_s
+        return None if e is None or s is None else (e - s) * 1000.0
+    if metric == "tpot":
+        f, e = r.first_token_s, r.finish_s
+        if f is None or s is None or e is None:
+            return None
+        n = r.output_tokens
+        return 0.0 if n <= 1 else ((e - s) - (f - s)) / (n - 1) * 1000.0
+    return _per_request_ms(r, metric)[0]
+
+
+def _limits(slo: SLO) -> list[tuple[str, float]]:
+    return [(m, t.max_ms) for m, t in slo.thresholds.items()]
+
+
+def _is_bad(r: RequestRecord) -> bool:
+    """Failed or truncated (`not r.ok or r.truncated`): never good."""
+    if r.error is not None or r.finish_s is None:
+        return True
+    return 0 < r.output_tokens < r.expected_output_tokens
+
+
 def request_ratios(r: RequestRecord, slo: SLO) -> dict[str, float]:
     """THE per-request SLO check, one number per threshold: value / threshold (<= 1 holds). A request
     that failed, was truncated or has no value for a metric gets inf for it: it is never good. The knee
     search, the score, the gate and the report all judge requests through this function."""
-    bad = not r.ok or r.truncated
+    bad = _is_bad(r)
     out = {}
-    for m, t in slo.thresholds.items():
-        v = None if bad else _per_request_ms(r, m)[0]
-        out[m] = math.inf if v is None else v / t.max_ms
+    for m, limit in _limits(slo):
+        v = None if bad else _value_ms(r, m)
+        out[m] = math.inf if v is None else v / limit
     return out
+
+
+def _worst(r: RequestRecord, limits: list[tuple[str, float]]) -> float:
+    """`max(request_ratios(r, slo).values(), default=0.0)` given `_limits(slo)`, without the dict."""
+    if not limits:
+        return 0.0
+    if _is_bad(r):
+        return math.inf
+    worst = None
+    for m, limit in limits:
+        v = _value_ms(r, m)
+        x = math.inf if v is None else v / limit
+        if worst is None or x > worst:
+            worst = x
+    return worst  # type: ignore[return-value]
 
 
 def request_ratio(r: RequestRecord, slo: SLO) -> float:
     """The request's worst ratio over the thresholds (`request_ratios`); good exactly when <= 1."""
-    return max(request_ratios(r, slo).values(), default=0.0)
+    return _worst(r, _limits(slo))
+
+
+def worst_ratios(records: Iterable[RequestRecord], slo: SLO) -> list[float]:
+    """`request_ratio` of each record (the SLO read once)."""
+    limits = _limits(slo)
+    return [_worst(r, limits) for r in records]
 
 
 def is_good(r: RequestRecord, slo: SLO) -> bool:
     return request_ratio(r, slo) <= 1.0
+
+
+def count_good(records: Iterable[RequestRecord], slo: SLO) -> int:
+    """How many of `records` are good (`is_good`)."""
+    return sum(1 for x in worst_ratios(records, slo) if x <= 1.0)
 
 
 def badness(records: Iterable[RequestRecord], slo: SLO) -> float:
@@ -212,7 +268,7 @@ def badness(records: Iterable[RequestRecord], slo: SLO) -> float:
 
     Attainment >= target exactly when this is <= 1 (both come from the same per-request check), and
     unlike attainment it moves continuously with the rate, so the knee search can interpolate on it."""
-    vals = sorted(request_ratio(r, slo) for r in records if r.in_window)
+    vals = sorted(worst_ratios((r for r in records if r.in_window), slo))
     if not vals:
         return math.inf
     k = max(0, math.ceil(float(slo.target) * len(vals)) - 1)  # type: ignore[arg-type]
@@ -236,6 +292,8 @@ def score(records: Iterable[RequestRecord], slo: SLO, window: float | None = Non
         raise UserError(f"must be > 0 seconds, got {window}", field="window")
     window_s = window if window is not None else _default_window(recs)
     th = slo.thresholds
+    limits = _limits(slo)
+    has_itl = "itl" in th
     violations = {m: 0 for m in th}
     causes: dict[str, int] = {}
     texts: dict[str, int] = {}
@@ -248,12 +306,18 @@ def score(records: Iterable[RequestRecord], slo: SLO, window: float | None = Non
             if r.error:
                 texts[r.error[:300]] = texts.get(r.error[:300], 0) + 1
             continue
-        ratios = request_ratios(r, slo)
-        fallback += "itl" in th and _per_request_ms(r, "itl")[1]
-        for m, x in ratios.items():
+        bad = _is_bad(r)
+        ratio = 0.0   # the request's worst (`request_ratio`)
+        for i, (m, limit) in enumerate(limits):
+            v = None if bad else _value_ms(r, m)
+            x = math.inf if v is None else v / limit
             if x > 1.0:
                 violations[m] += 1
-        n_good += max(ratios.values(), default=0.0) <= 1.0
+            if i == 0 or x > ratio:
+                ratio = x
+        if has_itl:
+            fallback += _per_request_ms(r, "itl")[1]
+        n_good += ratio <= 1.0
     finished = [r for r in recs if r.ok and not r.truncated]
     values: dict[str, list[float]] = {}
     for m in METRICS:

@@ -14,29 +14,42 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from tuner import __version__
+from tuner import __version__, signals
 from tuner.capacity.knee import KneeSettings
 from tuner.capacity.measure import LoadSettings, engine_load_settings
+from tuner.engine import launcher
 from tuner.engine.base import Engine
+from tuner.engine.launcher import reap_stale
 from tuner.engine.registry import (EngineSpec, create as create_engine, engine_class, names as engine_names,
                                    spec_of)
 from tuner.errors import UserError
-from tuner.inputs import check_out_dir, check_resume, file_sha256
+from tuner.feasibility import check_workload
+from tuner.floors import Lengths
+from tuner.gate import write_gate
+from tuner.inputs import check_out_dir, check_resume, file_sha256, parse_yaml, read_text, yaml_line
+from tuner.knobs import Knobs, vllm_defaults
 from tuner.preflight import check_grid_size, check_launcher, check_study_target, stored_info
+from tuner.profiles.gpus import get_gpu
 from tuner.profiles.host import describe_host
+from tuner.profiles.models import get_model
+from tuner.report import write_report
+from tuner.search.attribute import attribute_study
 from tuner.search.runner import NullReporter, Reporter, TrialRunner
 from tuner.search.space import SearchSpace, load_space
 from tuner.search.strategies import StrategyRun, get as get_strategy, names as strategy_names
 from tuner.search.strategy import Budget, Outcome
 from tuner.search.worker import work
 from tuner.settings import OutputSettings, RunSettings, WorkerOptions, from_options, host_engine
+from tuner.sim.config import resolve
 from tuner.slo import SLO, load_slo
 from tuner.storage.optuna_study import STUDY_NAME, close_orphans, open_study  # noqa: F401  (re-exported)
 from tuner.storage.records import StudyInfo
 from tuner.storage.status import study_status
+from tuner.tokens import token_counter_for
 from tuner.workload.arrivals import PROCESSES
 from tuner.workload.loader import load_workload
 from tuner.workload.model import Workload
+from tuner.workload.stats import prompt_length, token_count_source
 
 
 def known_names() -> dict[str, tuple[str, ...]]:
@@ -58,9 +71,6 @@ def resolve_strategy(gpu: str | None, model: str | None) -> str:
     there is no twin to fit, and a study must not fail for an option the user did not choose."""
     if not gpu or not model:
         return "guided"
-    from tuner.profiles.gpus import get_gpu
-    from tuner.profiles.models import get_model
-
     try:
         get_gpu(gpu), get_model(model)
     except Exception:  # noqa: BLE001  (an unknown name is reported where the option is used, not here)
@@ -82,9 +92,6 @@ def engine_defaults(settings: RunSettings) -> dict[str, Any]:
     """vLLM's values for unset knobs on this GPU, where the GPU is known (constraints, directions)."""
     if not settings.engine.gpu:
         return {}
-    from tuner.knobs import vllm_defaults
-    from tuner.profiles.gpus import get_gpu
-
     return vllm_defaults(get_gpu(settings.engine.gpu))
 
 
@@ -113,11 +120,6 @@ def resolved_defaults(settings: RunSettings) -> dict | None:
     if not gpu or not model:
         return None
     try:
-        from tuner.knobs import Knobs
-        from tuner.profiles.gpus import get_gpu
-        from tuner.profiles.models import get_model
-        from tuner.sim.config import resolve
-
         cfg = resolve(get_gpu(gpu), get_model(model), Knobs())
     except Exception:  # a model the profiles do not know (a real vLLM run), or defaults that do not fit
         return None
@@ -125,8 +127,6 @@ def resolved_defaults(settings: RunSettings) -> dict | None:
 
 
 def _lengths(workload: Workload) -> dict:
-    from tuner.floors import Lengths
-
     ls = Lengths.of_workload(workload)
     return {"prompt": list(ls.prompt), "output": list(ls.output), "cached": list(ls.cached)}
 
@@ -134,9 +134,6 @@ def _lengths(workload: Workload) -> dict:
 def study_info(settings: RunSettings, workload: Workload, slo: SLO, space: SearchSpace,
                load: LoadSettings | None = None) -> StudyInfo:
     """What the study stores of how it was started: the settings as they are, and its inputs' facts."""
-    from tuner.tokens import token_counter_for
-    from tuner.workload.stats import prompt_length, token_count_source
-
     reqs = workload.requests
     engine = engine_class(settings.engine.name)
     tokens = token_counter_for(settings.engine.model)  # the model's tokenizer.json when --model is a folder
@@ -169,8 +166,6 @@ def prepare(settings: RunSettings, space: SearchSpace | None = None) -> tuple[Wo
     name = settings.search.search_space
     slo, space = load_slo(settings.slo), space or load_space(name)
     if settings.engine.gpu:
-        from tuner.profiles.gpus import get_gpu
-
         get_gpu(settings.engine.gpu)
     engine = engine_class(settings.engine.name)
     problem = engine.unsupported_value({k: list(v.values) for k, v in space.knobs.items()})
@@ -188,7 +183,6 @@ def check_max_model_len(space: SearchSpace, workload: Workload, where) -> None:
     spec = space.knobs.get("max_model_len")
     if spec is None:
         return
-    from tuner.workload.stats import prompt_length
 
     longest = max(prompt_length(r) + r.output_tokens for r in workload.requests)
     low = [v for v in spec.values if v is not None and v < longest]
@@ -196,8 +190,6 @@ def check_max_model_len(space: SearchSpace, workload: Workload, where) -> None:
         path = Path(where)
         line = None
         if path.exists():
-            from tuner.inputs import parse_yaml, read_text, yaml_line
-
             _, root = parse_yaml(read_text(path, "search space file"), path)
             line = yaml_line(root, ["knobs", "max_model_len", "values", spec.values.index(low[0])])
         raise UserError(f"{low[0]} is below the workload's longest request ({longest} tokens, prompt + "
@@ -213,9 +205,6 @@ def interrupt_cleanup(runner: TrialRunner) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        from tuner import signals
-        from tuner.engine import launcher
-
         with signals.shielded():
             try:
                 runner.abandon()
@@ -244,8 +233,6 @@ def run_tune(settings: RunSettings, reporter: Reporter | None = None) -> tuple[O
     engine = make_engine(settings, slo, space)  # a bad --engine/--gpu/--model fails before a study is created
     out.mkdir(parents=True, exist_ok=True)
     if resume:
-        from tuner.engine.launcher import reap_stale
-
         for d in [out, *sorted((out / "servers").glob("*"))]:
             reap_stale(d)
     url = storage_url(settings)
@@ -274,8 +261,6 @@ def run_tune(settings: RunSettings, reporter: Reporter | None = None) -> tuple[O
         outcome = strategy.run(StrategyRun(runner=runner, budget=budget, settings=settings, workload=workload,
                                            slo=slo, load=load, say=say))
         if outcome.incumbent is not None:
-            from tuner.search.attribute import attribute_study
-
             attribute_study(runner, budget, outcome, outcome.twin, noise_floor=settings.noise_floor,
                             verify=settings.search.attribute, say=say)
     outcome.status, outcome.status_text = study_status(
@@ -294,8 +279,6 @@ def feasible_workload(settings: RunSettings, workload: Workload, slo: SLO, space
                       reporter: Reporter | None) -> Workload:
     """What the workload and the model already tell, said before any launch (`tuner.feasibility`):
     the workload to score (`--drop-overlong` leaves out what the context refuses)."""
-    from tuner.feasibility import check_workload
-
     eng = settings.engine
     pre = check_workload(workload, slo, model=eng.model, gpu=eng.gpu, space_knobs=space.knobs,
                          vllm_args=eng.extra_args, drop_overlong=settings.load.drop_overlong,
@@ -307,26 +290,16 @@ def feasible_workload(settings: RunSettings, workload: Workload, slo: SLO, space
 
 
 def write_outputs(run_dir: Path) -> list[Path]:
-    """The gate and the report, when those modules are installed (they read the storage alone). No gate
-    is written for a study without a measured capacity (a stale one from an earlier run is removed)."""
+    """The gate and the report (they read the storage alone). No gate is written for a study without a
+    measured capacity (a stale one from an earlier run is removed)."""
     written: list[Path] = []
-    try:
-        from tuner.gate import write_gate  # type: ignore[attr-defined]
-    except ImportError:
-        write_gate = None
-    if write_gate is not None:
-        gate = write_gate(run_dir)
-        if gate is not None:
-            written.append(gate)
-        else:
-            (run_dir / "gate.yaml").unlink(missing_ok=True)
-    try:
-        from tuner.report import write_report  # type: ignore[attr-defined]
-    except ImportError:
-        write_report = None
-    if write_report is not None:
-        out = write_report(run_dir)
-        written += out if isinstance(out, list) else [run_dir / "report.md"]
+    gate = write_gate(run_dir)
+    if gate is not None:
+        written.append(gate)
+    else:
+        (run_dir / "gate.yaml").unlink(missing_ok=True)
+    write_report(run_dir)
+    written.append(run_dir / "report.md")
     return written
 
 

@@ -427,7 +427,7 @@ def test_the_corrected_command_gets_past_validation(tmp_path: Path, monkeypatch:
                                                     capsys: pytest.CaptureFixture, case: str) -> None:
     """The bad command is refused; the same command with its mistake corrected is not (it reaches the
     study, the gate or the server): the table's refusals are of the mistake, not of the command."""
-    import tuner.bench.cli
+    import tuner.cli.bench
     import tuner.gate
     import tuner.study
     from tuner.cli import main
@@ -447,7 +447,7 @@ def test_the_corrected_command_gets_past_validation(tmp_path: Path, monkeypatch:
     check_line(e.value.code, *capsys.readouterr(), expected)
     monkeypatch.setattr(tuner.study, "open_study", past)
     monkeypatch.setattr(tuner.gate, "run_gate", past)
-    monkeypatch.setattr(tuner.bench.cli, "_model_of", past)
+    monkeypatch.setattr(tuner.cli.bench, "_model_of", past)
     monkeypatch.setattr(sys, "argv", ["tune", *CORRECTED[case]])
     with pytest.raises(PastValidation):
         main()

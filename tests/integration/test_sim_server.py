@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tuner.knobs import Knobs
 from tuner.profiles.gpus import get_gpu
 from tuner.profiles.models import get_model
-from tuner.sim.cli import human_readable_int
+from tuner.sim.flags import human_readable_int
 from tuner.sim.config import resolve
 from tuner.sim.engine import EngineCore, Seq
 from tuner.sim.protocol import WORDS
@@ -400,7 +400,7 @@ def test_a_crashed_engine_loop_takes_the_server_down():
     port = free_port()
     code = ("import sys\nfrom tuner.sim import engine\n"
             "def boom(self, now, events=None):\n    raise RuntimeError('injected fault')\n"
-            "engine.EngineCore.step = boom\nfrom tuner.sim.cli import main\n"
+            "engine.EngineCore.step = boom\nfrom tuner.cli.sim import main\n"
             f"sys.exit(main(['--gpu', '{GPU}', '--model', '{MODEL}', '--port', '{port}']))\n")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)

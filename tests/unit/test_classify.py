@@ -6,11 +6,15 @@ so the prefix stripping is exercised on them too.
 
 from __future__ import annotations
 
+import ast
 import signal
+from pathlib import Path
 
 import pytest
 
-from tuner.engine.classify import classify_failure, kv_cache_gib, parse_launch_info, root_cause, strip_prefix
+from tuner.engine.classify import (classify_failure, kv_cache_gib, launch_facts, parse_launch_info, root_cause,
+                                  strip_prefix)
+from tuner.failures import LaunchFacts
 
 CPU_CASES = [
     ("launch_fail_bad_block_size.log", "bad_flag", "No common block size for 16"),
@@ -164,3 +168,35 @@ def test_warnings_that_name_a_limitation_do_not_classify():
             "you see No available memory for the cache blocks\n"
             "KeyError: 'rope_scaling'\n")
     assert classify_failure(text, returncode=1) == ("crash", "KeyError: 'rope_scaling'")
+
+
+def test_the_facts_the_search_reads_come_from_vllms_words(vllm_fixtures):
+    """The classifier turns a failure's message into typed fields (`LaunchFacts`); the search reads those,
+    so vLLM's wording is matched in the engine package alone."""
+    kind, msg = classify_failure((vllm_fixtures / "launch_fail_memory_utilization.log").read_text(), returncode=1)
+    facts = launch_facts(msg)
+    assert kind == "memory_utilization"
+    assert (facts.free_gib, facts.total_gib, facts.asked_utilization) == (8.99, 10.34, 0.92)
+    assert launch_facts(classify_failure(GPU_MAX_LEN_OLD_TYPO, returncode=1)[1]).estimated_max_model_len == 77008
+    assert launch_facts("NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.").named_knobs \
+        == ["kv_cache_dtype", "quantization"]
+    assert launch_facts("exited with code 1") == LaunchFacts()
+
+
+def _code_strings(path: Path) -> list[str]:
+    """The string constants of a module's code (docstrings, which may quote vLLM, left out)."""
+    tree = ast.parse(path.read_text())
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [n.value for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+
+
+def test_no_layer_above_the_engines_matches_vllms_failure_wording():
+    root = Path(__file__).resolve().parents[2] / "tuner"
+    words = ("on startup is less than desired", "estimated maximum model length", "KV cache|kv_cache_dtype")
+    bad = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
+                 if p.relative_to(root).parts[0] not in ("engine", "sim")
+                 and any(w in text for text in _code_strings(p) for w in words))
+    assert not bad, f"vLLM's words outside tuner/engine: {bad}"

@@ -1,76 +1,147 @@
-"""The package's import structure, read from its source: no import cycles, and the layers' rules.
+"""The package's import structure, read from its source: the layers in order, no cycles, few lazy imports.
 
 Data flows one way (workload -> load run -> measurements -> score/diagnosis -> next trial -> report), and
-the imports follow it: a lower layer never imports a higher one, so each can be used, tested and replaced
-without the ones above it. Imports inside functions count the same as top-level ones (a function-local
-import hides a cycle; it does not remove it).
+the imports follow it. `LAYERS` lists the package's parts bottom first; a part may import only the parts
+listed before it, so each can be used, tested and replaced without the ones above it, and a cycle between
+parts cannot exist (it would need an import upwards). Imports inside functions count the same as
+top-level ones (a function-local import hides a cycle; it does not remove it), and outside the command
+line there are at most `MAX_LOCAL` of them, each with its reason in `LOCAL_IMPORTS`.
+
+The checker functions take the package's folder, so the tests at the end run them on a copy with one bad
+import injected and show that each kind of mistake fails.
 """
 
 from __future__ import annotations
 
 import ast
+import shutil
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "tuner"
 
+#: The package's parts, bottom first: a part may import only the parts before it. A part is a
+#: sub-package or a top-level module of `tuner`.
+LAYERS = [
+    # vocabulary every layer speaks: errors, validation, the kinds of launch failure, signals, tokens
+    "tuner.errors", "tuner.validation", "tuner.failures", "tuner.signals", "tuner.tokens",
+    "tuner.yaml_strict", "tuner.inputs", "tuner.limits",
+    # the run's settings, one model validated once (engine, load, knee search, search, outputs)
+    "tuner.settings",
+    # a configuration: the knobs (speculative decoding's config is one knob's value)
+    "tuner.speculative", "tuner.knobs",
+    # records: what a load run measured and what a study stores (the bottom every layer reads)
+    "tuner.metrics", "tuner.storage",
+    # inputs: hardware and model profiles, workloads
+    "tuner.profiles", "tuner.workload",
+    # the load run: the client records, the SLO scores its records, the bench statistics
+    "tuner.replay", "tuner.slo", "tuner.bench",
+    # the simulated engine and what it bounds (floors, feasibility before a launch)
+    "tuner.sim", "tuner.floors", "tuner.feasibility",
+    # engines launch servers and serve load runs
+    "tuner.engine",
+    # measurement: a load run's verdict and the knee search; the diagnosis of a knee
+    "tuner.capacity", "tuner.diagnose",
+    # what the stored measurements say: the recommendation, the capacity plan, checks before a study
+    "tuner.recommend", "tuner.plan", "tuner.preflight",
+    # the twin: a simulator fitted to a study's launches
+    "tuner.twin",
+    # outputs and search over measurements
+    "tuner.report", "tuner.gate", "tuner.search",
+    # the study runner: wires search, gate and report
+    "tuner.study",
+    # the engine conformance suite and test stand-ins (a library for tests of every engine)
+    "tuner.testing",
+    # the command line, over everything
+    "tuner.cli",
+]
 
-def _module_name(path: Path) -> str:
-    rel = path.relative_to(PKG.parent).with_suffix("")
-    parts = list(rel.parts)
+#: Imports inside functions outside the command line, each with the reason it is not at the top:
+#: (importing module, imported module) -> why. The command line (`tuner.cli`) imports lazily as it
+#: likes: it is the top, and `tune --help` should not load every library below it.
+LOCAL_IMPORTS: dict[tuple[str, str], str] = {
+    ("tuner.report", "tuner.report.plots"):
+        "matplotlib (about a second to import) only when the plots are drawn: building a report, the gate "
+        "and `tune plan` need none",
+    ("tuner.testing.tiny_model", "tuner.workload.prompts"):
+        "the module also runs as a script under vLLM's interpreter, which may lack the tuner's dependencies: "
+        "the import is tried, and the built-in word list serves where it fails",
+}
+MAX_LOCAL = 10
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def _imports() -> dict[str, set[str]]:
-    """module -> the project modules it imports (anywhere in the file)."""
-    mods = {_module_name(p): p for p in PKG.rglob("*.py")}
+def part_of(module: str) -> str:
+    """The layer a module belongs to. A `__main__` module (`python -m tuner.sim`) is a command line shim
+    that only calls `tuner.cli`: it belongs to the command line, wherever `python -m` needs it to be."""
+    if module.rpartition(".")[2] == "__main__":
+        return "tuner.cli"
+    return ".".join(module.split(".")[:2])
+
+
+def _targets(node: ast.AST, name: str, is_pkg: bool) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        if node.level:
+            base = name.split(".")
+            base = base[: len(base) - node.level + (1 if is_pkg else 0)]
+            mod = ".".join(base + ([node.module] if node.module else []))
+        else:
+            mod = node.module or ""
+        return [mod] + [f"{mod}.{a.name}" for a in node.names]
+    if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == \
+            "import_module" and node.args and isinstance(node.args[0], ast.Constant):
+        return [str(node.args[0].value)]
+    return []
+
+
+def read_imports(root: Path) -> tuple[dict[str, set[str]], set[tuple[str, str]]]:
+    """module -> the project modules it imports (anywhere in the file), and the (module, imported)
+    pairs imported inside a function."""
+    mods = {module_name(p, root): p for p in root.rglob("*.py")}
     out: dict[str, set[str]] = {}
+    local: set[tuple[str, str]] = set()
     for name, path in mods.items():
         found: set[str] = set()
         is_pkg = path.name == "__init__.py"
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = name.split(".")
-                    base = base[: len(base) - node.level + (1 if is_pkg else 0)]
-                    mod = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    mod = node.module or ""
-                targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == \
-                    "import_module" and node.args and isinstance(node.args[0], ast.Constant):
-                targets = [str(node.args[0].value)]
-            for t in targets:
+        tree = ast.parse(path.read_text(), str(path))
+        in_function = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                       for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            for t in _targets(node, name, is_pkg):
                 # the longest project module the target names (`from tuner.x import y`: y may be a module)
                 while t and t not in mods:
                     t = t.rpartition(".")[0]
+                if t not in ("", "tuner", name) and id(node) in in_function and \
+                        isinstance(node, (ast.Import, ast.ImportFrom)):
+                    local.add((name, t))
                 # importing tuner.a.b runs tuner/a/__init__.py first: a package's face is imported too
                 while t and t.startswith("tuner"):
                     if t != name and not name.startswith(t + "."):
                         found.add(t)
                     t = t.rpartition(".")[0]
         out[name] = found
-    return out
+    return out, local
 
 
-IMPORTS = _imports()
-
-
-def _cycle() -> list[str] | None:
-    """One import cycle among the package's modules (a package's `__init__` counts as its module)."""
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle in a directed graph, as the path that closes it, or None."""
     state: dict[str, int] = {}
     stack: list[str] = []
 
     def visit(m: str) -> list[str] | None:
         state[m] = 1
         stack.append(m)
-        for n in sorted(IMPORTS.get(m, ())):
+        for n in sorted(graph.get(m, ())):
             if state.get(n) == 1:
                 return stack[stack.index(n):] + [n]
             if n not in state:
@@ -81,7 +152,7 @@ def _cycle() -> list[str] | None:
         state[m] = 2
         return None
 
-    for m in sorted(IMPORTS):
+    for m in sorted(graph):
         if m not in state:
             found = visit(m)
             if found:
@@ -89,71 +160,143 @@ def _cycle() -> list[str] | None:
     return None
 
 
-def test_no_import_cycles() -> None:
-    cycle = _cycle()
+def part_graph(imports: dict[str, set[str]]) -> dict[str, set[str]]:
+    """part -> the other parts its modules import (`tuner` itself, the package's face, is no part)."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for m, deps in imports.items():
+        if m == "tuner":
+            continue
+        for n in deps:
+            if n != "tuner" and part_of(n) != part_of(m):
+                graph[part_of(m)].add(part_of(n))
+    return graph
+
+
+def layer_violations(imports: dict[str, set[str]], layers: list[str] = LAYERS) -> list[str]:
+    """Every import of a part at or above the importer's own place in `layers`, and every part
+    `layers` does not place."""
+    rank = {p: i for i, p in enumerate(layers)}
+    bad = sorted({f"{part_of(m)} is not in LAYERS" for m in imports if m != "tuner" and part_of(m) not in rank})
+    for m, deps in sorted(imports.items()):
+        if m == "tuner" or part_of(m) not in rank:
+            continue
+        for n in sorted(deps):
+            if n != "tuner" and part_of(n) != part_of(m) and rank.get(part_of(n), len(layers)) > rank[part_of(m)]:
+                bad.append(f"{m} imports {n} ({part_of(n)} is above {part_of(m)})")
+    return bad
+
+
+def main_shim_violations(imports: dict[str, set[str]]) -> list[str]:
+    """A `__main__` outside the command line package is a shim for `python -m`: it imports the command
+    line and nothing else (its code lives in `tuner.cli`)."""
+    return sorted(f"{m} imports {n}" for m, deps in imports.items()
+                  if m.endswith(".__main__") and part_of(m.removesuffix(".__main__")) != "tuner.cli"
+                  for n in deps if part_of(n) != "tuner.cli" and n != "tuner")
+
+
+def unexplained_local_imports(local: set[tuple[str, str]],
+                              reasons: dict[tuple[str, str], str] = LOCAL_IMPORTS) -> list[str]:
+    """Function-local project imports outside the command line without a reason in `LOCAL_IMPORTS`."""
+    return sorted(f"{m} imports {n} inside a function" for m, n in local
+                  if part_of(m) != "tuner.cli" and (m, n) not in reasons)
+
+
+IMPORTS, LOCAL = read_imports(PKG)
+
+
+def test_the_parts_are_in_layers() -> None:
+    bad = layer_violations(IMPORTS)
+    assert not bad, "a part imports one above it (see LAYERS): " + "; ".join(bad)
+
+
+def test_no_part_cycles() -> None:
+    cycle = find_cycle(part_graph(IMPORTS))
+    assert cycle is None, "package cycle: " + " -> ".join(cycle)
+
+
+def test_no_module_cycles() -> None:
+    cycle = find_cycle(IMPORTS)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-def _under(module: str, prefix: str) -> bool:
-    return module == prefix or module.startswith(prefix + ".")
+def test_main_shims_only_call_the_command_line() -> None:
+    bad = main_shim_violations(IMPORTS)
+    assert not bad, "a __main__ does more than call tuner.cli: " + "; ".join(bad)
 
 
-def _is_cli(module: str) -> bool:
-    """A command line module: the top of the tool, over every layer (thin: parse options, call one entry
-    point). The rules below are for everything else."""
-    last = module.rpartition(".")[2]
-    return last == "__main__" or last == "cli" or last.endswith("_cli")
+def test_every_command_line_module_is_in_the_cli_package() -> None:
+    """One place for the command line: no `cli.py` / `*_cli.py` / typer app elsewhere."""
+    bad = sorted(str(p.relative_to(PKG.parent)) for p in PKG.rglob("*.py")
+                 if part_of(module_name(p, PKG)) != "tuner.cli"
+                 and (p.stem == "cli" or p.stem.endswith("_cli") or "typer.Typer(" in p.read_text()))
+    assert not bad, "command line modules outside tuner/cli: " + ", ".join(bad)
 
 
-#: (layer, what it must never import, why)
-RULES = [
-    ("tuner.sim", ["tuner.search", "tuner.capacity", "tuner.replay", "tuner.report", "tuner.gate", "tuner.plan",
-                   "tuner.study", "tuner.engine", "tuner.workload", "tuner.diagnose"],
-     "the simulator knows nothing of HTTP clients, search or reports"),
-    ("tuner.replay", ["tuner.search", "tuner.capacity", "tuner.report", "tuner.gate", "tuner.study",
-                      "tuner.sim"], "the load generator knows nothing of the strategy"),
-    ("tuner.metrics", ["tuner.search", "tuner.capacity", "tuner.report", "tuner.gate", "tuner.study",
-                       "tuner.sim"], "metric reading knows nothing of the strategy"),
-    ("tuner.workload", ["tuner.sim", "tuner.engine", "tuner.search", "tuner.capacity", "tuner.report",
-                        "tuner.gate", "tuner.study"], "a workload is data, whatever engine replays it"),
-    ("tuner.report", ["tuner.engine", "tuner.search", "tuner.study", "tuner.gate", "tuner.sim", "tuner.twin"],
-     "reports read the study storage alone"),
-    ("tuner.capacity", ["tuner.search", "tuner.report", "tuner.gate", "tuner.study"],
-     "measurement knows nothing of the strategy"),
-    ("tuner.storage", ["tuner.search", "tuner.capacity", "tuner.engine", "tuner.report", "tuner.gate",
-                       "tuner.study", "tuner.plan", "tuner.sim", "tuner.replay", "tuner.twin"],
-     "the storage contract is the bottom every layer reads"),
-    ("tuner.engine", ["tuner.search", "tuner.capacity", "tuner.report", "tuner.gate", "tuner.study",
-                      "tuner.plan"], "an engine launches servers and serves load runs, nothing more"),
-    ("tuner.gate", ["tuner.search", "tuner.study", "tuner.report"],
-     "the gate re-measures one configuration with the capacity layer; it runs no search"),
-    ("tuner.plan", ["tuner.search", "tuner.study", "tuner.report", "tuner.engine", "tuner.gate"],
-     "the plan is arithmetic over stored measurements"),
-    ("tuner.diagnose", ["tuner.search", "tuner.study", "tuner.report", "tuner.gate", "tuner.engine"],
-     "a diagnosis reads a load run's measurements"),
-    ("tuner.replay", ["tuner.slo", "tuner.bench"], "the load client records; scoring against an SLO is above it"),
-    ("tuner.search", ["tuner.study"], "the study runner is above the search"),
-    ("tuner.twin", ["tuner.search", "tuner.study", "tuner.report", "tuner.gate"],
-     "the twin is a simulator fitted to measurements; it knows nothing of the strategy that asks it"),
-    ("tuner.slo", ["tuner.workload", "tuner.search", "tuner.capacity", "tuner.report", "tuner.sim"],
-     "the SLO is a bottom-layer schema"),
-]
-
-
-@pytest.mark.parametrize("layer,forbidden,why", RULES, ids=[r[0] for r in RULES])
-def test_layer_rules(layer: str, forbidden: list[str], why: str) -> None:
-    bad = sorted(f"{m} -> {n}" for m, deps in IMPORTS.items() if _under(m, layer) and not _is_cli(m)
-                 for n in deps if any(_under(n, f) for f in forbidden))
-    assert not bad, f"{why}: " + "; ".join(bad)
-
-
-def test_nothing_below_the_top_imports_the_study_runner() -> None:
-    """Only the command line imports the module that runs a study (the search, the gate, the report and
-    the plan are below it)."""
-    bad = sorted(m for m, deps in IMPORTS.items() if "tuner.study" in deps and not _is_cli(m))
-    assert not bad, "imports the study runner: " + ", ".join(bad)
+def test_function_local_imports_have_a_reason() -> None:
+    bad = unexplained_local_imports(LOCAL)
+    assert not bad, "move these to the top of the module, or state why not in LOCAL_IMPORTS: " + "; ".join(bad)
+    stale = sorted(f"{m} -> {n}" for m, n in LOCAL_IMPORTS if (m, n) not in LOCAL)
+    assert not stale, "LOCAL_IMPORTS names imports that are gone: " + "; ".join(stale)
+    assert len(LOCAL_IMPORTS) <= MAX_LOCAL and all(LOCAL_IMPORTS.values())
 
 
 def test_the_reader_sees_function_local_imports() -> None:
     """The rules above are only as good as the reader: it finds an import inside a function."""
-    assert "tuner.errors" in IMPORTS["tuner.cli"]
+    assert ("tuner.cli", "tuner.cli.study") in LOCAL and "tuner.cli.study" in IMPORTS["tuner.cli"]
+
+
+# -- each kind of mistake fails: the checkers run on a copy of the package with one bad import added --
+
+def _tree_with(tmp_path: Path, file: str, code: str) -> Path:
+    root = tmp_path / "tuner"
+    shutil.copytree(PKG, root, ignore=shutil.ignore_patterns("__pycache__"))
+    path = root / file
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text((path.read_text() if path.exists() else "") + "\n" + code + "\n")
+    return root
+
+
+def test_a_new_package_cycle_fails(tmp_path: Path) -> None:
+    imports, _ = read_imports(_tree_with(tmp_path, "metrics/window.py", "from tuner.replay.record import LoadRun"))
+    assert find_cycle(part_graph(imports)) is not None
+    assert any("tuner.metrics.window imports tuner.replay.record" in v for v in layer_violations(imports))
+
+
+def test_sim_importing_search_fails(tmp_path: Path) -> None:
+    imports, _ = read_imports(_tree_with(tmp_path, "sim/engine.py", "from tuner.search import space"))
+    assert any(v.startswith("tuner.sim.engine imports tuner.search") for v in layer_violations(imports))
+
+
+def test_profiles_importing_engine_fails(tmp_path: Path) -> None:
+    imports, _ = read_imports(_tree_with(tmp_path, "profiles/gpus.py",
+                                         "def f():\n    from tuner.engine import registry"))
+    assert any(v.startswith("tuner.profiles.gpus imports tuner.engine") for v in layer_violations(imports))
+
+
+def test_a_command_line_module_below_the_cli_gets_its_layers_rules(tmp_path: Path) -> None:
+    """The old deny-list exempted every `*cli` module; now a command line module outside `tuner/cli` is
+    judged by its package's place (and named as misplaced)."""
+    root = _tree_with(tmp_path, "sim/cli.py", "import typer\nfrom tuner.search.space import load_space")
+    imports, _ = read_imports(root)
+    assert "tuner.sim.cli imports tuner.search.space (tuner.search is above tuner.sim)" in layer_violations(imports)
+
+
+def test_a_main_shim_doing_more_fails(tmp_path: Path) -> None:
+    imports, _ = read_imports(_tree_with(tmp_path, "sim/__main__.py", "from tuner.sim.server import run_server"))
+    assert main_shim_violations(imports) == ["tuner.sim.__main__ imports tuner.sim.server"]
+
+
+def test_a_new_function_local_import_fails(tmp_path: Path) -> None:
+    _, local = read_imports(_tree_with(tmp_path, "tokens.py", "def f():\n    from tuner.errors import UserError"))
+    assert "tuner.tokens imports tuner.errors inside a function" in unexplained_local_imports(local)
+    assert "tuner.tokens imports tuner.errors inside a function" not in unexplained_local_imports(LOCAL)
+
+
+def test_an_unplaced_package_fails(tmp_path: Path) -> None:
+    imports, _ = read_imports(_tree_with(tmp_path, "newpart/__init__.py", "from tuner.errors import UserError"))
+    assert "tuner.newpart is not in LAYERS" in layer_violations(imports)
+
+
+@pytest.mark.parametrize("part", LAYERS)
+def test_every_layer_exists(part: str) -> None:
+    assert any(part_of(m) == part for m in IMPORTS), f"{part} is in LAYERS but not in the package"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from tuner.engine.classify import classify_failure
+from tuner.engine.classify import classify_failure, launch_facts
 from tuner.engine.sim import SimEngine
 from tuner.knobs import Knobs
 from tuner.profiles.gpus import get_gpu
@@ -36,8 +36,10 @@ FP8_KV_CPU = ("(EngineCore pid=4242) ERROR 12-01 12:00:00 [core.py:1020] NotImpl
 
 
 def failed(number: int, kind: str, message: str, **knobs) -> TrialRecord:
+    """The record the trial runner writes for a failed launch: the message and its typed facts."""
     return TrialRecord(number=number, knobs=knobs, changed_knob=next(iter(knobs), None),
-                       launch_failure_kind=kind, launch_failure_message=message)
+                       launch_failure_kind=kind, launch_failure_message=message,
+                       launch_facts=launch_facts(message))
 
 
 def test_vllms_memory_message_rules_out_its_value_and_higher_and_suggests_what_fits(vllm_fixtures):

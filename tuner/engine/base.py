@@ -29,9 +29,14 @@ class LaunchInfo(BaseModel):
 
 
 class Server(abc.ABC):
-    """One launched configuration. Use as a context manager so it is always stopped."""
+    """One launched configuration. Use as a context manager so it is always stopped.
+
+    Everything the tool calls on a server is declared here (`info`, `model`, `headers`, `run_load`,
+    `stop`, `stop_interrupted`); what an engine adds beyond it is its own business."""
 
     info: LaunchInfo
+    #: the model name the server answers to in the OpenAI API; None where it does not check it
+    model: str | None = None
 
     @abc.abstractmethod
     def run_load(self, requests: Sequence[WorkloadRequest], send_times: Sequence[float], *,
@@ -53,6 +58,16 @@ class Server(abc.ABC):
     @abc.abstractmethod
     def stop(self) -> None:
         """Stop the server and release everything it held (process group, port, GPU memory)."""
+
+    def stop_interrupted(self) -> None:
+        """`stop` after a Ctrl-C or SIGTERM, bounded in time (a process engine waits less before it kills:
+        `tuner.engine.http.HTTPServer`). The study calls it on the server of the interrupted trial."""
+        self.stop()
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """HTTP headers a client of this server sends (an API key); {} for none or an in-process engine."""
+        return {}
 
     def __enter__(self) -> "Server":
         return self

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import signal
 
-from tuner.engine.base import LaunchFailureKind
+from tuner.failures import LaunchFacts, LaunchFailure, LaunchFailureKind
 
 # vLLM's log prefix: "(EngineCore pid=1) ERROR 11-29 10:14:25 [core.py:1510] " (process tag optional).
 _PREFIX = re.compile(
@@ -166,3 +166,34 @@ def kv_cache_gib(text: str) -> float | None:
     """`Available KV cache memory: X GiB` (GPU builds), for reports."""
     m = _KV_GIB.search(text)
     return float(m.group(1)) if m else None
+
+
+_NUM = r"(\d+(?:\.\d+)?)"
+# "Free memory on device (X/Y GiB) on startup is less than desired GPU memory utilization (U, Z GiB)";
+# the CPU build says "Available memory on node 0 (X/Y GiB) ..."
+_MEMORY = re.compile(rf"\({_NUM}/{_NUM} GiB\) on startup is less than desired (?:GPU|CPU) memory "
+                     rf"utilization \({_NUM}", re.I)
+_ESTIMATED_LEN = re.compile(r"estimated maximum model length is (\d+)")
+#: Which knob a hardware or build failure names, when its message names one (most specific first).
+_NAMES_KNOB = [
+    ("kv_cache_dtype", re.compile(r"KV cache|kv_cache_dtype|cache_dtype|cache dtype", re.I)),
+    ("quantization", re.compile(r"quant|fp8|awq|gptq|marlin|compressed.tensors", re.I)),
+]
+
+
+def launch_facts(message: str) -> LaunchFacts:
+    """The typed facts of a failure's message (`LaunchFacts`): what the search learns from, read here so
+    vLLM's wording stays in the engine package."""
+    facts = LaunchFacts(named_knobs=[k for k, pattern in _NAMES_KNOB if pattern.search(message)])
+    m = _MEMORY.search(message)
+    if m:
+        facts.free_gib, facts.total_gib, facts.asked_utilization = (float(x) for x in m.groups())
+    m = _ESTIMATED_LEN.search(message)
+    if m:
+        facts.estimated_max_model_len = int(m.group(1))
+    return facts
+
+
+def classified_failure(kind: LaunchFailureKind, message: str, log_tail: str = "") -> LaunchFailure:
+    """A `LaunchFailure` with the facts of its message."""
+    return LaunchFailure(kind, message, log_tail, facts=launch_facts(message))

@@ -13,8 +13,9 @@ from typing import Sequence
 
 from tuner import signals
 from tuner.engine.base import LaunchFailure, LaunchInfo, Server
-from tuner.engine.classify import classify_failure
+from tuner.engine.classify import classified_failure, classify_failure
 from tuner.engine.launcher import ManagedProcess
+from tuner.replay.client import run_load_http
 from tuner.replay.record import LoadRun
 from tuner.workload.model import WorkloadRequest
 
@@ -49,15 +50,13 @@ class HTTPServer(Server):
             return None
         if self.died is None:
             kind, message = classify_failure(self.process.read_log(), returncode=rc)
-            self.died = LaunchFailure(kind, f"server exited (code {rc}) after becoming healthy: {message}")
+            self.died = classified_failure(kind, f"server exited (code {rc}) after becoming healthy: {message}")
         return self.died
 
     def run_load(self, requests: Sequence[WorkloadRequest], send_times: Sequence[float], *,
                  offered_rate: float, request_timeout_s: float = 120.0, warmup_s: float = 0.0,
                  cooldown_s: float = 0.0, **client_options) -> LoadRun:
         """Replay `requests` open-loop against this server (see `run_load_http` for `client_options`)."""
-        from tuner.replay.client import run_load_http  # the client pulls in asyncio machinery; load lazily
-
         dead = self.check_alive()
         if dead is not None:
             raise dead
@@ -74,6 +73,9 @@ class HTTPServer(Server):
 
     def stop(self) -> None:
         self.process.stop(term_timeout_s=self.stop_timeout_s)
+
+    def stop_interrupted(self) -> None:
+        self.process.stop_interrupted()
 
     def __exit__(self, exc_type, *exc) -> None:
         if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):

@@ -40,9 +40,11 @@ from typing import Mapping, Sequence
 
 import httpx
 
+import tuner
+from tuner import signals
 from tuner.engine import procs
-from tuner.engine.base import LaunchFailure, LaunchInfo
-from tuner.engine.classify import classify_failure, parse_launch_info
+from tuner.engine.base import LaunchInfo
+from tuner.engine.classify import classified_failure, classify_failure, parse_launch_info
 from tuner.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -192,8 +194,6 @@ class ManagedProcess:
 
     def _start_watchdog(self) -> None:
         """See `tuner.engine.watchdog`. Without one (spawn failed) pdeathsig and the pidfile remain."""
-        import tuner
-
         r, w = os.pipe()  # both non-inheritable: no other child of the tool keeps the write end open
         pkg_root = str(Path(tuner.__file__).resolve().parents[1])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [pkg_root, os.environ.get("PYTHONPATH")]))}
@@ -263,7 +263,7 @@ class ManagedProcess:
                 rc = self.poll()
                 if rc is not None:
                     kind, message = classify_failure(self.read_log(), returncode=rc)
-                    raise LaunchFailure(kind, message, _tail(self.read_log()))
+                    raise classified_failure(kind, message, _tail(self.read_log()))
                 try:
                     if client.get(url).status_code == 200:
                         self._write_pidfile()
@@ -272,7 +272,7 @@ class ManagedProcess:
                     pass
                 if time.monotonic() > deadline:
                     kind, message = classify_failure(self.read_log(), timed_out=True, timeout_s=timeout_s)
-                    raise LaunchFailure(kind, message, _tail(self.read_log()))
+                    raise classified_failure(kind, message, _tail(self.read_log()))
                 time.sleep(interval_s)
 
     def stop(self, *, term_timeout_s: float = 30.0, kill_timeout_s: float = 10.0,
@@ -358,7 +358,6 @@ def start_process(argv: Sequence[str], *, run_dir: str | Path, port: int, host: 
     log_path = run_dir / log_name
     token = uuid.uuid4().hex
     full_env = {**os.environ, **(env or {}), TOKEN_ENV: token, "PYTHONUNBUFFERED": "1"}
-    from tuner import signals
 
     # a Ctrl-C between the fork and the pidfile would leave a server nobody tracks: it waits until then
     with signals.deferred(), open(log_path, "ab") as logf:
@@ -384,8 +383,6 @@ def launch(argv: Sequence[str], *, run_dir: str | Path, port: int, host: str = "
     On any failure (exit, timeout, Ctrl-C) the whole group is stopped before the error propagates, so a
     failed trial leaves nothing behind; failures to come up raise a classified `LaunchFailure`.
     """
-    from tuner import signals
-
     proc = start_process(argv, run_dir=run_dir, port=port, host=host, env=env, log_name=log_name)
     try:
         startup_s = proc.wait_healthy(startup_timeout_s, health_path=health_path, headers=headers)

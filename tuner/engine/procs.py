@@ -49,7 +49,7 @@ def group_members(pgid: int) -> list[int]:
     Zombies are left out on purpose: they hold no memory or port, and in a container whose PID 1 does not
     reap, an orphaned zombie would otherwise make a stopped server look alive forever.
     """
-    out = []
+    out: list[int] = []
     try:
         names = os.listdir(_PROC)
     except OSError:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from tuner.engine.base import Engine, LaunchInfo, Server
+from tuner.engine.base import Engine, LaunchFailure, LaunchInfo, Server
+from tuner.engine.classify import launch_facts
 from tuner.engine.simulated import SimulatedEngineChecks
 from tuner.knobs import Knobs
 from tuner.profiles.gpus import GPUProfile, get_gpu
@@ -185,6 +186,10 @@ class SimEngine(SimulatedEngineChecks, Engine):
     def launch(self, knobs: Knobs) -> SimServer:
         self.launches += 1
         busy = {} if self.other_used_gib is None else {"other_used_gib": self.other_used_gib}
-        cfg = resolve(self.gpu, self.model, knobs, host_gpus=self.host_gpus, **busy)
+        try:
+            cfg = resolve(self.gpu, self.model, knobs, host_gpus=self.host_gpus, **busy)
+        except LaunchFailure as e:  # the simulator words it as vLLM would: the same facts as a real log's
+            e.facts = launch_facts(e.message)
+            raise
         seed = self.launch_seed(knobs) if self.launch_seed else self.seed + self.launches
         return SimServer(cfg, self.cost_params, self.noise, seed, self.token_times, self.tokens)

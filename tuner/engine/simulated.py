@@ -6,6 +6,8 @@ from typing import ClassVar, Sequence
 
 from tuner.errors import UserError
 from tuner.knobs import KNOB_SPECS
+from tuner.sim.config import modelled_knobs
+from tuner.sim.flags import check_extra_args
 
 
 class SimulatedEngineChecks:
@@ -18,8 +20,6 @@ class SimulatedEngineChecks:
     def unsupported_value(cls, values: dict[str, list]) -> tuple[str, str] | None:
         """A value vLLM accepts but the simulator does not model (`KnobSpec.simulated`), or a knob it does
         not model at all (`tuner.sim.config.modelled_knobs`): every simulated launch would refuse it."""
-        from tuner.sim.config import modelled_knobs
-
         for knob, vals in values.items():
             if knob not in modelled_knobs() and any(v is not None for v in vals):
                 return knob, (f"{knob} is not modelled by the simulated engines (every launch would ignore "
@@ -32,8 +32,6 @@ class SimulatedEngineChecks:
 
     @classmethod
     def check_extra_args(cls, args: Sequence[str]) -> None:
-        from tuner.sim.cli import check_extra_args
-
         check_extra_args(args, engine=cls.name)
 
     @classmethod

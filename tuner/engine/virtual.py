@@ -25,6 +25,11 @@ from tuner.sim.vllm_metrics import (ITERATION_TOKENS_BUCKETS, REQUEST_LATENCY_BU
                                     TTFT_BUCKETS)
 
 
+#: Plain decode steps run in a row by `EngineCore.decode_steps` (False: one `step` call each, the reference
+#: path `benchmarks/twin_rank_exact.py` compares against: the same numbers, slower).
+FUSED_DECODE = True
+
+
 @dataclass(frozen=True, slots=True)
 class SimRequest:
     """What the engine needs of a request: when it arrives, its lengths, its prompt's block hashes."""
@@ -111,17 +116,22 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
                 seqs[idx] = seq
                 core.add(seq)
             i += 1
-        if not core.has_work():
+        if not core.running and not core.waiting:  # `core.has_work()`, inlined (every step)
             if i >= n:
                 break
             now = max(now, t0 + requests[order[i]].arrival)
             continue
         while next_sample <= rel:
-            samples.append(GaugeSample(t=next_sample, running=core.num_running,
-                                       waiting=core.num_waiting, kv_usage=pool.usage))
+            samples.append(_gauge(next_sample, len(core.running), len(core.waiting), pool.usage))
             next_sample += sample_interval_s
         if rel > deadline and (i >= n or not max_concurrency):
             break
+        if FUSED_DECODE and not max_concurrency:  # plain decode steps up to the next arrival or sample, in one call
+            until = min(requests[order[i]].arrival if i < n else float("inf"), next_sample)
+            at = core.step_idx
+            now = core.decode_steps(now, t0, until, deadline, it_tokens)
+            if core.step_idx != at:
+                continue
         dur, finished = core.step(now)
         it_tokens.append(core.last_step_tokens)
         now += dur
@@ -149,31 +159,80 @@ def _records(requests: Sequence[SimRequest], seqs: list, errors: dict[int, str],
     for idx, r in enumerate(requests):
         seq = seqs[idx]
         sent = sent_rel.get(idx, r.arrival)
-        rec = RequestRecord.model_construct(
-            index=idx, scheduled_s=r.arrival, sent_s=sent, first_token_s=None, finish_s=None,
-            token_times=None, prompt_tokens=r.prompt_len, output_tokens=0,
-            expected_output_tokens=r.output_len, error=errors.get(idx), in_window=True,
-            end_s=sent if idx in errors else None)
+        error = errors.get(idx)
+        first = finish = times = cached = None
+        out_tokens = 0
+        end = sent if idx in errors else None
         if seq is not None:
-            rec.cached_tokens = seq.cached_tokens if seq.first_scheduled is not None else None
+            cached = seq.cached_tokens if seq.first_scheduled is not None else None
             if seq.first_token is not None:
-                rec.first_token_s = seq.first_token - t0
+                first = seq.first_token - t0
             if seq.finish is not None and (request_timeout_s is None
                                            or seq.finish - seq.arrival <= request_timeout_s):
-                rec.finish_s = rec.end_s = seq.finish - t0
-                rec.output_tokens = seq.output_len
+                finish = end = seq.finish - t0
+                out_tokens = seq.output_len
                 ttfts.append(seq.first_token - seq.arrival)
                 e2es.append(seq.finish - seq.arrival)
                 queues.append((seq.first_scheduled or seq.arrival) - seq.arrival)
                 prefills.append(seq.prefill_done - (seq.first_scheduled or seq.arrival))
             else:
-                rec.error = "timeout"
-                rec.end_s = sent + request_timeout_s if request_timeout_s else end_rel
-                rec.output_tokens = seq.produced
+                error = "timeout"
+                end = sent + request_timeout_s if request_timeout_s else end_rel
+                out_tokens = seq.produced
             if token_times and seq.steps:
-                rec.token_times = [x - t0 for x in core.token_times(seq)]
-        records.append(rec)
+                times = [x - t0 for x in core.token_times(seq)]
+        records.append(_record(idx, r.arrival, sent, first, finish, times, r.prompt_len, out_tokens,
+                               r.output_len, error, end, cached, seq is not None))
     return records, (ttfts, e2es, queues, prefills)
+
+
+_FIELDS = ("index", "scheduled_s", "sent_s", "first_token_s", "finish_s", "token_times", "prompt_tokens",
+           "output_tokens", "expected_output_tokens", "error", "in_window", "end_s", "cached_tokens")
+_SET = frozenset(_FIELDS[:-1])
+_SET_CACHED = frozenset(_FIELDS)
+#: `RequestRecord.model_construct` field by field was a tenth of a virtual run; with no validator, alias or
+#: post-init to honour, the record's dict is written directly (the same fields, order and fields-set).
+_DIRECT = (tuple(RequestRecord.model_fields) == _FIELDS and not RequestRecord.__pydantic_post_init__
+           and RequestRecord.model_config.get("extra") != "allow")
+_setattr = object.__setattr__
+
+
+_GAUGE_FIELDS = frozenset(("t", "running", "waiting", "kv_usage"))
+_GAUGE_DIRECT = tuple(GaugeSample.model_fields) == ("t", "running", "waiting", "kv_usage") and \
+    not GaugeSample.__pydantic_post_init__
+
+
+def _gauge(t: float, running: int, waiting: int, kv_usage: float) -> GaugeSample:
+    """`GaugeSample(...)` without the validator's call (a run takes one every ~1/150 of its span, a long
+    drain hundreds): the same floats it would have coerced."""
+    if not _GAUGE_DIRECT:
+        return GaugeSample(t=t, running=running, waiting=waiting, kv_usage=kv_usage)
+    m = GaugeSample.__new__(GaugeSample)
+    _setattr(m, "__dict__", {"t": float(t), "running": float(running), "waiting": float(waiting),
+                             "kv_usage": float(kv_usage)})
+    _setattr(m, "__pydantic_fields_set__", set(_GAUGE_FIELDS))
+    _setattr(m, "__pydantic_extra__", None)
+    _setattr(m, "__pydantic_private__", None)
+    return m
+
+
+def _record(index, scheduled, sent, first, finish, times, prompt, out_tokens, expected, error, end, cached,
+            cached_set: bool) -> RequestRecord:
+    """`RequestRecord.model_construct(...)` of a simulated request (`cached_tokens` set when it ran)."""
+    values = {"index": index, "scheduled_s": scheduled, "sent_s": sent, "first_token_s": first,
+              "finish_s": finish, "token_times": times, "prompt_tokens": prompt, "output_tokens": out_tokens,
+              "expected_output_tokens": expected, "error": error, "in_window": True, "end_s": end,
+              "cached_tokens": cached}
+    if not _DIRECT:
+        if not cached_set:
+            del values["cached_tokens"]
+        return RequestRecord.model_construct(**values)
+    m = RequestRecord.__new__(RequestRecord)
+    _setattr(m, "__dict__", values)
+    _setattr(m, "__pydantic_fields_set__", set(_SET_CACHED if cached_set else _SET))
+    _setattr(m, "__pydantic_extra__", None)
+    _setattr(m, "__pydantic_private__", None)
+    return m
 
 
 def _window_metrics(cfg: ResolvedConfig, core: EngineCore, c0: tuple, samples: list[GaugeSample],

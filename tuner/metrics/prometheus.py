@@ -20,6 +20,7 @@ import datetime as dt
 import math
 from typing import Any
 
+from tuner.errors import UserError
 from tuner.metrics.parse import (E2EL, ITERATION_TOKENS, ITL, KV_USAGE, QUEUE_TIME, RENAMED, RUNNING, TTFT,
                                  WAITING)
 from tuner.metrics.window import (GENERATION_TOKENS, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES,
@@ -46,8 +47,6 @@ class PrometheusSource:
         try:
             from prometheus_api_client import PrometheusConnect  # heavy import, only when used
         except ImportError:
-            from tuner.errors import UserError
-
             raise UserError("reading engine metrics from Prometheus needs the optional dependency: "
                             "pip install 'slo-tuner[prometheus]'", field="prometheus") from None
         from urllib3.util.retry import Retry

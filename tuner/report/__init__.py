@@ -11,19 +11,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tuner.inputs import check_out_dir
 from tuner.report.build import build_report
 from tuner.report.model import Report
+from tuner.report.render import to_html, to_markdown
+from tuner.storage.reader import storage_url
 
 __all__ = ["build_report", "write_report", "Report"]
 
 
 def write_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Report:
     """Build the report and write every file; returns the `Report`. `out_dir` defaults to `run_dir`."""
-    from tuner.report.plots import all_plots
-    from tuner.report.render import to_html, to_markdown
-
-    from tuner.inputs import check_out_dir
-    from tuner.storage.reader import storage_url
+    from tuner.report.plots import all_plots  # matplotlib: only when the plots are drawn
 
     storage_url(run_dir)  # a run directory of `tune`, checked before anything is created
     out = check_out_dir(out_dir, "--out") if out_dir is not None else Path(run_dir)

@@ -10,14 +10,15 @@ same value again with another knob turned only burns a launch (minutes, on a rea
 - A KV-cache dtype or quantisation whose kernel the build or the CPU lacks ("FP8 KV cache on CPU requires
   x86 with AVX-512 or AMX", "_C::static_scaled_fp8_quant() expected at most 0 argument(s)") is never
   tried again.
-Each lesson is stored on the failed trial's record (`TrialRecord.learned`), so a resumed study relearns
-it from storage and the report lists it; nothing is kept only in memory.
+The numbers and knob names come from the failure's typed facts (`TrialRecord.launch_facts`, read from
+vLLM's words by `tuner.engine.classify.launch_facts`), never from its text. Each lesson is stored on the
+failed trial's record (`TrialRecord.learned`), so a resumed study relearns it from storage and the
+report lists it; nothing is kept only in memory.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, Iterable
 
 from tuner.knobs import KNOB_SPECS, Knobs, neutral_values
@@ -25,24 +26,19 @@ from tuner.storage.records import LearnedConstraint, TrialRecord
 
 #: Taken off the free fraction vLLM reported: other processes' memory moves between two launches.
 FREE_MARGIN = 0.02
-_NUM = r"(\d+(?:\.\d+)?)"
-_MEMORY = re.compile(rf"\({_NUM}/{_NUM} GiB\) on startup is less than desired (?:GPU|CPU) memory "
-                     rf"utilization \({_NUM}", re.I)
 _HOST_FAILURES = ("unsupported", "bad_flag")
-#: The knobs a host or build may lack a value's kernel for (`KnobSpec.host_dependent`), each with the
-#: words of a failure message that name it (`KnobSpec.named_by`), in the order they are checked.
-_HOST_KNOBS = {s.name: re.compile(s.named_by[1] if s.named_by else "(?!)", re.I) for s in
-               sorted((s for s in KNOB_SPECS.values() if s.host_dependent),
-                      key=lambda s: s.named_by[0] if s.named_by else len(KNOB_SPECS))}
+#: The knobs a host or build may lack a value's kernel for (`KnobSpec.host_dependent`); which of them a
+#: failure names is the engine's reading of its message (`LaunchFacts.named_knobs`).
+_HOST_KNOBS = tuple(s.name for s in KNOB_SPECS.values() if s.host_dependent)
 
 
 def _memory_lesson(rec: TrialRecord, defaults: dict[str, Any]) -> LearnedConstraint | None:
     msg = rec.launch_failure_message or ""
     tried = rec.knobs.get("gpu_memory_utilization")
     suggest = None
-    m = _MEMORY.search(msg)
-    if m:
-        free, total, asked = (float(x) for x in m.groups())
+    facts = rec.launch_facts
+    if facts and facts.free_gib is not None and facts.total_gib is not None and facts.asked_utilization is not None:
+        free, total, asked = facts.free_gib, facts.total_gib, facts.asked_utilization
         tried = asked  # vLLM's word for the value it resolved, the default included
         if total > 0:
             # nothing above the free fraction fits either; less a margin, that fraction is tried next
@@ -66,7 +62,7 @@ def _host_lesson(rec: TrialRecord) -> LearnedConstraint | None:
         return None  # the space's own rule, not a fact about the host
     neutral = neutral_values()
     set_here = [k for k in _HOST_KNOBS if rec.knobs.get(k) is not None and rec.knobs.get(k) != neutral.get(k)]
-    named = [k for k in set_here if _HOST_KNOBS[k].search(msg)]
+    named = [k for k in (rec.launch_facts.named_knobs if rec.launch_facts else []) if k in set_here]
     if named:
         knob = named[0]
     elif rec.changed_knob in set_here:

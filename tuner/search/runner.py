@@ -199,6 +199,7 @@ class TrialRunner:
                 server = self.engine.launch(knobs)
             except LaunchFailure as e:
                 rec.launch_failure_kind, rec.launch_failure_message = e.kind, e.message
+                rec.launch_facts = e.facts
                 rec.learned = learn(rec, self.defaults)
                 knobs_fixing, directions = fixing(e.kind)
                 if knobs_fixing:
@@ -233,10 +234,8 @@ class TrialRunner:
             # scoring): the server is stopped (the launcher or `with server` did, unless the signal came
             # between the two) and the trial recorded as interrupted, its points so far kept
             with signals.shielded():
-                if server is not None and hasattr(server, "process"):
-                    server.process.stop_interrupted()
-                elif server is not None:
-                    server.stop()
+                if server is not None:
+                    server.stop_interrupted()
                 if self.current is trial:  # not told yet (the signal may come as a failure is told)
                     rec.interrupted = True
                     rec.load_runs = search.result.points if search is not None else []

@@ -1,4 +1,4 @@
-"""Search spaces: which knobs the tuner may turn, to which values (`tuner/search/spaces/*.yaml`).
+"""Search spaces: which knobs the tuner may turn, to which values (the top-level `search_spaces/*.yaml`).
 
 A knob's value `null` means "leave vLLM's default". Constraints are simple comparisons between knobs or
 with numbers (`max_num_batched_tokens >= max_num_seqs`, which vLLM itself enforces), checked before a
@@ -19,13 +19,25 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tuner.errors import UserError
 from tuner.inputs import looks_like_path, parse_yaml, read_text, yaml_line
 from tuner.knobs import KNOB_SPECS as KNOB_TABLE, Knobs
+from tuner.speculative import VLLM_SPEC_METHODS
 from tuner.validation import first_error
 
 KNOB_NAMES = tuple(Knobs.model_fields)
 _OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq,
         "!=": operator.ne}
 _CONSTRAINT = re.compile(r"^\s*(\w+)\s*(>=|<=|==|!=|>|<)\s*([\w.]+)\s*$")
-BUILTIN_DIR = Path(__file__).resolve().parent / "spaces"  # package data: a wheel ships it
+
+
+def _builtin_dir() -> Path:
+    """The built-in spaces: the top-level `search_spaces/` folder, which users read and copy. A wheel ships
+    it inside the package as `tuner/search_spaces/` (`setup.py` maps it there); a checkout or an editable
+    install reads the folder in place."""
+    package = Path(__file__).resolve().parents[1]
+    shipped = package / "search_spaces"
+    return shipped if shipped.is_dir() else package.parent / "search_spaces"
+
+
+BUILTIN_DIR = _builtin_dir()
 
 
 class KnobValues(BaseModel):
@@ -61,8 +73,6 @@ class SearchSpace(BaseModel):
     @field_validator("spec_acceptance")
     @classmethod
     def _rates(cls, v: dict[str, float]) -> dict[str, float]:
-        from tuner.speculative import VLLM_SPEC_METHODS
-
         for method, rate in v.items():
             if method not in VLLM_SPEC_METHODS:
                 raise ValueError(f"{method!r} is not a vLLM speculative method ({', '.join(VLLM_SPEC_METHODS)})")
@@ -206,7 +216,7 @@ def load_space(name_or_path: str | Path) -> SearchSpace:
         if hit:
             raise UserError(msg, file=str(p), line=yaml_line(root, ["constraints", hit[0]]),
                             field=f"constraints.{hit[0]}") from None
-        bad = re.search(r"unknown knob '(\w+)'", msg)
-        key = bad.group(1) if bad else (field.split(".")[-1] if field else None)
+        unknown = re.search(r"unknown knob '(\w+)'", msg)
+        key = unknown.group(1) if unknown else (field.split(".")[-1] if field else None)
         raise UserError(msg, file=str(p), line=_line_of(text, key) if key else None, field=field) from None
     return space

@@ -217,7 +217,7 @@ def fit_to_host(runner: TrialRunner, rec: TrialRecord) -> Knobs | None:
         if spec.fit_host is None or name not in runner.space.knobs:
             continue
         v = spec.fit_host(getattr(knobs, name), runner.space.knobs[name].values, rec.launch_failure_kind,
-                          rec.launch_failure_message or "")
+                          rec.launch_facts.estimated_max_model_len if rec.launch_facts else None)
         if v is not None:
             return knobs.with_(**{name: v})
     return None

@@ -167,16 +167,22 @@ class EngineCore:
             pool.take(sum(self.phase[(-u) % B] for u in range(t, t + g)))
         else:
             key_now = (-t) % B
-            while self.phase[key_now] > pool.num_free:
-                self._preempt_tail(t, scheduled_decodes=False)
-                preempted = True
-            pool.take(self.phase[key_now])
+            need = self.phase[key_now]
+            if need:  # (the pool's num_free and take, inlined: this runs every step of every load run)
+                while need > pool.free_anon + len(pool.cached_free):
+                    self._preempt_tail(t, scheduled_decodes=False)
+                    preempted = True
+                    need = self.phase[key_now]
+                if need <= pool.free_anon:
+                    pool.free_anon -= need
+                else:
+                    pool.take(need)
         n_dec_sched = self.n_dec
         budget -= n_dec_sched * width
 
         # 2. running chunked prefills, in admission order
         chunks: list[tuple[Seq, int]] = []
-        for seq in list(self.prefilling):
+        for seq in list(self.prefilling) if self.prefilling else ():
             if budget <= 0:
                 break
             if seq.rid not in self.running:
@@ -198,7 +204,7 @@ class EngineCore:
             budget -= n
 
         # 3. admit waiting requests FCFS (not in a step that had to preempt, as vLLM)
-        if not preempted:
+        if not preempted and self.waiting:
             self._admit(now, budget, chunks)
 
         # cost of the batch
@@ -231,12 +237,14 @@ class EngineCore:
         self.generation_tokens += completing
 
         finished: list[Seq] = []
+        finish_at = self.finish_at
         for u in range(t, t + g):  # the decodes' tokens, one index each
             if events is not None:
                 events.extend(s for s in self.running.values() if s.decoding)
             self.generation_tokens += self.n_dec
             self.dec_ctx += self.n_dec
-            for seq, epoch in self.finish_at.pop(u, ()):  # decodes that produced their last token
+            due = finish_at.pop(u, None)
+            for seq, epoch in due or ():  # decodes that produced their last token
                 if epoch == seq.epoch and seq.decoding:
                     computed = seq.c0 + (u - seq.t0 + 1)
                     self._stop_decoding(seq, computed, u + 1)
@@ -252,6 +260,40 @@ class EngineCore:
             self._land_chunk(seq, n, t + g - 1, end, finished, events)
         self.step_idx += g
         return dur, finished
+
+    def decode_steps(self, now: float, t0: float, until_rel: float, deadline_rel: float, it_tokens: list) -> float:
+        """Plain decode steps in a row, the same arithmetic as `step`, while nothing waits or prefills and
+        no request finishes or needs preempting (no speculation, no noise): most steps of a load run, at a
+        fraction of `step`'s cost. Stops after the step whose end (`- t0`) reaches `until_rel` or passes
+        `deadline_rel`, the caller's next event; each step's tokens go to `it_tokens`. Returns the clock
+        after the last step (`now` when none could run)."""
+        n_dec = self.n_dec
+        if self.waiting or self.prefilling or not n_dec or self.width != 1 or self.noise or not self.keep_step_times:
+            return now
+        phase, pool, finish_at, B = self.phase, self.pool, self.finish_at, self.block
+        step_time, ends = self.cost.step_time, self.step_end
+        t = self.step_idx
+        while t not in finish_at:
+            need = phase[(-t) % B]
+            if need:
+                if need <= pool.free_anon:
+                    pool.free_anon -= need
+                elif need <= pool.free_anon + len(pool.cached_free):
+                    pool.take(need)
+                else:
+                    break  # a preemption: `step` does it
+            now = now + step_time(0, 0.0, 0, n_dec, self.dec_ctx + n_dec, n_dec, 1)
+            ends.append(now)
+            self.last_step_tokens = n_dec
+            self.generation_tokens += n_dec
+            self.dec_ctx += n_dec
+            t += 1
+            self.step_idx = t
+            it_tokens.append(n_dec)
+            rel = now - t0
+            if rel >= until_rel or rel > deadline_rel:
+                break
+        return now
 
     def _accepted_now(self, t: int) -> int:
         """Tokens every decode emits this speculative step: the carried expectation's whole part, at
@@ -305,10 +347,14 @@ class EngineCore:
         seq.computed = new = old + n
         hashes = seq.hashes
         if self.pool.caching and hashes:
-            register = self.pool.register
-            for b in range(old // B, min(new // B, len(hashes))):
-                if b >= len(seq.held) and register(hashes[b]):
-                    seq.held.append(hashes[b])
+            # `BlockPool.register`, inlined: a prompt's every block passes here
+            used, free = self.pool.cached_used, self.pool.cached_free
+            held = seq.held
+            for b in range(max(old // B, len(held)), min(new // B, len(hashes))):
+                h = hashes[b]
+                if h not in used and h not in free:
+                    used[h] = 1
+                    held.append(h)
         if new < seq.target:
             return
         # prefill complete: it samples one token

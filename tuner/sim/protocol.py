@@ -222,7 +222,7 @@ class WatchedStream(StreamingResponse):
                 task.cancel()
             results = await asyncio.gather(stream, watch, return_exceptions=True)
             # a generator cancelled in the middle of a write never reached its `finally`: close it now
-            await self.body_iterator.aclose()
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]  # an async generator here
         err = results[0]
         if isinstance(err, BaseException) and not isinstance(err, (asyncio.CancelledError, OSError)):
             raise err

@@ -26,7 +26,8 @@ import json
 import time
 import uuid
 
-from tuner.sim.protocol import DEFAULT_MAX_TOKENS, WORDS, BadRequest, ParsedRequest, parse_request
+from tuner.sim.protocol import (DEFAULT_MAX_TOKENS, WORDS, BadRequest, ParsedRequest, WatchedStream, parse_request,
+                                wait_done_or_gone)
 
 
 def to_chat_body(raw: bytes) -> tuple[dict, bytes]:
@@ -168,8 +169,6 @@ def responses_endpoint(loop, served: tuple[str, ...], unauthorized, **parse_opti
     `unauthorized(request)` is the server's API-key check, `parse_options` go to `parse_request`."""
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
-
-    from tuner.sim.protocol import WatchedStream, wait_done_or_gone
 
     async def responses(request: Request) -> Response:
         denied = unauthorized(request)

@@ -12,7 +12,8 @@ ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8
 
 def tokens_buckets(max_model_len: int) -> list[int]:
     """vLLM's build_1_2_5_buckets for prompt/generation token histograms."""
-    out, exp = [], 0
+    out: list[int] = []
+    exp = 0
     while True:
         for m in (1, 2, 5):
             v = m * 10 ** exp

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from tuner.knobs import Knobs
+from tuner.failures import LaunchFacts
 from tuner.metrics.window import GaugeSample
 from tuner.settings import RunSettings
 
@@ -184,6 +185,8 @@ class TrialRecord(BaseModel):
     launched: bool = False
     launch_failure_kind: str | None = None
     launch_failure_message: str | None = None
+    #: the typed facts of a failed launch's message (`tuner.failures.LaunchFacts`), what the search reads
+    launch_facts: LaunchFacts | None = None
     kv_cache_tokens: int | None = None
     max_concurrency: float | None = None
     load_runs: list[LoadRunSummary] = Field(default_factory=list)

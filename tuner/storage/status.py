@@ -7,7 +7,7 @@ with its own code so a script or CI job cannot mistake it for a result:
 - `EXIT_NO_LAUNCH` (3): no configuration launched (every launch failed, or none was tried);
 - `EXIT_NO_PASS` (4): configurations launched, but none met the SLO at any offered rate.
 
-The report (`tuner.report.build`) and the command line (`tuner.study_cli`) both read this.
+The report (`tuner.report.build`) and the command line (`tuner.cli.study`) both read this.
 """
 
 from __future__ import annotations

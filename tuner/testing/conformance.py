@@ -28,7 +28,9 @@ from typing import ClassVar
 import httpx
 import pytest
 
+from tuner.engine import procs
 from tuner.engine.base import LaunchFailure, Server
+from tuner.engine.launcher import port_is_free
 from tuner.knobs import REFUSED_BY_VLLM, Knobs
 from tuner.metrics.window import GENERATION_TOKENS, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, PROMPT_TOKENS
 from tuner.workload.model import WorkloadRequest
@@ -51,8 +53,6 @@ def needs_process(fn):
 
 
 def _group_members(pgid: int) -> list[int]:
-    from tuner.engine import procs
-
     return procs.group_members(pgid)
 
 
@@ -101,8 +101,7 @@ class EngineConformance:
     @pytest.fixture(scope="class")
     @classmethod
     def client(cls, server):
-        headers = getattr(server, "headers", {}) or {}
-        with httpx.Client(base_url=server.info.base_url, headers=headers, timeout=120.0) as c:
+        with httpx.Client(base_url=server.info.base_url, headers=server.headers, timeout=120.0) as c:
             yield c
 
     @pytest.fixture(scope="class")
@@ -139,7 +138,7 @@ class EngineConformance:
     def test_models_lists_the_served_model(self, client, server):
         data = client.get("/v1/models").json()["data"]
         assert data and data[0]["object"] == "model"
-        if hasattr(server, "model"):
+        if server.model is not None:
             assert server.model in [m["id"] for m in data]
 
     # --- the OpenAI API ------------------------------------------------------------------------------------
@@ -273,7 +272,6 @@ class EngineConformance:
         s.stop()
         assert _group_members(pgid) == [], "processes of the server's group are still running"
         assert not _port_open(host, port)
-        from tuner.engine.launcher import port_is_free
 
         assert port_is_free(host, port)
         s.stop()  # a second stop is harmless

@@ -16,6 +16,8 @@ import sys
 import time
 
 from tuner.engine import launcher
+from tuner.engine.vllm import VllmEngine
+from tuner.knobs import Knobs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,9 +31,6 @@ def main(argv: list[str] | None = None) -> int:
     extra = [a for a in server_args if a != "--"]
 
     if args.vllm:
-        from tuner.engine.vllm import VllmEngine
-        from tuner.knobs import Knobs
-
         engine = VllmEngine(args.vllm[1], run_root=args.run_dir, python=args.vllm[0],
                             extra_args=args.vllm_arg, env={"HF_HUB_OFFLINE": "1"})
         server = engine.launch(Knobs(), run_dir=args.run_dir)

@@ -32,12 +32,17 @@ from tuner.capacity.knee import KneeSearch
 from tuner.capacity.measure import LoadSettings, measure, run_size
 from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs
+from tuner.profiles.gpus import get_gpu
+from tuner.profiles.models import get_model
+from tuner.sim.config import resolve
+from tuner.sim.costs import CostModel
 from tuner.slo import SLO
 from tuner.storage.records import LoadRunSummary, TrialRecord
 from tuner.storage.twin import FitResult, TwinParams
 from tuner.twin.engine import TwinEngine
-from tuner.twin.params import FREE_PARAMS, from_values, nominal, value
+from tuner.twin.params import FREE_PARAMS, cost_params, from_values, nominal, value
 from tuner.twin.start import STEADY, decode_start, prefill_start
+from tuner.twin.workers import Workers, cma_batches, cma_popsize
 from tuner.workload.model import Workload
 
 LATENCY_METRICS = ("ttft", "tpot", "e2el")
@@ -172,19 +177,12 @@ def residuals(terms: Sequence[tuple[str, float]]) -> dict[str, float]:
 
 
 def _profiles(ctx: FitContext):
-    from tuner.profiles.gpus import get_gpu
-    from tuner.profiles.models import get_model
-
     return (get_gpu(ctx.gpu) if isinstance(ctx.gpu, str) else ctx.gpu,
             get_model(ctx.model) if isinstance(ctx.model, str) else ctx.model)
 
 
 def weight_time(ctx: FitContext, params: TwinParams, knobs: Knobs) -> float:
     """The twin's seconds to stream the weights once under `params` (0 where it cannot launch)."""
-    from tuner.sim.config import resolve
-    from tuner.sim.costs import CostModel
-    from tuner.twin.params import cost_params
-
     gpu, model = _profiles(ctx)
     try:
         return CostModel(resolve(gpu, model, knobs), cost_params(params)).decode_floor()
@@ -194,8 +192,6 @@ def weight_time(ctx: FitContext, params: TwinParams, knobs: Knobs) -> float:
 
 def kv_scale(ctx: FitContext, observations: Sequence[Observation]) -> float:
     """Measured / simulated KV-cache tokens (geometric mean over launches that reported theirs)."""
-    from tuner.sim.config import resolve
-
     gpu, model = _profiles(ctx)
     logs = []
     for o in observations:
@@ -237,10 +233,11 @@ def fit(ctx: FitContext, observations: Sequence[Observation], *, start: TwinPara
     start = (start or nominal()).model_copy(update={"kv_scale": scale})
     replays = 0
 
-    def evaluate(p: TwinParams, sink: list | None = None) -> tuple[float, list[tuple[str, float]]]:
+    def evaluate(p: TwinParams, sink: list | None = None, count: bool = True) -> tuple[float, list[tuple[str, float]]]:
         nonlocal replays
         terms = [t for o in obs for t in replay(ctx, p, o, sink)]
-        replays += sum(len(o.points) for o in obs)
+        if count:
+            replays += sum(len(o.points) for o in obs)
         return loss_of(terms), terms
 
     pairs: list = []
@@ -262,13 +259,14 @@ def fit(ctx: FitContext, observations: Sequence[Observation], *, start: TwinPara
     if warm is not None:  # a first fit has evaluated its start already
         study.enqueue_trial(x0)
     dists = {p.name: optuna.distributions.FloatDistribution(p.low, p.high, log=True) for p in FREE_PARAMS}
-    for _ in range(n_trials):
-        trial = study.ask(dists)
-        params = from_values(trial.params, kv_scale=scale)
-        loss, terms = evaluate(params)
-        study.tell(trial, loss)
-        if best is None or loss < best[0]:
-            best = (loss, params, terms)
+    with Workers(lambda p: evaluate(p, count=False)) as workers:  # a generation's replays side by side
+        for batch in cma_batches(study, lambda: study.ask(dists), n_trials, cma_popsize(len(FREE_PARAMS))):
+            points = [from_values(trial.params, kv_scale=scale) for trial in batch]
+            for trial, params, (loss, terms) in zip(batch, points, workers.map(points)):
+                replays += sum(len(o.points) for o in obs)
+                study.tell(trial, loss)
+                if best is None or loss < best[0]:
+                    best = (loss, params, terms)
     assert best is not None
     return FitResult(after_trial=max((o.trial for o in obs), default=-1), trials=[o.trial for o in obs],
                      params=best[1], loss=round(best[0], 6), nominal_loss=round(nominal_loss, 6),

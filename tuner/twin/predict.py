@@ -22,6 +22,7 @@ from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs
 from tuner.slo import SLO
 from tuner.twin.engine import TwinEngine
+from tuner.twin.workers import Workers
 from tuner.storage.twin import Prediction, Ranking, TwinParams
 from tuner.workload.model import Workload
 
@@ -57,6 +58,12 @@ SCREEN = Fidelity(requests=300, precision=0.10, careful=False, latency_spans=1.5
 #: once at 50.5%; not kept (benchmarks/RESULTS.md).
 FULL = Fidelity(requests=400, precision=0.03)
 REFINE = 6
+#: Optional first pass, cheaper than `SCREEN`: every configuration at this fidelity, then only the best
+#: `PRESCREEN_TOP` screened (in the space's own order, each from its neighbour's capacity, as without it)
+#: and the best `REFINE` of those predicted carefully. None: every configuration is screened.
+#: (`benchmarks/twin_rank_speed.py --prescreen` measures its agreement with the full ranking.)
+PRESCREEN: "Fidelity | None" = None
+PRESCREEN_TOP = 24
 GRID_LIMIT = 160   # spaces up to this many configurations are predicted exhaustively
 
 
@@ -107,6 +114,8 @@ def rank_space(params: TwinParams, gpu, model, choices: dict[str, list], allowed
 
     t0 = time.perf_counter()
     out: dict[str, Prediction] = {}
+    first = PRESCREEN or SCREEN
+    order: list[Knobs] = []
 
     last = start_rate
 
@@ -119,8 +128,9 @@ def rank_space(params: TwinParams, gpu, model, choices: dict[str, list], allowed
         key = k.key()
         if key not in out:
             out[key] = predict(params, gpu, model, k, workload, slo, load, start_rate=last,
-                               after_trial=after_trial, shapes=shapes, fidelity=SCREEN)
+                               after_trial=after_trial, shapes=shapes, fidelity=first)
             last = out[key].capacity_rps or last
+            order.append(k)
         return out[key]
 
     extra = [canonical(k) for k in extra]
@@ -150,6 +160,16 @@ def rank_space(params: TwinParams, gpu, model, choices: dict[str, list], allowed
                 study.tell(t, state=optuna.trial.TrialState.PRUNED)
                 continue
             study.tell(t, one(k).capacity_rps or 0.0)
+    if PRESCREEN is not None:  # the best of the first pass screened as without it
+        best = {p.key for p in _ordered(list(out.values()))[:PRESCREEN_TOP] if p.capacity_rps}
+        best |= {k.key() for k in extra}
+        last = start_rate
+        for k in order:
+            key = k.key()
+            if key in best:
+                out[key] = predict(params, gpu, model, k, workload, slo, load, start_rate=last,
+                                   after_trial=after_trial, shapes=shapes, fidelity=SCREEN)
+                last = out[key].capacity_rps or last
     screened = Ranking(after_trial=after_trial, predictions=_ordered(list(out.values())), method=method)
     ranked = rerank(params, gpu, model, screened, workload, slo, load, top=REFINE, after_trial=after_trial,
                     start_rate=start_rate, shapes=shapes, always=extra)
@@ -168,15 +188,21 @@ def rerank(params: TwinParams, gpu, model, previous: Ranking, workload: Workload
     fresh: dict[str, Prediction] = {}
     ratios = []
     old = {p.key: p for p in previous.predictions}
+    todo: dict[str, Knobs] = {}
     for k in head:
-        if k.key() in fresh:
-            continue
-        o = old.get(k.key())
-        p = predict(params, gpu, model, k, workload, slo, load, start_rate=(o and o.capacity_rps) or start_rate,
-                    after_trial=after_trial, shapes=shapes)
-        fresh[p.key] = p
-        if o is not None and o.capacity_rps and p.capacity_rps:
-            ratios.append(p.capacity_rps / o.capacity_rps)
+        todo.setdefault(k.key(), k)
+
+    def one(item: tuple[str, Knobs]) -> Prediction:
+        o = old.get(item[0])
+        return predict(params, gpu, model, item[1], workload, slo, load,
+                       start_rate=(o and o.capacity_rps) or start_rate, after_trial=after_trial, shapes=shapes)
+
+    with Workers(one) as workers:  # independent knee searches: side by side
+        for key, p in zip(todo, workers.map(list(todo.items()))):
+            o = old.get(key)
+            fresh[p.key] = p
+            if o is not None and o.capacity_rps and p.capacity_rps:
+                ratios.append(p.capacity_rps / o.capacity_rps)
     scale = statistics.median(ratios) if ratios else 1.0
     rest = [p.model_copy(update={"capacity_rps": p.capacity_rps and p.capacity_rps * scale})
             for p in previous.predictions if p.key not in fresh]

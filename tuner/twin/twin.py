@@ -20,6 +20,7 @@ from tuner.twin.fit import FitContext, Observation, fit
 from tuner.twin.params import nominal
 from tuner.twin.anchor import capacity_scale, scaled_slo, slo_scale
 from tuner.twin.predict import FULL, freshen, predict, rank_space, rerank, twin_load
+from tuner.twin.workers import Workers
 from tuner.workload.model import Workload
 
 FIT_TRIALS = 80   # simulated replays of every launch in the first fit (CMA-ES over six parameters)
@@ -66,7 +67,9 @@ class Twin:
         scale = slo_scale(self.gpu, self.model, res.params, anchors, self.workload, self.slo,
                           twin_load(self.load), FULL.knee, shapes=self.shapes)
         self.fits.append(res.model_copy(update={"params": res.params.model_copy(update={"slo_scale": scale})}))
-        cap = capacity_scale(anchors, lambda k, rate: self.predict(k, start_rate=rate).capacity_rps)
+        with Workers(lambda a: self.predict(a[0], start_rate=a[1]).capacity_rps) as workers:  # side by side
+            predicted = iter(workers.map(anchors))   # capacity_scale asks for each anchor once, in order
+        cap = capacity_scale(anchors, lambda k, rate: next(predicted))
         res = self.fits[-1]
         self.fits[-1] = res = res.model_copy(update={"params": res.params.model_copy(update={"capacity_scale": cap})})
         return res

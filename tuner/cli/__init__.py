@@ -1,7 +1,9 @@
 """The `tune` command line: parses options and calls entry-point functions, nothing more.
 
-Sub-commands live beside the code they drive (`tuner.workload.cli`, `tuner.sim.cli`, ...) and are only
-registered here. `UserError` anywhere below becomes one line on stderr and exit code 2.
+Every command line module lives in this package, the top layer (`tests/unit/test_layers.py`): the main job
+and `tune worker` (`study`), `tune report|plan|gate` (`report`), `tune bench` (`bench`), `tune workload`
+(`workload`) and `tune sim serve` (`sim`, also `python -m tuner.sim`). They are registered here.
+`UserError` anywhere below becomes one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -17,22 +19,13 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 
 def _register() -> None:
-    import importlib
+    from tuner.cli import bench, report, sim, study, workload
 
-    for module, name in [
-        ("tuner.workload.cli", "workload"),
-        ("tuner.sim.cli", "sim"),
-        ("tuner.study_cli", None),
-        ("tuner.report.cli", None),
-        ("tuner.bench.cli", None),
-    ]:
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:  # a sub-command not built yet
-            if e.name == module:
-                continue
-            raise
-        mod.register(app) if name is None else app.add_typer(mod.app, name=name)
+    app.add_typer(workload.app, name="workload")
+    app.add_typer(sim.app, name="sim")
+    study.register(app)  # the main job is the app's own callback
+    report.register(app)
+    bench.register(app)
 
 
 _register()
@@ -71,6 +64,3 @@ def main() -> None:
             sys.exit(e.exit_code)
         raise
 
-
-if __name__ == "__main__":
-    main()

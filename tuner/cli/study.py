@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -217,7 +217,7 @@ class RichReporter:
         # soft_wrap: a line longer than the terminal (or than 80 columns in a log file) stays one line
         self.console = console or Console(stderr=True, soft_wrap=True)
         self.incumbent: TrialRecord | None = None
-        self._status = None
+        self._status: Any = None  # the spinner of the trial under way (rich's Status)
 
     def trial_started(self, number: int, knobs: Knobs, role: str) -> None:
         self.console.print(f"[bold]trial {number}[/] [dim]({role})[/] {_knobs(knobs.set_only())}")
