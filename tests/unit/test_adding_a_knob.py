@@ -22,7 +22,7 @@ from tuner.engine.sim import SimEngine
 from tuner.knobs import KNOB_SPECS, Knobs, answering, vllm_defaults
 from tuner.profiles.gpus import get_gpu
 from tuner.search.space import SearchSpace
-from tuner.sim.cli import _knobs, build_parser
+from tuner.cli.sim import _knobs, build_parser
 from tuner.storage.records import TrialRecord
 
 NAME = "max_num_partial_prefills"

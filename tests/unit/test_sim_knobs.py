@@ -150,7 +150,7 @@ def test_without_chunked_prefill_a_prompt_is_scheduled_whole():
 
 def test_the_chunked_prefill_knob_is_spelled_and_parsed_as_vllm_does():
     from tuner.knobs import vllm_defaults
-    from tuner.sim.cli import _knobs, build_parser
+    from tuner.cli.sim import _knobs, build_parser
 
     assert Knobs(enable_chunked_prefill=False).flags() == ["--no-enable-chunked-prefill"]
     assert vllm_defaults(GPU)["enable_chunked_prefill"] is True

@@ -21,16 +21,11 @@ from tuner.sim.flags import build_parser, unmodelled
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="The simulated vLLM engine (no GPU needed).")
 
-# pydantic config classes vLLM validates each knob in (for its error wording)
-_CONFIG_OF = {"max_num_seqs": "SchedulerConfig", "max_num_batched_tokens": "SchedulerConfig",
-              "gpu_memory_utilization": "CacheConfig", "max_model_len": "ModelConfig"}
-
-
 def _knobs(args: argparse.Namespace):
     """`Knobs` from the flags, or (out of range) the error vLLM's pydantic config validation prints."""
     from pydantic import ValidationError
 
-    from tuner.knobs import Knobs
+    from tuner.knobs import KNOB_SPECS, Knobs
 
     values = {name: getattr(args, name) for name in Knobs.model_fields}
     try:
@@ -38,8 +33,9 @@ def _knobs(args: argparse.Namespace):
     except ValidationError as e:
         err = e.errors()[0]
         field = str(err["loc"][0])
+        config = KNOB_SPECS[field].config if field in KNOB_SPECS else "EngineArgs"
         return (f"pydantic_core._pydantic_core.ValidationError: 1 validation error for "
-                f"{_CONFIG_OF.get(field, 'EngineArgs')}\n{field}\n  {err['msg']} [type={err['type']}, "
+                f"{config}\n{field}\n  {err['msg']} [type={err['type']}, "
                 f"input_value={err['input']!r}, input_type={type(err['input']).__name__}]")
 
 
