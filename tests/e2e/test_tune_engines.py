@@ -63,6 +63,27 @@ def test_the_same_study_runs_on_every_engine(tmp_path: Path, engine: str) -> Non
     assert info["settings"]["engine"]["name"] == engine and info["simulated"] is (engine != "vllm")
     for name in ("report.md", "gate.yaml"):
         assert (out / name).exists(), name
+    _check_time_use(out, trials, virtual=engine == "sim")
+
+
+def _check_time_use(out: Path, trials, virtual: bool) -> None:
+    """Where the study's time went, from each trial's own record: every launch waited for its server, the
+    load runs took the rest of the trial (in real time as long as the engine's own seconds), and the report
+    shows the same sums it stored."""
+    import json
+
+    recs = [record(t) for t in trials]
+    for r in recs:
+        assert 0 < r["launch_s"] < r["wall_s"] and 0 < r["load_wall_s"] < r["wall_s"], r
+        assert r["launch_s"] + r["load_wall_s"] <= r["wall_s"] + 1e-6, r
+        if not virtual:  # real time: the engine's seconds are the load runs' own, less client set-up
+            assert r["engine_s"] <= r["load_wall_s"] + 1e-6, r
+    use = json.loads((out / "report.json").read_text())["time_use"]
+    assert use["launches"] == len(recs) and use["virtual"] is virtual
+    assert abs(use["launch_s"] - sum(r["launch_s"] for r in recs)) < 1e-6
+    assert abs(use["load_runs_s"] - sum(r["load_wall_s"] for r in recs)) < 1e-6
+    assert use["between_trials_s"] is not None and use["between_trials_s"] >= 0
+    assert "## Where the study's time went" in (out / "report.md").read_text()
 
 
 def load_info(out: Path) -> dict:

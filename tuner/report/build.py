@@ -14,10 +14,12 @@ from pathlib import Path
 import yaml
 
 from tuner import __version__
+from tuner.engine.registry import engine_class
 from tuner.errors import UserError
 from tuner.knobs import KNOB_SPECS, Knobs
 from tuner.plan import format_plan, plan_for_study
 from tuner.report.model import (ConfigSummary, Headline, HeadlineRow, Report, TrialRow, WorkloadRef)
+from tuner.report.time_use import time_use
 from tuner.report.twin import twin_section
 from tuner.recommend import (OUTPUT_KNOBS as QUALITY_KNOBS, Recommendation, Spread,  # noqa: F401
                              effective_floor, launch_spreads as _spreads, recommend_study)
@@ -164,6 +166,14 @@ def _trial_row(t: TrialView, chain: list[int] | None = None) -> TrialRow:
                     accepted=r.accepted, incumbent=None if chain is None else t.number in chain,
                     raced_out=r.raced_out,
                     load_runs=sum(x.repeats for x in r.load_runs), engine_s=r.engine_s, diagnosis=r.diagnosis)
+
+
+def _virtual(engine: str) -> bool:
+    """Whether the engine's load runs ran in virtual time (its engine seconds are not wall seconds)."""
+    try:
+        return engine_class(engine).virtual_time
+    except UserError:  # an outside engine this process has not registered: its seconds are taken as real
+        return False
 
 
 def launch_spreads(trials: list[TrialView]) -> list[Spread]:
@@ -361,5 +371,6 @@ def build_report(run_dir: str | Path) -> Report:
         status=status, status_text=status_text, gate_written=gate.exists(),
         learned=[f"{c.text()}: {' '.join(c.message.split())[:240]}"
                  for t in sorted(data.trials, key=lambda t: t.number) for c in t.record.learned],
+        time_use=time_use(data.trials, virtual=_virtual(eng.name)),
         twin=twin_section(data), simplification=SharesLog.read({"shares": data.shares}).simplification
         if data.shares else None)

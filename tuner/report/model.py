@@ -10,6 +10,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from tuner.plan import Plan
+from tuner.report.time_use import TimeUse
 from tuner.recommend import Recommendation
 from tuner.storage.shares import Simplification
 from tuner.storage.select import KnobStep
@@ -137,6 +138,8 @@ class Report(BaseModel):
     learned: list[str] = Field(default_factory=list)
     gate_written: bool | None = None       # whether the run wrote gate.yaml (None: not known)
     twin: "TwinSection | None" = None      # `--strategy twin` only
+    #: where the study's wall time went (`tuner.report.time_use`); None for a study from before it was recorded
+    time_use: TimeUse | None = None
 
 
 class TwinVerified(BaseModel):

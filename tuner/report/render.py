@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from tuner.report.model import Report
+from tuner.report.time_use import time_use_rows
 from tuner.storage.select import fmt_value
 
 FIGURES = [("knee", "Knee curves of the baseline and the tuned configuration"),
@@ -259,6 +260,8 @@ def blocks(rep: Report, figures: set[str]) -> list[Block]:
             out.append(Block("fig", caption, lang=name))
     out += _twin(rep, figures)
     out += _trials(rep)
+    if rep.time_use is not None:
+        out += [Block("h2", "Where the study's time went"), Block("table", rows=time_use_rows(rep.time_use))]
     if rep.status != "tuned" or rep.gate_written is False:
         out += [Block("h2", "Reproduce"),
                 Block("p", "Everything above is rebuilt from the study storage alone. No regression gate "

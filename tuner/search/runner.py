@@ -196,7 +196,11 @@ class TrialRunner:
         try:
             try:
                 self.counted.add(trial.number)
-                server = self.engine.launch(knobs)
+                t_launch = time.perf_counter()
+                try:
+                    server = self.engine.launch(knobs)
+                finally:
+                    rec.launch_s = time.perf_counter() - t_launch
             except LaunchFailure as e:
                 rec.launch_failure_kind, rec.launch_failure_message = e.kind, e.message
                 rec.launch_facts = e.facts
@@ -214,6 +218,7 @@ class TrialRunner:
                                 max_num_seqs=knobs.max_num_seqs or self.defaults.get("max_num_seqs"),
                                 on_point=lambda p: self.reporter.point(trial.number, p))
             with server:
+                t_load = time.perf_counter()
                 result = search.run(start_rate or self.start_rate, race_rate)
                 result.finish(search.knee.saturation_rate)
                 cap = result.capacity_rps
@@ -228,6 +233,7 @@ class TrialRunner:
                     m, _ = measure(server, self.workload, self.slo, self.compare_rate, self.load,
                                    seed=self.load.seed, max_num_seqs=search.max_num_seqs, salt=-1)
                     result.points.append(m.summary)  # a point of its knee curve like any other
+                rec.load_wall_s = time.perf_counter() - t_load
             signals.check()
         except KeyboardInterrupt:
             # Ctrl-C or SIGTERM, wherever it landed in the trial (the server coming up, a load run, the

@@ -26,6 +26,10 @@ class TrialView(BaseModel):
     state: str                      # COMPLETE | PRUNED | FAIL | RUNNING | WAITING
     value: float | None = None
     record: TrialRecord
+    #: When Optuna started and finished the trial (Unix seconds; None while it runs): the study's span,
+    #: and so the time spent between trials (`tuner.report.time_use`).
+    started_unix: float | None = None
+    finished_unix: float | None = None
 
     @property
     def capacity(self) -> float | None:
@@ -106,7 +110,9 @@ def load_study_data(run_dir: str | Path) -> StudyData:
     except ValidationError as e:
         err = e.errors()[0]
         raise UserError(f"study info: {'.'.join(map(str, err['loc']))}: {err['msg']}", file=run_dir) from None
-    trials = [TrialView(number=t.number, state=t.state.name, value=t.value, record=_record(t))
+    trials = [TrialView(number=t.number, state=t.state.name, value=t.value, record=_record(t),
+                        started_unix=t.datetime_start.timestamp() if t.datetime_start else None,
+                        finished_unix=t.datetime_complete.timestamp() if t.datetime_complete else None)
               for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)]
     outcome = study.user_attrs.get("outcome")
     return StudyData(run_dir=str(run_dir), storage_url=url, study_name=name, info=info, trials=trials,

@@ -208,6 +208,10 @@ class TrialRecord(BaseModel):
     learned: list[LearnedConstraint] = Field(default_factory=list)
     wall_s: float = 0.0
     engine_s: float = 0.0                               # engine (GPU) seconds spent in load runs
+    #: Where the trial's wall time went (`tuner.report.time_use`): waiting for the server to come up (or
+    #: fail), and driving load runs (the prefix warm-up included); the rest is scoring and stopping.
+    launch_s: float = 0.0
+    load_wall_s: float = 0.0
 
     @field_validator("knobs", mode="before")
     @classmethod
