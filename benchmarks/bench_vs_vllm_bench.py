@@ -15,7 +15,7 @@ simulator tokenises to that many tokens) and ask for exactly `output_length` tok
 the same load at the same times; every hash id is unique, so neither run reuses the other's (or its
 own) cached prefix blocks. What differs is only the client: aiohttp vs httpx, and each one's overhead.
 
-Server: the HTTP simulator (`python -m tuner.sim`, launched by `tuner.engine.sim_http`) of a 7B model on
+Server: the HTTP simulator (`python -m tuner.cli.serve_sim`, launched by `tuner.engine.sim_http`) of a 7B model on
 an RTX 4090 at time scale 1, no noise: TPOT ~20 ms and TTFT ~40-100 ms, far above either client's
 overhead on a busy 2-core machine. vLLM's client runs first, then `tune bench`, one run each.
 """

@@ -223,6 +223,6 @@ def server_gone(rec: dict) -> bool:
     """Nothing of the server launched with pidfile record `rec` is left: group, watchdog, port."""
     return (not group_members(rec["pgid"])
             and not processes_mentioning("tuner.engine.watchdog", str(rec["pgid"]))
-            and not processes_mentioning("tuner.sim", str(rec["port"]))
+            and not processes_mentioning("tuner.cli.serve_sim", str(rec["port"]))
             and port_is_free(rec["port"]))
 

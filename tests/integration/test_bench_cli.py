@@ -1,6 +1,6 @@
 """`tune bench` through the CLI against the HTTP simulator, and the simulator's `/v1/responses`.
 
-Real parts only: the simulator is a subprocess on 127.0.0.1 (`python -m tuner.sim`), `tune bench` another
+Real parts only: the simulator is a subprocess on 127.0.0.1 (`python -m tuner.cli.serve_sim`), `tune bench` another
 (`python -m tuner.cli bench`), and the closed-loop cap is checked on the server's side: a thread reads
 `vllm:num_requests_running` + `vllm:num_requests_waiting` from its `/metrics` while the run goes on.
 """

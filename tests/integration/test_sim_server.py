@@ -1,6 +1,6 @@
 """The HTTP simulator as a real subprocess on 127.0.0.1: vLLM's API, errors, metrics, timing, start-up.
 
-Each server is started exactly as the sim-http engine starts it (`python -m tuner.sim ...`), and spoken to
+Each server is started exactly as the sim-http engine starts it (`python -m tuner.cli.serve_sim ...`), and spoken to
 over real HTTP; nothing is mocked. Two servers are shared by the module's tests (start-up costs about a
 second on a 2-core machine): one with an API key, a served name and a short context; one without a key at
 time scale 2 for timing and abort tests (kept idle between tests).
@@ -48,10 +48,10 @@ def free_port() -> int:
 
 @contextmanager
 def sim_server(*flags: str, env: dict | None = None, port: int | None = None):
-    """Run `python -m tuner.sim --gpu GPU --model MODEL *flags` until it answers /health; stop it after."""
+    """Run `python -m tuner.cli.serve_sim --gpu GPU --model MODEL *flags` until it answers /health; stop it after."""
     port = port or free_port()
     log = tempfile.NamedTemporaryFile("w+", prefix="sim-server-", suffix=".log", delete=False)
-    argv = [sys.executable, "-m", "tuner.sim", "--gpu", GPU, "--model", MODEL, "--port", str(port), *flags]
+    argv = [sys.executable, "-m", "tuner.cli.serve_sim", "--gpu", GPU, "--model", MODEL, "--port", str(port), *flags]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                             env={**os.environ, **(env or {})})
     base = f"http://127.0.0.1:{port}"
@@ -349,7 +349,7 @@ def test_human_readable_token_counts():
 
 
 # --- start-up -----------------------------------------------------------------------------------------
-def _run(*args: str, port: int, module: str = "tuner.sim") -> subprocess.CompletedProcess:
+def _run(*args: str, port: int, module: str = "tuner.cli.serve_sim") -> subprocess.CompletedProcess:
     argv = [sys.executable, "-m", module, *args, "--gpu", GPU, "--model", MODEL, "--port", str(port)]
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
 

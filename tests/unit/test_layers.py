@@ -80,7 +80,7 @@ def module_name(path: Path, root: Path) -> str:
 
 
 def part_of(module: str) -> str:
-    """The layer a module belongs to. A `__main__` module (`python -m tuner.sim`) is a command line shim
+    """The layer a module belongs to. A `__main__` module (`python -m tuner.cli`) is a command line shim
     that only calls `tuner.cli`: it belongs to the command line, wherever `python -m` needs it to be."""
     if module.rpartition(".")[2] == "__main__":
         return "tuner.cli"

@@ -2,7 +2,7 @@
 
 Every command line module lives in this package, the top layer (`tests/unit/test_layers.py`): the main job
 and `tune worker` (`study`), `tune report|plan|gate` (`report`), `tune bench` (`bench`), `tune workload`
-(`workload`) and `tune sim serve` (`sim`, also `python -m tuner.sim`). They are registered here.
+(`workload`) and `tune sim serve` (`sim`, also `python -m tuner.cli.serve_sim`). They are registered here.
 `UserError` anywhere below becomes one line on stderr and exit code 2.
 """
 

@@ -1,4 +1,4 @@
-"""`tune sim serve` / `python -m tuner.sim`: start the HTTP simulator with `vllm serve`'s flags.
+"""`tune sim serve` / `python -m tuner.cli.serve_sim`: start the HTTP simulator with `vllm serve`'s flags.
 
 The flags and their parser are the simulator's (`tuner.sim.flags`); this module only runs it. Start-up
 order follows vLLM: resolve the configuration (defaults, memory profiling), and on a launch vLLM would
@@ -114,3 +114,4 @@ def main(argv: Sequence[str] | None = None, prog: str = "tune sim serve") -> int
 def serve(ctx: typer.Context) -> None:
     """Serve the simulated vLLM over HTTP: --gpu, --model, vLLM's knob flags, --time-scale (see --help)."""
     raise SystemExit(main(ctx.args))
+

@@ -34,7 +34,7 @@ HOST = "127.0.0.1"
 
 
 class SimHTTPEngine(SimulatedEngineChecks, Engine):
-    """One `python -m tuner.sim` server per `launch`, each in its own run directory (log, pidfile)."""
+    """One `python -m tuner.cli.serve_sim` server per `launch`, each in its own run directory (log, pidfile)."""
 
     name: ClassVar[str] = "sim-http"
 
@@ -72,7 +72,7 @@ class SimHTTPEngine(SimulatedEngineChecks, Engine):
 
     def argv(self, knobs: Knobs, port: int) -> list[str]:
         """The exact command a launch runs (the API key travels in the environment, never here)."""
-        return [sys.executable, "-m", "tuner.sim", "--gpu", self.gpu, "--model", self.model,
+        return [sys.executable, "-m", "tuner.cli.serve_sim", "--gpu", self.gpu, "--model", self.model,
                 "--host", HOST, "--port", str(port), "--time-scale", repr(self.time_scale),
                 "--noise", repr(self.noise), "--seed", str(self.seed + self.launches),
                 *(f"--spec-acceptance={m}={a!r}" for m, a in sorted(self.spec_acceptance.items())), *knobs.flags(),

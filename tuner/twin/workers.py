@@ -29,8 +29,8 @@ def worker_count() -> int:
     """Processes to use: `TUNER_TWIN_WORKERS`, else the usable cores (at most 2), 1 where fork is missing."""
     env = os.environ.get("TUNER_TWIN_WORKERS")
     if env:
-        try:
-            return max(1, int(env))
+        try:  # never more processes than cores (a typo of 10000 must not fork 10000 copies of the study)
+            return max(1, min(int(env), os.cpu_count() or 1))
         except ValueError:
             return 1
     if "fork" not in multiprocessing.get_all_start_methods():
