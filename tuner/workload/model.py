@@ -39,6 +39,10 @@ class WorkloadRequest(BaseModel):
     prefix_hash_ids: list[int] | None = None
     hash_block_size: int = Field(default=512, ge=1, le=MAX_TOKENS)
     tenant: str | None = None
+    # The LoRA adapter the request is served by (its `--lora-modules` name; the OpenAI API's `model`), or
+    # None for the base model. One field both sides read: the replay client sends it as `model`, the
+    # simulator charges its adapter's slot and load costs.
+    lora: str | None = Field(default=None, min_length=1, max_length=256)
 
     @model_validator(mode="after")
     def _has_a_prompt(self) -> "WorkloadRequest":
