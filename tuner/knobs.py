@@ -66,7 +66,7 @@ class KnobSpec:
     kind: str                      # int | tokens (vLLM's human-readable int: 8k) | fraction | choice | switch
     #                                | json (one JSON object; kept in one canonical spelling)
     help: str
-    choices: tuple[str, ...] | None = None   # every value vLLM accepts (a `choice` knob)
+    choices: tuple[Any, ...] | None = None   # every value vLLM accepts (a `choice` knob; an int knob's Literal)
     short: str | None = None       # vLLM's one-letter alias of the flag (-q)
     config: str = "EngineArgs"     # the pydantic config class vLLM validates it in (its error wording)
     changes_outputs: bool = False  # quantisation: the report says quality is not measured
@@ -95,6 +95,17 @@ class KnobSpec:
     narrow: Callable[..., list] | None = None
     place: Callable[[str, str | None, Any], str | None] | None = None
     fit_host: Callable[[Any, list, str | None, int | None], Any] | None = None
+    #: vLLM refuses a value below this other knob's (max_cpu_loras >= max_loras): a search space never
+    #: combines them so, and a value below every value the other may take is refused when it is read.
+    at_least: str | None = None
+    #: Where setting the knob means anything, given a configuration's set knobs (fully_sharded_loras:
+    #: under tensor parallelism only); a search space skips the configurations that set it elsewhere.
+    matters_when: Callable[[dict], bool] | None = None
+    #: Why `value` (None: vLLM's default) cannot serve a workload with these facts (`adapters`: LoRA
+    #: adapters the requests name, `max_adapter_rank`), or None: a study refuses such a value before it
+    #: starts. `min_adapters`: the knob is turned only for workloads naming at least this many adapters.
+    fits_workload: Callable[[Any, dict], str | None] | None = None
+    min_adapters: int = 0
 
     @property
     def flag(self) -> str:
@@ -176,6 +187,22 @@ def _next_wider(current: Any, values: list, kind: str | None, estimated_len: int
     return wider[0] if wider else None
 
 
+#: vLLM's allowed `--max-lora-rank` values (`MaxLoRARanks` in vllm/config/lora.py, 0.32).
+VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def _holds_every_rank(value: Any, facts: dict) -> str | None:
+    """A slot holds adapters up to `max_lora_rank`: vLLM refuses to load one of a higher rank."""
+    rank, largest = value or 16, facts.get("max_adapter_rank") or 0
+    return None if rank >= largest else f"{rank} is below the largest adapter's rank ({largest})"
+
+
+def _tensor_parallel(knobs: dict) -> bool:
+    """Fully sharded LoRA layers split the adapter's shrink as well as its expand across TP ranks: with
+    one GPU there is nothing to shard."""
+    return (knobs.get("tensor_parallel_size") or 1) > 1
+
+
 KNOB_SPECS: dict[str, KnobSpec] = {s.name: s for s in (
     KnobSpec("max_num_seqs", "int", "sequences in one batch at most", config="SchedulerConfig",
              default=lambda gpu: vllm_batch_defaults(gpu)[0], narrow=_can_bind,
@@ -221,6 +248,18 @@ KNOB_SPECS: dict[str, KnobSpec] = {s.name: s for s in (
     KnobSpec("speculative_config", "json", "speculative decoding: vLLM's JSON (method, num_speculative_tokens)",
              simulated=speculative.SIMULATED_METHODS, simulated_part=("method", lambda v: speculative.parse(v).method),
              narrow=speculative.candidates_for_batch, place=_speculation_at_batch, answers={"decode": (5, "on")}),
+    # Multi-LoRA serving (REFERENCE.md section 7, vllm/config/lora.py): turned only where the workload names
+    # two adapters or more. The engines enable LoRA and list the adapters themselves (`--enable-lora
+    # --lora-modules`) whenever the workload names adapters; these are the knobs of that serving.
+    KnobSpec("max_loras", "int", "LoRA adapters one batch may hold (GPU adapter slots)", config="LoRAConfig",
+             default=1, min_adapters=2, answers={"adapter_slots": (0, "up")}),
+    KnobSpec("max_lora_rank", "int", "largest LoRA rank a slot holds (GPU memory reserved per slot)",
+             config="LoRAConfig", choices=VLLM_MAX_LORA_RANKS, default=16, min_adapters=2,
+             fits_workload=_holds_every_rank),
+    KnobSpec("max_cpu_loras", "int", "LoRA adapters cached in CPU memory (vLLM: max_loras when unset)",
+             config="LoRAConfig", at_least="max_loras", min_adapters=2, answers={"adapter_slots": (1, "up")}),
+    KnobSpec("fully_sharded_loras", "switch", "shard all of the LoRA computation across tensor-parallel GPUs",
+             config="LoRAConfig", default=False, min_adapters=2, matters_when=_tensor_parallel),
 )}
 
 
@@ -276,10 +315,10 @@ class _KnobsBase(BaseModel):
 
     @field_validator(*[n for n, s in KNOB_SPECS.items() if s.choices], check_fields=False)
     @classmethod
-    def _vllm_choice(cls, v: str | None, info: ValidationInfo) -> str | None:
+    def _vllm_choice(cls, v: Any, info: ValidationInfo) -> Any:
         choices = KNOB_SPECS[info.field_name].choices or ()  # type: ignore[index]
         if v is not None and v not in choices:
-            raise ValueError(f"not a vLLM {VLLM_VERSION} choice (choose from {', '.join(choices)})")
+            raise ValueError(f"not a vLLM {VLLM_VERSION} choice (choose from {', '.join(map(str, choices))})")
         return v
 
     def flags(self) -> list[str]:

@@ -103,7 +103,7 @@ def test_synth_is_deterministic_and_inspectable(tmp_path: Path) -> None:
 
 def test_synth_bad_kind(tmp_path: Path) -> None:
     assert_user_error(tune("workload", "synth", "--kind", "poem", "--out", "x.jsonl", cwd=tmp_path),
-                      "--kind: unknown kind 'poem' (known: chat, rag, multitenant, longtail)")
+                      "--kind: unknown kind 'poem' (known: chat, rag, multitenant, longtail, multitenant-lora)")
 
 
 def test_check_slo_good_and_bad(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ LAYERS = [
     # records: what a load run measured and what a study stores (the bottom every layer reads)
     "tuner.metrics", "tuner.storage",
     # inputs: hardware and model profiles, workloads
-    "tuner.profiles", "tuner.workload",
+    "tuner.profiles", "tuner.workload", "tuner.lora",
     # the load run: the client records, the SLO scores its records, the bench statistics
     "tuner.replay", "tuner.slo", "tuner.bench",
     # the simulated engine and what it bounds (floors, feasibility before a launch)

@@ -18,16 +18,20 @@ from rich.table import Table
 
 from tuner.errors import UserError
 from tuner.inputs import check_out_file
+from tuner.knobs import VLLM_MAX_LORA_RANKS
+from tuner.lora.catalog import Adapter, AdapterCatalog, check_workload_adapters, read_lora_dir, write_catalog
+from tuner.lora.popularity import adapter_summary
 from tuner.slo import load_slo
 from tuner.workload.loader import format_names, load_workload, save_workload
 from tuner.workload.stats import WorkloadStats, describe
-from tuner.workload.synth import KINDS, SYNTH_BLOCK, synthesize
+from tuner.workload.synth import KINDS, LORA_ADAPTERS, LORA_ALPHA, SYNTH_BLOCK, lora_name, synthesize
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Synthesize, inspect and check workloads and SLO files.")
 
 _MAX_SKIPPED_SHOWN = 10
-_SYNTH_OPTIONS = {"kind": "--kind", "requests": "--requests", "seed": "--seed", "hash_block_size": "--block-size"}
+_SYNTH_OPTIONS = {"kind": "--kind", "requests": "--requests", "seed": "--seed", "hash_block_size": "--block-size",
+                  "adapters": "--adapters", "alpha": "--alpha"}
 
 
 @app.command()
@@ -38,9 +42,20 @@ def synth(
     out: Path = typer.Option(..., "--out", "-o", help="Output JSONL (the project's workload format)."),
     block_size: int = typer.Option(SYNTH_BLOCK, "--block-size",
                                    help="Tokens per prefix hash id (multiple of 16 dividing 256)."),
+    adapters: int = typer.Option(LORA_ADAPTERS, "--adapters", help="multitenant-lora: LoRA adapters (tenants)."),
+    alpha: float = typer.Option(LORA_ALPHA, "--alpha", help="multitenant-lora: Zipf exponent of the adapters' "
+                                "popularity (0: uniform; 1: the skewed Punica/SGLang workloads)."),
+    rank: int = typer.Option(16, "--rank", help="multitenant-lora: the adapters' LoRA rank (in the catalog)."),
 ) -> None:
-    """Write a seeded synthetic workload (token counts and prefix hash ids, no text)."""
+    """Write a seeded synthetic workload (token counts and prefix hash ids, no text). multitenant-lora also
+    writes OUT's adapter catalog (`NAME.adapters.yaml`: names and ranks), to pass as --lora-dir."""
     check_out_file(out, "--out")
+    catalog_path = out.with_name(out.name.split(".")[0] + ".adapters.yaml") if kind == "multitenant-lora" else None
+    if catalog_path is not None:
+        check_out_file(catalog_path, "--out")
+        if rank not in VLLM_MAX_LORA_RANKS:
+            raise UserError(f"must be one of vLLM's max_lora_rank values ({', '.join(map(str, VLLM_MAX_LORA_RANKS))})",
+                            field="--rank")
     from tuner.limits import MAX_SEED, MAX_SYNTH_REQUESTS
 
     if requests > MAX_SYNTH_REQUESTS:  # the generator holds every request in memory at once
@@ -48,13 +63,19 @@ def synth(
     if seed > MAX_SEED:
         raise UserError(f"must be <= {MAX_SEED}", field="--seed")
     try:
-        w = synthesize(kind, requests, seed, hash_block_size=block_size)
+        w = synthesize(kind, requests, seed, hash_block_size=block_size, adapters=adapters, alpha=alpha)
     except UserError as e:  # the library names its parameters; the user typed the options
         raise UserError(e.message, field=_SYNTH_OPTIONS.get(e.field or "", e.field)) from None
     save_workload(w, out)
     s = describe(w)
     Console().print(f"wrote {s.requests} {kind} requests to {out} (mean prompt {s.prompt_tokens.mean:.0f}, "
                     f"mean output {s.output_tokens.mean:.0f} tokens, block reuse {_pct(s.block_reuse)})")
+    if catalog_path is not None:
+        cat = AdapterCatalog(tuple(Adapter(lora_name(k), rank) for k in range(adapters)))
+        write_catalog(cat, catalog_path, f"{adapters} LoRA adapters of rank {rank} for {out.name} (names only: "
+                      "for the simulated engines)")
+        Console().print(f"wrote {adapters} adapters (rank {rank}, Zipf alpha {alpha:g}) to {catalog_path}: "
+                        f"pass --lora-dir {catalog_path}", highlight=False)
 
 
 def _pct(x: float | None) -> str:
@@ -88,6 +109,19 @@ def _render(s: WorkloadStats, console: Console) -> None:
         console.print(f"  {b.lo:>7}-{b.hi:<7} {bar} {b.count}", highlight=False)
 
 
+def _render_lora(lora: dict, console: Console) -> None:
+    ranks = f"rank {', '.join(map(str, lora['ranks']))}" if lora["ranks"] else "ranks unknown (no --lora-dir)"
+    console.print(f"LoRA adapters: {lora['adapters']} named ({ranks}); {lora['base_model_requests']} requests "
+                  f"for the base model", highlight=False)
+    console.print(f"popularity: hot decile {_pct(lora['hot_decile_share'])} of requests, cold decile "
+                  f"{_pct(lora['cold_decile_share'])}; most requested: "
+                  + ", ".join(f"{a['adapter']} {_pct(a['share'])}" for a in lora["most_requested"][:5]),
+                  highlight=False)
+    console.print("working set (distinct adapters among requests in flight): "
+                  + ", ".join(f"{k} in flight: {v:g}" if k.isdigit() else f"{k}: {v:g}"
+                              for k, v in lora["working_set"].items()), highlight=False)
+
+
 @app.command()
 def inspect(
     file: Path = typer.Argument(..., help="Workload file (any supported format)."),
@@ -98,22 +132,35 @@ def inspect(
     slo: Optional[Path] = typer.Option(None, "--slo", help="Also check this SLO file."),
     model: Optional[str] = typer.Option(None, "--model", help="A local model folder (or its config.json) "
                                         "with tokenizer.json: count prompt text with its tokenizer."),
+    lora_dir: Optional[Path] = typer.Option(None, "--lora-dir", help="The adapters the requests name: a "
+                                            "folder of adapter folders, or a YAML catalog of names and ranks."),
+    rate: Optional[float] = typer.Option(None, "--rate", min=0.001, max=1e6,
+                                         help="Also show the adapters' working set at this rate (req/s)..."),
+    latency_s: float = typer.Option(1.0, "--latency-s", min=0.001, max=3600,
+                                    help="...with requests in flight this long each (rate x latency)."),
 ) -> None:
-    """Counts, length percentiles, prefix sharing and arrival rate of a workload file."""
+    """Counts, length percentiles, prefix sharing and arrival rate of a workload file; with LoRA adapters,
+    their ranks, popularity and working set."""
     from tuner.tokens import token_counter_for
 
     w = load_workload(file, format=format, skip_invalid=skip_invalid)
+    catalog = read_lora_dir(lora_dir) if lora_dir is not None else None
+    if catalog is not None:
+        check_workload_adapters(w.requests, catalog, file, lora_dir)
     checked = load_slo(slo) if slo is not None else None
     s = describe(w, token_counter_for(model))
+    lora = adapter_summary(w.requests, catalog, rate, latency_s)
     for line in w.skipped[:_MAX_SKIPPED_SHOWN]:
         print(f"skipped: {line}", file=sys.stderr)
     if len(w.skipped) > _MAX_SKIPPED_SHOWN:
         print(f"skipped: ... and {len(w.skipped) - _MAX_SKIPPED_SHOWN} more", file=sys.stderr)
     if as_json:
-        print(json.dumps(s.model_dump(), indent=2))
+        print(json.dumps({**s.model_dump(), **({"lora": lora} if lora else {})}, indent=2))
         return
     console = Console()
     _render(s, console)
+    if lora:
+        _render_lora(lora, console)
     if checked is not None:
         console.print(f"SLO {slo}: {checked.describe()}")
 

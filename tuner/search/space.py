@@ -93,6 +93,11 @@ class SearchSpace(BaseModel):
                 spec.values = [None if v is None else getattr(Knobs(**{k: v}), k) for v in spec.values]
         for c in self.constraints:
             check_constraint(c)
+        for k in self.knobs:
+            low = _never_at_least(k, self.knobs)
+            if low is not None:
+                raise ValueError(f"{k}: bad value {low!r}: vLLM requires {k} >= {KNOB_TABLE[k].at_least}, and "
+                                 f"the space's {KNOB_TABLE[k].at_least} values are all above it")
         if self.host_gpus is not None and "data_parallel_size" in self.knobs:
             raise ValueError("data_parallel_size is set from host_gpus (the host filled with replicas): "
                              "drop one of them")
@@ -109,7 +114,15 @@ class SearchSpace(BaseModel):
     def allows(self, knobs: Knobs, defaults: dict[str, Any] | None = None) -> str | None:
         """None if `knobs` satisfies every constraint, else the first one it breaks. Unset knobs take
         `defaults` (vLLM's resolved defaults) when given, else are not checked."""
-        vals = {**(defaults or {}), **knobs.set_only()}
+        set_knobs = knobs.set_only()
+        vals = {**(defaults or {}), **set_knobs}
+        for name in set_knobs:  # the rules vLLM itself enforces between knobs, from the knob table
+            spec = KNOB_TABLE[name]
+            if spec.matters_when is not None and not spec.matters_when(set_knobs):
+                return f"{name} needs {spec.matters_when.__name__.strip('_').replace('_', ' ')}"
+            other = vals.get(spec.at_least) if spec.at_least else None
+            if other is not None and set_knobs[name] < other:
+                return f"{name} >= {spec.at_least}"
         for c in self.constraints:
             a, op, b = _CONSTRAINT.match(c).groups()  # type: ignore[union-attr]
             left = vals.get(a)
@@ -139,6 +152,50 @@ class SearchSpace(BaseModel):
 
 
 _NUMERIC = ("int", "tokens", "fraction")
+
+
+def _never_at_least(knob: str, knobs: dict[str, KnobValues]) -> Any:
+    """A value of `knob` below every value its `at_least` knob may take (vLLM's default where the space
+    does not turn it): no configuration could use it (max_cpu_loras 2 where max_loras is 4 or 8)."""
+    other = KNOB_TABLE[knob].at_least
+    if other is None:
+        return None
+    default = KNOB_TABLE[other].default
+    floor = [default if v is None else v for v in (knobs[other].values if other in knobs else [None])]
+    floor = [v for v in floor if isinstance(v, (int, float))]
+    if not floor:
+        return None
+    return next((v for v in knobs[knob].values if v is not None and v < min(floor)), None)
+
+
+def fit_to_workload(space: SearchSpace, facts: dict[str, Any], where: str | Path
+                    ) -> tuple[SearchSpace, list[str]]:
+    """The space for a workload with these facts (`adapters`, `max_adapter_rank`): a value that cannot
+    serve it is refused (its file and line), and the knobs it gives nothing to turn are left out (LoRA's
+    knobs for a workload of one adapter or none), returned by name so the study can say so."""
+    path = Path(where)
+    for k, spec in space.knobs.items():
+        fits = KNOB_TABLE[k].fits_workload
+        for i, v in enumerate(spec.values if fits else ()):
+            why = fits(v, facts)  # type: ignore[misc]
+            if why:
+                line = None
+                if path.exists():
+                    _, root = parse_yaml(read_text(path, "search space file"), path)
+                    line = yaml_line(root, ["knobs", k, "values", i])
+                shown = f"{v}" if v is not None else f"null (vLLM's default, {why.split(' ')[0]})"
+                raise UserError(f"{shown}: {why}: vLLM would refuse to load that adapter", file=str(path)
+                                if path.exists() else None, line=line,
+                                field=f"knobs.{k}" if path.exists() else "--search-space")
+    for k, knob in KNOB_TABLE.items():  # a knob the space leaves at vLLM's default must fit too
+        why = knob.fits_workload(None, facts) if knob.fits_workload and k not in space.knobs else None
+        if why:
+            raise UserError(f"vLLM's default {k} {why.split(' ')[0]} {why.split(' ', 1)[1]}: add {k} to the "
+                            "search space with values that hold every adapter", field="--search-space")
+    dropped = [k for k in space.knobs if KNOB_TABLE[k].min_adapters > facts.get("adapters", 0)]
+    if not dropped:
+        return space, []
+    return space.model_copy(update={"knobs": {k: v for k, v in space.knobs.items() if k not in dropped}}), dropped
 
 
 def check_constraint(c: str) -> None:

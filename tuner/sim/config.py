@@ -55,6 +55,12 @@ class ResolvedConfig(BaseModel):
     data_parallel_size: int = 1
     spec_method: str | None = None   # speculative decoding: the method and its draft length k
     spec_tokens: int = 0
+    # multi-LoRA serving (`tuner.sim.lora`): GPU adapter slots, the rank each holds, the CPU cache, and
+    # whether tensor parallelism shards all of the LoRA computation; vLLM's defaults (vllm/config/lora.py)
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int = 1
+    fully_sharded_loras: bool = False
     weight_bytes: float              # per GPU (a tensor-parallel engine holds 1/TP of the weights on each)
     activation_bytes: float          # per GPU
     kv_cache_bytes: float            # per GPU
@@ -160,6 +166,7 @@ def resolve(gpu: GPUProfile, model: ModelProfile, knobs: Knobs, *,
                             f"the current GPU. Minimum capability: 80. Current capability: "
                             f"{int(gpu.compute_capability * 10)}.")
 
+    lora = lora_settings(knobs)
     d_seqs, d_tokens = vllm_batch_defaults(gpu)
     max_num_seqs = knobs.max_num_seqs or d_seqs
     max_model_len = knobs.max_model_len or model.default_len
@@ -223,7 +230,20 @@ def resolve(gpu: GPUProfile, model: ModelProfile, knobs: Knobs, *,
         max_model_len=max_model_len, quantization=fam, weight_bytes=weights, activation_bytes=act,
         kv_cache_bytes=kv_bytes, num_gpu_blocks=num_blocks, block_size=block, tensor_parallel_size=tp,
         data_parallel_size=dp,
-        spec_method=spec.method if spec else None, spec_tokens=spec.num_speculative_tokens if spec else 0)
+        spec_method=spec.method if spec else None, spec_tokens=spec.num_speculative_tokens if spec else 0,
+        **lora)
+
+
+def lora_settings(knobs: Knobs) -> dict:
+    """The LoRA knobs resolved as vLLM's `LoRAConfig` resolves them (max_cpu_loras: max_loras when unset),
+    or its start-up error."""
+    max_loras = knobs.max_loras or 1
+    cpu = knobs.max_cpu_loras or max_loras
+    if cpu < max_loras:
+        raise LaunchFailure("bad_flag", f"pydantic_core._pydantic_core.ValidationError: 1 validation error for "
+                            f"LoRAConfig\n  Value error, max_cpu_loras ({cpu}) must be >= max_loras ({max_loras})")
+    return {"max_loras": max_loras, "max_lora_rank": knobs.max_lora_rank or 16, "max_cpu_loras": cpu,
+            "fully_sharded_loras": bool(knobs.fully_sharded_loras)}
 
 
 def blocks_for(tokens: int, block_size: int = BLOCK_SIZE) -> int:

@@ -22,7 +22,8 @@ from tuner.workload.model import WorkloadRequest
 MOONCAKE_BLOCK = 512
 HUMAN_ROLES = frozenset({"human", "user"})
 ANSWER_ROLES = frozenset({"gpt", "chatgpt", "assistant", "bing", "bard", "model"})
-TUNER_ONLY_KEYS = frozenset(WorkloadRequest.model_fields) - {"prompt", "output_tokens"}
+#: `model`: the OpenAI API's name of the adapter a request is served by (our `lora`, either may be given)
+TUNER_ONLY_KEYS = frozenset(WorkloadRequest.model_fields) - {"prompt", "output_tokens"} | {"model"}
 
 
 class RecordError(Exception):
@@ -55,6 +56,12 @@ def _validate(model: type[BaseModel], raw: Any) -> Any:
 
 
 def convert_tuner(raw: Any) -> Converted:
+    if isinstance(raw, dict) and "model" in raw:  # the OpenAI spelling of the adapter a request names
+        raw = dict(raw)
+        model = raw.pop("model")
+        if "lora" in raw and raw["lora"] != model:
+            raise RecordError("model", f"names adapter {model!r} but lora names {raw['lora']!r}: give one")
+        raw["lora"] = model
     req = _validate(WorkloadRequest, raw)
     if req.prefix_hash_ids and req.prompt_tokens is not None:
         most = math.ceil(req.prompt_tokens / req.hash_block_size)

@@ -21,7 +21,7 @@ from tuner.errors import UserError
 from tuner.workload.model import Workload, WorkloadRequest
 
 Kind = Literal["chat", "rag", "multitenant"]
-KINDS: tuple[str, ...] = ("chat", "rag", "multitenant", "longtail")
+KINDS: tuple[str, ...] = ("chat", "rag", "multitenant", "longtail", "multitenant-lora")
 
 SYNTH_BLOCK = 16  # vLLM's KV block size: shared prefixes of whole blocks map to exact cache blocks
 PREFIX_QUANTUM = 256  # every shared prefix is a multiple of this, so any block size dividing it stays exact
@@ -41,6 +41,9 @@ RAG_PROMPT_MAX = 32_768
 MT_TENANTS = 48
 MT_ZIPF_S = 1.1
 MT_SYSTEM_QUANTA = (1, 8)  # tenant system prompts of 256..2048 tokens
+LORA_ADAPTERS = 100  # multitenant-lora: one adapter per tenant, Zipf-popular (alpha)
+LORA_ALPHA = 1.0
+LORA_MAX_ADAPTERS = 100_000
 
 
 def _lognormal(rng: np.random.Generator, median: float, sigma: float, lo: int, hi: int, n: int) -> np.ndarray:
@@ -129,11 +132,38 @@ def _longtail(rng: np.random.Generator, n: int, block: int) -> list[WorkloadRequ
             for u, o in zip(user.tolist(), out.tolist())]
 
 
-_BUILDERS = {"chat": _chat, "rag": _rag, "multitenant": _multitenant, "longtail": _longtail}
+def lora_name(k: int) -> str:
+    """The adapter of tenant `k` (`tenant-007` is served by `lora-007`)."""
+    return f"lora-{k:03d}"
 
 
-def synthesize(kind: str, n: int, seed: int = 0, hash_block_size: int = SYNTH_BLOCK) -> Workload:
-    """`n` requests of `kind` (chat | rag | multitenant | longtail), identical for identical arguments.
+def _multitenant_lora(rng: np.random.Generator, n: int, block: int, adapters: int = LORA_ADAPTERS,
+                      alpha: float = LORA_ALPHA) -> list[WorkloadRequest]:
+    """One base model, one LoRA adapter per tenant, tenants Zipf(alpha)-popular (the Punica/S-LoRA
+    workloads; SGLang's `--lora-request-distribution skewed`): a 256-token tenant system prompt and a
+    chat-like turn, each request naming its tenant's adapter."""
+    ids = _Ids(rng)
+    weights = 1.0 / np.arange(1, adapters + 1) ** alpha
+    tenant = rng.choice(adapters, size=n, p=weights / weights.sum())
+    user = _lognormal(rng, 300, 0.7, 16, 4_096, n)
+    out = _lognormal(rng, 128, 0.6, 1, 1_024, n)
+    reqs = []
+    for k, u, o in zip(tenant.tolist(), user.tolist(), out.tolist()):
+        prefix = _shared(TENANT_BASE + k * 10_000, PREFIX_QUANTUM, block)
+        reqs.append(WorkloadRequest(prompt_tokens=PREFIX_QUANTUM + u, output_tokens=o, tenant=f"tenant-{k:03d}",
+                                    lora=lora_name(k), prefix_hash_ids=prefix + ids.take(u, block),
+                                    hash_block_size=block))
+    return reqs
+
+
+_BUILDERS = {"chat": _chat, "rag": _rag, "multitenant": _multitenant, "longtail": _longtail,
+             "multitenant-lora": _multitenant_lora}
+
+
+def synthesize(kind: str, n: int, seed: int = 0, hash_block_size: int = SYNTH_BLOCK, *,
+               adapters: int = LORA_ADAPTERS, alpha: float = LORA_ALPHA) -> Workload:
+    """`n` requests of `kind` (chat | rag | multitenant | longtail | multitenant-lora), identical for
+    identical arguments. `adapters` and `alpha` (Zipf) shape multitenant-lora.
 
     `hash_block_size` must divide 256 (and be a multiple of 16) so every shared prefix is whole blocks;
     a larger one (e.g. 256) only makes files with long shared documents smaller, the sharing is the same.
@@ -148,6 +178,11 @@ def synthesize(kind: str, n: int, seed: int = 0, hash_block_size: int = SYNTH_BL
     # one stream per (kind, seed): chat and rag of the same seed are unrelated draws with unrelated ids
     if seed < 0:
         raise UserError(f"must be >= 0, got {seed}", field="seed")
+    if not 1 <= adapters <= LORA_MAX_ADAPTERS:
+        raise UserError(f"must be 1..{LORA_MAX_ADAPTERS}, got {adapters}", field="adapters")
+    if not 0.0 <= alpha <= 10.0:
+        raise UserError(f"must be 0..10 (0: uniform), got {alpha}", field="alpha")
     rng = np.random.default_rng([int(seed), KINDS.index(kind)])
-    reqs = _BUILDERS[kind](rng, n, hash_block_size)
+    extra = {"adapters": adapters, "alpha": alpha} if kind == "multitenant-lora" else {}
+    reqs = _BUILDERS[kind](rng, n, hash_block_size, **extra)
     return Workload(name=f"{kind}-seed{seed}", source_format=f"synth-{kind}", requests=reqs)
