@@ -10,6 +10,7 @@ and from the client's timings, following REFERENCE.md section 2:
 | decode         | TPOT / ITL violated                                                  |
 | prefill        | TTFT violated, mostly prefill time rather than queue time            |
 | queue          | waiting climbs, batch not capped, KV has room, TTFT mostly queueing  |
+| adapter_slots  | requests wait whose LoRA adapters do not run, every slot taken, batch and KV with room |
 
 The knobs that answer each, in order and with their directions, are the knobs' own (`KnobSpec.answers`
 in tuner/knobs.py; `tuner.knobs.answer_table()` prints the table), moved by the knobs' `place` hooks at
@@ -34,7 +35,8 @@ from tuner.replay.record import TOOL_CAUSES
 from tuner.storage.records import Diagnosis, LoadRunSummary, MetricsDigest
 
 #: Which knobs answer each diagnosis, in order, and which way to turn each: from the knobs' own table.
-KNOBS = {kind: answering(kind) for kind in ("kv_capacity", "batch_cap", "decode", "prefill", "queue")}
+KNOBS = {kind: answering(kind) for kind in ("kv_capacity", "batch_cap", "decode", "prefill", "queue",
+                                            "adapter_slots")}
 
 
 def diagnose(fail: LoadRunSummary | None, fail_metrics: MetricsDigest | None,
@@ -72,7 +74,10 @@ def diagnose(fail: LoadRunSummary | None, fail_metrics: MetricsDigest | None,
     if point.n and (point.verdict == "errors" or n_err > max(sum(point.violations.values()), 0)
                     and n_err >= 0.01 * point.n):
         return _errors(point, errs, ev)
-    if kv_full and (preempting or not batch_full):
+    slots = _adapter_slots(point, m, batch_full, kv_full and preempting, ev)
+    if slots is not None:
+        kind, why = "adapter_slots", slots
+    elif kv_full and (preempting or not batch_full):
         kind = "kv_capacity"
         why = (f"KV cache {m.kv_usage_p90:.0%} full (p90) with {m.preemptions:.0f} preemptions while "
                f"{_running(m.running_p90, mns)} sequences run")
@@ -105,6 +110,29 @@ def diagnose(fail: LoadRunSummary | None, fail_metrics: MetricsDigest | None,
         why = f"{(binding or 'latency').upper()} breaks the SLO first, mostly in generation, not queueing"
     knobs, directions = _placed(kind, binding, m)
     return Diagnosis(kind=kind, summary=why, evidence=ev, knobs=knobs, directions=dict(directions))
+
+
+def _adapter_slots(point: LoadRunSummary, m: MetricsDigest, batch_full: bool, kv_bound: bool,
+                   ev: dict) -> str | None:
+    """Adapter thrash: requests wait whose adapters do not run (vLLM's `waiting_lora_adapters` less the
+    running ones) while every slot is taken and the batch and KV have room. Adds its evidence to `ev`."""
+    if m.max_lora is None or m.lora_waiting_p90 is None:
+        return None
+    ev.update(waiting_lora_adapters_p90=round(m.lora_waiting_p90, 1),
+              running_lora_adapters_p90=round(m.lora_running_p90 or 0.0, 1), max_lora=m.max_lora,
+              adapter_loads=m.adapter_loads, adapter_disk_loads=m.adapter_disk_loads)
+    for group in ("hot", "cold"):
+        ev[f"p99_ttft_ms_{group}_decile"] = _r((point.by_popularity.get(group) or {}).get("p99_ttft_ms"))
+    if m.lora_waiting_p90 < 1 or (m.lora_running_p90 or 0) < m.max_lora or batch_full or kv_bound:
+        return None
+    hot, cold = ev["p99_ttft_ms_hot_decile"], ev["p99_ttft_ms_cold_decile"]
+    split = f"; p99 TTFT {hot:.0f} ms hot decile, {cold:.0f} ms cold" if hot is not None and cold is not None else ""
+    working = m.lora_waiting_p90 + (m.lora_running_p90 or 0.0)
+    return (f"requests wait for adapter slots: {m.lora_waiting_p90:.0f} adapters waiting (p90) while all "
+            f"{m.max_lora} slots (max_loras) run, the batch ({_running(m.running_p90, m.max_num_seqs)}) and KV "
+            f"({m.kv_usage_p90:.0%}) have room; {m.adapter_loads or 0:.0f} adapter loads ({m.adapter_disk_loads or 0:.0f} "
+            f"from disk){split}. Raise max_loras (memory permitting), then max_cpu_loras; where no max_loras that "
+            f"fits one replica holds the ~{working:.0f} adapters in flight, shard tenants across replica groups")
 
 
 def _placed(kind: str, binding: str | None, m: MetricsDigest) -> tuple[list[str], dict[str, str]]:

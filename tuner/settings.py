@@ -48,6 +48,9 @@ class EngineSettings(BaseModel):
     command: str | None = None            # vllm: a launch template with {model} {port} {host} {args}
     #: server arguments after the knobs (`--vllm-arg`); the gate and the workers launch with them too
     extra_args: list[str] = Field(default_factory=list)
+    #: the LoRA adapters the server serves (`tuner.lora.catalog.read_lora_dir`): a folder of adapter
+    #: folders, or a names-only YAML catalog (the simulated engines); None: LoRA off
+    lora_dir: str | None = None
     #: never stored: a secret, and each host gives its own (VLLM_API_KEY)
     api_key: str | None = Field(None, exclude=True, repr=False)
 
@@ -165,7 +168,7 @@ OPTIONS: dict[str, str] = {
     "workload": "workload", "slo": "slo", "seed": "seed",
     "engine": "engine.name", "gpu": "engine.gpu", "model": "engine.model", "noise": "engine.noise",
     "time_scale": "engine.time_scale", "vllm_python": "engine.python", "vllm_command": "engine.command",
-    "vllm_arg": "engine.extra_args", "api_key": "engine.api_key",
+    "vllm_arg": "engine.extra_args", "api_key": "engine.api_key", "lora_dir": "engine.lora_dir",
     "requests_per_run": "load.requests_per_run", "max_run_s": "load.max_run_s", "arrival": "load.arrival",
     "start_rate": "load.start_rate", "drop_overlong": "load.drop_overlong",
     "precision": "knee.precision",

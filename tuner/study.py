@@ -9,6 +9,7 @@ one is re-run, and a server orphaned by a SIGKILLed tool is found by its pidfile
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,7 +36,7 @@ from tuner.profiles.models import get_model
 from tuner.report import write_report
 from tuner.search.attribute import attribute_study
 from tuner.search.runner import NullReporter, Reporter, TrialRunner
-from tuner.search.space import SearchSpace, load_space
+from tuner.search.space import SearchSpace, fit_to_workload, load_space
 from tuner.search.strategies import StrategyRun, get as get_strategy, names as strategy_names
 from tuner.search.strategy import Budget, Outcome
 from tuner.search.worker import work
@@ -48,6 +49,7 @@ from tuner.storage.status import study_status
 from tuner.tokens import token_counter_for
 from tuner.workload.arrivals import PROCESSES
 from tuner.workload.loader import load_workload
+from tuner.lora.catalog import check_workload_adapters, named_adapters, read_lora_dir
 from tuner.workload.model import Workload
 from tuner.workload.stats import prompt_length, token_count_source
 
@@ -174,7 +176,23 @@ def prepare(settings: RunSettings, space: SearchSpace | None = None) -> tuple[Wo
                         field=f"knobs.{problem[0]}" if Path(name).exists() else "--search-space")
     engine.check_extra_args(settings.engine.extra_args)
     check_max_model_len(space, workload, name)
-    return workload, slo, space
+    return workload, slo, fit_lora(settings, workload, space, name)
+
+
+def fit_lora(settings: RunSettings, workload: Workload, space: SearchSpace, where: str) -> SearchSpace:
+    """The adapters the workload names must be in `--lora-dir`, the space's values must hold them, and a
+    workload of fewer than two adapters gets no LoRA knob to turn (`KnobSpec.min_adapters`)."""
+    lora_dir = settings.engine.lora_dir
+    catalog = read_lora_dir(lora_dir) if lora_dir else None
+    check_workload_adapters(workload.requests, catalog, settings.workload or "", lora_dir)
+    named = named_adapters(workload.requests)
+    ranks = [catalog.by_name[n].rank for n in named] if catalog is not None else []
+    space, dropped = fit_to_workload(space, {"adapters": len(named), "max_adapter_rank": max(ranks, default=0)},
+                                     where)
+    if dropped:
+        print(f"note: the workload names {len(named)} LoRA adapter{'' if len(named) == 1 else 's'}: "
+              f"{', '.join(dropped)} left out of the search (no adapter slots to share)", file=sys.stderr)
+    return space
 
 
 def check_max_model_len(space: SearchSpace, workload: Workload, where) -> None:

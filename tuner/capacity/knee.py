@@ -18,7 +18,7 @@ from typing import Callable
 from tuner.engine.base import Server
 from tuner.capacity.explain import why_none
 from tuner.capacity.knee_model import KneeResult, KneeSettings
-from tuner.capacity.measure import (CLIENT_BOUND_RERUNS, LoadSettings, Measured, Measurement, digest,
+from tuner.capacity.measure import (CLIENT_BOUND_RERUNS, LoadSettings, Measured, Measurement, by_popularity, digest,
                                     measure_run, rerun_client_bound, run_size, summarize)
 from tuner.storage.records import ClientCheck, LoadRunSummary
 from tuner.slo import SLO
@@ -97,6 +97,7 @@ class KneeSearch:
             records = [r for x in runs for r in x.run.records]
             s = summarize(records, self.slo, rate, [x.run for x in runs], [x.verdict for x in runs],
                           sum(x.wall_s for x in runs))
+            s.by_popularity = by_popularity(m.run.records, m.requests, self.workload, self.slo)  # the last run's
             if self.result.client_bound is not None:  # not the server's: neither a pass nor a fail
                 s.verdict, s.passed, s.decided = "client_bound", False, False
                 break

@@ -39,6 +39,10 @@ def register(app: typer.Typer) -> None:
         gpu: Optional[str] = typer.Option(None, help="GPU profile (simulated engines; optional for vllm)."),
         model: Optional[str] = typer.Option(None, help="Model: profile name, config.json path, or what vllm serves."),
         search_space: str = typer.Option(default("search_space"), help="Built-in space name or a YAML file."),
+        lora_dir: Optional[str] = typer.Option(None, "--lora-dir", help="The LoRA adapters the workload's "
+                                               "requests name: a folder of adapter folders (adapter_config.json "
+                                               "+ weights), or a YAML catalog of names and ranks (simulated "
+                                               "engines). The server is launched with LoRA on and them listed."),
         strategy: str = typer.Option(
             default("strategy"), help="auto (twin where --gpu and --model name known profiles, else guided) | twin (rank the space in a simulator fitted to this engine's launches; verify its best) | guided | tpe | random | grid."),
         max_trials: int = typer.Option(default("max_trials"), help="Engine launches at most (the baseline included)."),

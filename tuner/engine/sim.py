@@ -19,7 +19,9 @@ from tuner.profiles.gpus import GPUProfile, get_gpu
 from tuner.profiles.models import ModelProfile, get_model
 from tuner.replay.record import CUT, NOT_SENT, LoadRun
 from tuner.sim.config import ResolvedConfig, resolve
+from tuner.lora.catalog import read_lora_dir
 from tuner.sim.costs import CostParams
+from tuner.sim.lora import LoraSetup
 from tuner.sim.engine import EngineCore
 from tuner.tokens import (RegexCounter, TokenCounter, block_hashes, block_hashes_from_ids,
                               token_counter_for)
@@ -58,6 +60,7 @@ class SimServer(Server):
         self.info = LaunchInfo(kv_cache_tokens=cfg.kv_cache_tokens, max_concurrency=cfg.max_concurrency)
         self.launch_log = f"{cfg.launch_log()}\nINFO simulator: token counts: {self.tokens.source}"
         self._shapes: dict[int, tuple[WorkloadRequest, int, list[int]]] = {}
+        self._adapter = cfg.lora.index() if cfg.lora is not None else {}
 
     def _shape(self, req: WorkloadRequest, index: int) -> tuple[int, list[int]]:
         hit = self._shapes.get(id(req))
@@ -76,7 +79,8 @@ class SimServer(Server):
             self._shapes.clear()
         for i, (req, t) in enumerate(zip(requests, send_times)):
             n, h = self._shape(req, i if prompt_salt is None else hash((prompt_salt, i)))
-            sims.append(SimRequest(float(t), n, req.output_tokens, h))
+            sims.append(SimRequest(float(t), n, req.output_tokens, h, self._adapter.get(req.lora, -1)
+                                   if req.lora is not None else -1))
         span = max(send_times, default=0.0)
         dp = len(self.cores)
         shares: list[list[int]] = [[]]  # one engine (the hot path of every simulated study): no split
@@ -160,12 +164,13 @@ class SimEngine(SimulatedEngineChecks, Engine):
         cls.needs_gpu_and_model(spec)
         stated = tuple(sorted(spec.spec_acceptance.items()))
         return cls(spec.gpu, spec.model, noise=spec.noise, seed=spec.seed, token_times=spec.token_times,
-                   host_gpus=spec.host_gpus, cost_params=CostParams(spec_acceptance=stated) if stated else None)
+                   host_gpus=spec.host_gpus, cost_params=CostParams(spec_acceptance=stated) if stated else None,
+                   adapters=read_lora_dir(spec.lora_dir).adapters if spec.lora_dir else None)
 
     def __init__(self, gpu: str | GPUProfile, model: str | ModelProfile, *,
                  cost_params: CostParams | None = None, noise: float = 0.0, seed: int = 0,
                  token_times: bool = True, launch_seed: Callable[[Knobs], int] | None = None,
-                 other_used_gib: float | None = None, host_gpus: int | None = None):
+                 other_used_gib: float | None = None, host_gpus: int | None = None, adapters=None):
         """`token_times=False` skips per-token times (only ITL needs them: a faster study when the SLO has
         no ITL threshold). `launch_seed` picks each launch's noise seed (default: one per launch).
         `other_used_gib`: GPU memory other processes hold (a busy GPU, where vLLM's default memory
@@ -182,12 +187,14 @@ class SimEngine(SimulatedEngineChecks, Engine):
         self.launch_seed = launch_seed
         self.other_used_gib = other_used_gib
         self.host_gpus = host_gpus
+        # LoRA adapters (`tuner.lora.catalog.Adapter`s): served as `--enable-lora --lora-modules` would
+        self.lora = LoraSetup.of(adapters, self.model) if adapters else None
 
     def launch(self, knobs: Knobs) -> SimServer:
         self.launches += 1
         busy = {} if self.other_used_gib is None else {"other_used_gib": self.other_used_gib}
         try:
-            cfg = resolve(self.gpu, self.model, knobs, host_gpus=self.host_gpus, **busy)
+            cfg = resolve(self.gpu, self.model, knobs, host_gpus=self.host_gpus, lora=self.lora, **busy)
         except LaunchFailure as e:  # the simulator words it as vLLM would: the same facts as a real log's
             e.facts = launch_facts(e.message)
             raise

@@ -14,9 +14,9 @@ from typing import Sequence
 
 import numpy as np
 
-from tuner.metrics.window import (GENERATION_TOKENS, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES,
-                                  PROMPT_TOKENS, REQUEST_SUCCESS, SPEC_ACCEPTED, SPEC_DRAFT_TOKENS,
-                                  SPEC_DRAFTS, GaugeSample, HistogramDelta, MetricsWindow)
+from tuner.metrics.window import (GENERATION_TOKENS, LORA_DISK_LOADS, LORA_GPU_LOADS, PREEMPTIONS,
+                                  PREFIX_HITS, PREFIX_QUERIES, PROMPT_TOKENS, REQUEST_SUCCESS, SPEC_ACCEPTED, SPEC_DRAFT_TOKENS,
+                                  SPEC_DRAFTS, GaugeSample, HistogramDelta, LoraSample, MetricsWindow)
 from tuner.replay.record import RequestRecord
 from tuner.sim.config import ResolvedConfig
 from tuner.sim.costs import CostParams
@@ -38,6 +38,7 @@ class SimRequest:
     prompt_len: int
     output_len: int
     hashes: tuple[int, ...] | list[int] = ()
+    lora: int = -1  # the adapter's index in the server's `LoraSetup` (-1: the base model)
 
 
 @dataclass
@@ -89,12 +90,14 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
     now = t0
     i = 0
     samples: list[GaugeSample] = []
+    lora, lora_samples = core.lora, []
     next_sample = 0.0
     it_tokens: list[int] = []
     pool = core.pool
     c0 = (core.preemptions, core.prefix_queries, core.prefix_hits, core.prompt_tokens,
           core.generation_tokens, core.requests_finished, core.spec_drafts, core.spec_draft_tokens,
           core.spec_accepted)
+    l0 = (lora.gpu_loads, lora.disk_loads) if lora is not None else (0, 0)
     while True:
         rel = now - t0
         while i < n and requests[order[i]].arrival <= rel and (not max_concurrency or free_at):
@@ -112,7 +115,7 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
                     heapq.heappush(free_at, arrival)
             else:
                 seq = Seq(rid=idx + base_step * 1_000_003, arrival=t0 + arrival, prompt_len=r.prompt_len,
-                          output_len=r.output_len, hashes=list(r.hashes))
+                          output_len=r.output_len, hashes=list(r.hashes), lora=r.lora)
                 seqs[idx] = seq
                 core.add(seq)
             i += 1
@@ -123,6 +126,9 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
             continue
         while next_sample <= rel:
             samples.append(_gauge(next_sample, len(core.running), len(core.waiting), pool.usage))
+            if lora is not None:
+                lora_samples.append(LoraSample(t=next_sample, running=len(lora.running),
+                                               waiting=lora.waiting_adapters(core.waiting), max_lora=lora.max_loras))
             next_sample += sample_interval_s
         if rel > deadline and (i >= n or not max_concurrency):
             break
@@ -145,6 +151,10 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
                             token_times)
     _mark_window(records, warmup_s, cooldown_s)
     metrics = _window_metrics(cfg, core, c0, samples, it_tokens, lat)
+    if lora is not None:
+        metrics.lora_samples = lora_samples
+        metrics.counters[LORA_GPU_LOADS] = lora.gpu_loads - l0[0]
+        metrics.counters[LORA_DISK_LOADS] = lora.disk_loads - l0[1]
     return VirtualRun(records=records, metrics=metrics, duration_s=end_rel,
                       steps=core.step_idx - base_step, engine=core)
 

@@ -19,6 +19,10 @@ REQUEST_SUCCESS = "request_success"
 SPEC_DRAFTS = "spec_decode_num_drafts"           # speculative decoding: steps x sequences that drafted
 SPEC_DRAFT_TOKENS = "spec_decode_num_draft_tokens"
 SPEC_ACCEPTED = "spec_decode_num_accepted_tokens"
+# Multi-LoRA: adapters copied into a GPU slot, and read from disk first (the CPU cache missed). vLLM 0.32
+# exports no such counters (residency metrics are open PRs #51433, #54830): the simulator's own.
+LORA_GPU_LOADS = "lora_gpu_loads"
+LORA_DISK_LOADS = "lora_disk_loads"
 
 
 class GaugeSample(BaseModel):
@@ -26,6 +30,16 @@ class GaugeSample(BaseModel):
     running: float
     waiting: float
     kv_usage: float
+
+
+class LoraSample(BaseModel):
+    """`vllm:lora_requests_info` at one time, as counts: distinct adapters of running requests, distinct
+    adapters of waiting requests that do not run (waiting for a slot), and the server's `max_lora`."""
+
+    t: float
+    running: int
+    waiting: int
+    max_lora: int
 
 
 class HistogramDelta(BaseModel):
@@ -41,6 +55,7 @@ class MetricsWindow(BaseModel):
     counters: dict[str, float] = Field(default_factory=dict)
     histograms: dict[str, HistogramDelta] = Field(default_factory=dict)
     cache_config: dict[str, str] = Field(default_factory=dict)
+    lora_samples: list[LoraSample] = Field(default_factory=list)  # empty: LoRA off or not read
 
     def counter(self, key: str) -> float:
         return self.counters.get(key, 0.0)

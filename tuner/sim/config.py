@@ -17,6 +17,7 @@ from tuner.knobs import (DEFAULT_GPU_MEMORY_UTILIZATION, KNOB_SPECS, KV_CACHE_DT
                          vllm_batch_defaults)
 from tuner.profiles.gpus import GIB, GPUProfile
 from tuner.profiles.models import ModelProfile, quant_family
+from tuner.sim.lora import LoraSetup, reserved_bytes
 from tuner.speculative import SIMULATED_METHODS, parse as parse_spec
 
 BLOCK_SIZE = 16
@@ -61,6 +62,8 @@ class ResolvedConfig(BaseModel):
     max_lora_rank: int = 16
     max_cpu_loras: int = 1
     fully_sharded_loras: bool = False
+    lora: LoraSetup | None = None    # the adapters served (None: LoRA off, as without --enable-lora)
+    lora_reserved_bytes: float = 0.0  # per GPU: the slots and LoRA's CUDA-graph pool, out of the KV pool
     weight_bytes: float              # per GPU (a tensor-parallel engine holds 1/TP of the weights on each)
     activation_bytes: float          # per GPU
     kv_cache_bytes: float            # per GPU
@@ -138,7 +141,8 @@ def check_layout(model: ModelProfile, tp: int, dp: int, host_gpus: int | None) -
 
 
 def resolve(gpu: GPUProfile, model: ModelProfile, knobs: Knobs, *,
-            other_used_gib: float = DEFAULT_OTHER_USED_GIB, host_gpus: int | None = None) -> ResolvedConfig:
+            other_used_gib: float = DEFAULT_OTHER_USED_GIB, host_gpus: int | None = None,
+            lora: LoraSetup | None = None) -> ResolvedConfig:
     """Apply vLLM's defaults and start-up checks; raise `LaunchFailure` exactly where vLLM fails.
     `host_gpus`: the GPUs the host has (None: as many as the layout asks for). Memory is per GPU: each of
     a tensor-parallel engine's GPUs holds 1/TP of the weights and of every token's KV heads."""
@@ -166,7 +170,7 @@ def resolve(gpu: GPUProfile, model: ModelProfile, knobs: Knobs, *,
                             f"the current GPU. Minimum capability: 80. Current capability: "
                             f"{int(gpu.compute_capability * 10)}.")
 
-    lora = lora_settings(knobs)
+    lora_cfg = lora_settings(knobs, lora)
     d_seqs, d_tokens = vllm_batch_defaults(gpu)
     max_num_seqs = knobs.max_num_seqs or d_seqs
     max_model_len = knobs.max_model_len or model.default_len
@@ -206,7 +210,8 @@ def resolve(gpu: GPUProfile, model: ModelProfile, knobs: Knobs, *,
     # a learned drafter (EAGLE head, MTP layer) is one more decoder layer: its weights, and its own KV
     # for every token
     drafter = 1.0 / model.num_hidden_layers if spec and spec.method != "ngram" else 0.0
-    kv_bytes = requested - weights * (1 + drafter) - act - NON_TORCH_GIB * GIB
+    lora_bytes = reserved_bytes(model, lora_cfg["max_loras"], lora_cfg["max_lora_rank"], tp) if lora else 0.0
+    kv_bytes = requested - weights * (1 + drafter) - act - NON_TORCH_GIB * GIB - lora_bytes
     bpt = int(model.kv_bytes_per_token(kv_dtype, tp) * (1 + drafter))
     block = CPU_BLOCK_SIZE if gpu.platform == "cpu" else BLOCK_SIZE
     num_blocks = int(kv_bytes // (bpt * block)) if kv_bytes > 0 else 0
@@ -231,18 +236,23 @@ def resolve(gpu: GPUProfile, model: ModelProfile, knobs: Knobs, *,
         kv_cache_bytes=kv_bytes, num_gpu_blocks=num_blocks, block_size=block, tensor_parallel_size=tp,
         data_parallel_size=dp,
         spec_method=spec.method if spec else None, spec_tokens=spec.num_speculative_tokens if spec else 0,
-        **lora)
+        lora=lora, lora_reserved_bytes=lora_bytes, **lora_cfg)
 
 
-def lora_settings(knobs: Knobs) -> dict:
+def lora_settings(knobs: Knobs, lora: LoraSetup | None = None) -> dict:
     """The LoRA knobs resolved as vLLM's `LoRAConfig` resolves them (max_cpu_loras: max_loras when unset),
-    or its start-up error."""
+    or its start-up error; with adapters, vLLM's refusal of one whose rank exceeds max_lora_rank."""
     max_loras = knobs.max_loras or 1
     cpu = knobs.max_cpu_loras or max_loras
     if cpu < max_loras:
         raise LaunchFailure("bad_flag", f"pydantic_core._pydantic_core.ValidationError: 1 validation error for "
                             f"LoRAConfig\n  Value error, max_cpu_loras ({cpu}) must be >= max_loras ({max_loras})")
-    return {"max_loras": max_loras, "max_lora_rank": knobs.max_lora_rank or 16, "max_cpu_loras": cpu,
+    rank = knobs.max_lora_rank or 16
+    for name, r in zip(lora.names if lora else (), lora.ranks if lora else ()):
+        if r > rank:
+            raise LaunchFailure("bad_flag", f"ValueError: LoRA rank {r} is greater than max_lora_rank {rank}. "
+                                f"(adapter {name})")
+    return {"max_loras": max_loras, "max_lora_rank": rank, "max_cpu_loras": cpu,
             "fully_sharded_loras": bool(knobs.fully_sharded_loras)}
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from tuner.sim.config import ResolvedConfig
 from tuner.sim.costs import CostModel, CostParams
 from tuner.sim.kvcache import BlockPool
+from tuner.sim.lora import AdapterSlots
 from tuner.speculative import acceptance_of, expected_tokens
 
 
@@ -64,6 +65,7 @@ class Seq:
     cached_tokens: int = 0
     error: str | None = None
     payload: object = None
+    lora: int = -1  # the adapter's index in the server's `LoraSetup` (-1: the base model)
 
 
 class EngineCore:
@@ -103,6 +105,8 @@ class EngineCore:
         self.spec_drafts = 0
         self.spec_draft_tokens = 0
         self.spec_accepted = 0
+        # multi-LoRA: adapter slots, CPU cache, loads and the max_loras scheduling rule (`tuner.sim.lora`)
+        self.lora = AdapterSlots(cfg, cfg.lora) if cfg.lora is not None else None
 
     # -- requests -------------------------------------------------------------------------------
     def check(self, prompt_len: int, output_len: int) -> str | None:
@@ -224,6 +228,8 @@ class EngineCore:
                                   n_dec * width + completing, width)
         if width > 1 and n_dec:
             dur += self.cost.draft_time(self.cfg.spec_method or "", self.spec_k, n_dec, self.dec_ctx)
+        if self.lora is not None:  # adapters entering the batch are loaded before its forward pass
+            dur += self.lora.step_time(prefill_tokens + n_dec * width)
         if self.noise:
             dur *= self.launch_factor * math.exp(self.rng.gauss(0.0, self.noise))
         end = now + dur
@@ -272,6 +278,7 @@ class EngineCore:
             return now
         phase, pool, finish_at, B = self.phase, self.pool, self.finish_at, self.block
         step_time, ends = self.cost.step_time, self.step_end
+        lora_s = self.lora.compute_time(n_dec) if self.lora is not None else 0.0  # no adapter enters
         t = self.step_idx
         while t not in finish_at:
             need = phase[(-t) % B]
@@ -282,7 +289,7 @@ class EngineCore:
                     pool.take(need)
                 else:
                     break  # a preemption: `step` does it
-            now = now + step_time(0, 0.0, 0, n_dec, self.dec_ctx + n_dec, n_dec, 1)
+            now = now + step_time(0, 0.0, 0, n_dec, self.dec_ctx + n_dec, n_dec, 1) + lora_s
             ends.append(now)
             self.last_step_tokens = n_dec
             self.generation_tokens += n_dec
@@ -312,8 +319,12 @@ class EngineCore:
         pool = self.pool
         caching = pool.caching
         max_seqs = self.cfg.max_num_seqs
+        lora, skipped = self.lora, []
         while self.waiting and budget > 0 and len(self.running) < max_seqs:
             seq = self.waiting[0]
+            if lora is not None and seq.lora >= 0 and not lora.may_schedule(seq.lora):
+                skipped.append(self.waiting.popleft())  # its adapter would exceed max_loras: vLLM skips it
+                continue
             n_hit, from_free = pool.match(seq.hashes, (seq.target - 1) // B) if caching else (0, 0)
             hit_tokens = n_hit * B
             if not self.cfg.enable_chunked_prefill and seq.target - hit_tokens > budget:
@@ -337,9 +348,13 @@ class EngineCore:
                 seq.cached_tokens = hit_tokens
             self.waiting.popleft()
             self.running[seq.rid] = seq
+            if lora is not None and seq.lora >= 0:
+                lora.admitted(seq.lora)
             self.prefilling.append(seq)
             chunks.append((seq, n))
             budget -= n
+        if skipped:  # back at the head of the queue, in their order
+            self.waiting.extendleft(reversed(skipped))
 
     def _land_chunk(self, seq: Seq, n: int, t: int, end: float, finished: list, events) -> None:
         B = self.block
@@ -399,7 +414,8 @@ class EngineCore:
         self.pool.release(seq.held, n_blocks - len(seq.held))
         seq.held = []
         seq.n_blocks = 0
-        self.running.pop(seq.rid, None)
+        if self.running.pop(seq.rid, None) is not None and self.lora is not None and seq.lora >= 0:
+            self.lora.released(seq.lora)
 
     def _preempt_tail(self, t: int, scheduled_decodes: bool) -> tuple[Seq, bool]:
         """Preempt the most recently admitted running request (recompute), as vLLM V1 does."""

@@ -103,6 +103,9 @@ class LoadRunSummary(BaseModel):
     #: Load runs at this rate measured and dropped because they were the client's, not the server's
     #: (their checks, for the report and the run line).
     client_bound_runs: list[ClientCheck] = Field(default_factory=list)
+    #: LoRA workloads: p99 TTFT (ms), attainment and requests of the hot and cold deciles of adapters (by
+    #: the workload's own request counts; `tuner.lora.popularity`), and the middle
+    by_popularity: dict[str, dict[str, float | None]] = Field(default_factory=dict)
 
 
 class MetricsDigest(BaseModel):
@@ -125,10 +128,18 @@ class MetricsDigest(BaseModel):
     #: accepted / draft tokens, and the mean tokens a step yields a sequence (1 + accepted / drafts)
     spec_acceptance_rate: float | None = None
     spec_acceptance_length: float | None = None
+    #: multi-LoRA, from `vllm:lora_requests_info` (None with LoRA off): distinct adapters running, and
+    #: waiting without running (waiting for a slot), p90 over the run; the server's max_lora; adapters
+    #: loaded into GPU slots and read from disk during the run (the simulator's counters)
+    lora_running_p90: float | None = None
+    lora_waiting_p90: float | None = None
+    max_lora: int | None = None
+    adapter_loads: float | None = None
+    adapter_disk_loads: float | None = None
 
 
-DiagnosisKind = Literal["queue", "batch_cap", "kv_capacity", "prefill", "decode", "launch_failure",
-                        "errors", "none"]
+DiagnosisKind = Literal["queue", "batch_cap", "kv_capacity", "prefill", "decode", "adapter_slots",
+                        "launch_failure", "errors", "none"]
 
 
 class Diagnosis(BaseModel):
