@@ -48,6 +48,8 @@ LAYERS = [
     "tuner.recommend", "tuner.plan", "tuner.preflight",
     # the twin: a simulator fitted to a study's launches
     "tuner.twin",
+    # fleets: N simulated replicas behind the router's policies, proving the plan
+    "tuner.fleet",
     # outputs and search over measurements
     "tuner.report", "tuner.gate", "tuner.search",
     # the study runner: wires search, gate and report

@@ -62,11 +62,34 @@ def plan(run_dir: Optional[Path] = typer.Argument(None, help="Run directory (opt
          mean_output: Optional[float] = typer.Option(None, "--mean-output-tokens"),
          quantization: Optional[str] = typer.Option(None, "--quantization"),
          as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+         verify: bool = typer.Option(False, "--verify", help="Prove the plan on a simulated fleet (RUN needed): "
+                                     "N per routing policy, one replica down, 2x surge, cold start, autoscaling."),
+         policy: list[str] = typer.Option([], "--policy", help="--verify: a vLLM Router policy (repeatable; "
+                                          "default round_robin and cache_aware)."),
+         replicas: Optional[int] = typer.Option(None, "--replicas", help="--verify: start the N search here."),
+         cold_start_s: Optional[float] = typer.Option(None, "--cold-start-s", help="--verify: a replica's "
+                                                      "launch time (default: the study's measured launches)."),
+         surge_s: float = typer.Option(60.0, "--surge-s", help="--verify: seconds of the 2x surge."),
+         session_key: str = typer.Option("tenant", "--session-key", help="--verify: tenant | prefix | none."),
+         arrivals: str = typer.Option("poisson", "--arrivals", help="--verify: poisson | trace."),
+         fleet_out: Optional[Path] = typer.Option(None, "--fleet-out", help="--verify: output folder "
+                                                  "(default RUN/fleet)."),
+         export: bool = typer.Option(False, "--export", help="--verify: also write Helm values, a KEDA "
+                                     "ScaledObject and the vLLM Router's command line."),
+         fleet_workload: Optional[str] = typer.Option(None, "--workload", help="--verify: the workload file "
+                                                      "(default: the study's)."),
          ) -> None:
     """Instances and GPUs for a peak rate: feasibility, memory gate, speed gate, N+1, cost.
 
     Exit code 1 when the SLO is infeasible on the hardware (a threshold below its single-stream floor, or
     requests longer than the model's context); 3 or 4 for a run that measured no capacity (as `tune`)."""
+    if verify:
+        from tuner.cli.fleet import run_verify
+
+        return run_verify(run_dir, policies=policy, replicas=replicas, cold_start_s=cold_start_s,
+                          surge_s=surge_s, price=price, out=fleet_out, session_key=session_key,
+                          arrivals=arrivals, seed=0, workload=fleet_workload, export=export,
+                          peak_rate=peak_rate)
     from tuner.knobs import Knobs
     from tuner.plan import format_plan, make_plan, plan_from_run
     from tuner.search.space import knob_value_error

@@ -1,0 +1,161 @@
+"""The fleet in virtual time: the router's policies (their rules from the vLLM Router's source), the fleet's
+event loop (routing, failures, cold starts, the autoscaler) and the export a platform team deploys."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+
+from tuner.errors import UserError
+from tuner.fleet import policies
+from tuner.fleet.load import arrivals, fleet_requests
+from tuner.fleet.measure import FleetSetup, broken_seconds, broken_windows, check, run_fleet
+from tuner.fleet.policies import RouteKey
+from tuner.fleet.sim import DOWN, Autoscaler
+from tuner.knobs import Knobs
+from tuner.profiles.gpus import get_gpu
+from tuner.profiles.models import get_model
+from tuner.sim.config import resolve
+from tuner.slo import SLO
+from tuner.workload.synth import synthesize
+
+
+def key(hashes=(), n=100, session=None, index=0):
+    return RouteKey(hashes=tuple(hashes), prompt_tokens=n, block_tokens=16, session=session, index=index)
+
+
+def test_registry_names_and_bad_name():
+    assert set(policies.names()) == {"round_robin", "random", "power_of_two", "consistent_hash", "cache_aware"}
+    with pytest.raises(UserError, match="unknown routing policy 'least_busy'"):
+        policies.create("least_busy")
+
+
+def test_round_robin_cycles_over_healthy():
+    p = policies.create("round_robin")
+    assert [p.select(key(), [0, 1, 2], {}) for _ in range(6)] == [0, 1, 2, 0, 1, 2]
+
+
+def test_power_of_two_takes_the_less_loaded_of_two():
+    p = policies.create("power_of_two", seed=3)
+    picks = [p.select(key(), [0, 1], {0: 10, 1: 2}) for _ in range(50)]
+    assert set(picks) == {1}  # with two workers the pair is always both: the lighter wins
+    picks = [p.select(key(), [0, 1, 2], {0: 0, 1: 5, 2: 9}) for _ in range(300)]
+    assert picks.count(2) == 0 and picks.count(0) > picks.count(1)
+
+
+def test_consistent_hash_is_sticky_and_moves_only_a_removed_workers_keys():
+    p = policies.create("consistent_hash")
+    before = {s: p.select(key(session=f"user-{s}"), [0, 1, 2, 3], {}) for s in range(400)}
+    assert all(p.select(key(session=f"user-{s}"), [0, 1, 2, 3], {}) == w for s, w in before.items())
+    assert len(set(before.values())) == 4
+    after = {s: p.select(key(session=f"user-{s}"), [0, 1, 3], {}) for s in range(400)}
+    moved = [s for s in before if before[s] != after[s]]
+    assert moved and all(before[s] == 2 for s in moved)
+
+
+def test_cache_aware_affinity_threshold_and_imbalance():
+    p = policies.create("cache_aware")
+    shared = list(range(10))
+    assert p.select(key(shared + [100], n=176), [0, 1], {0: 0, 1: 0}) == 0  # empty tree: least loaded (first)
+    # 10 of 11 blocks match > 0.3: the worker that holds them, even when it is busier (within the thresholds)
+    assert p.select(key(shared + [200], n=176), [0, 1], {0: 30, 1: 0}) == 0
+    # a match of 1 block in 11 (< 0.3): the least loaded
+    assert p.select(key([0, 300, 301, 302, 303, 304], n=96), [0, 1], {0: 5, 1: 1}) == 1
+    # imbalanced (max - min > 64 and max > 1.5 min): the least loaded whatever the cache says
+    assert p.select(key(shared + [400], n=176), [0, 1], {0: 100, 1: 10}) == 1
+    assert p.decisions == {"load_balance": 1, "cache_affinity": 1, "low_match_min_load": 2}
+
+
+@pytest.fixture(scope="module")
+def setup():
+    cfg = resolve(get_gpu("rtx4090"), get_model("qwen2.5-7b"), Knobs())
+    slo = SLO.model_validate({"ttft": {"max_ms": 300, "percentile": 99}, "tpot": {"max_ms": 50, "percentile": 99},
+                              "target": 0.99, "peak_rate": 6})
+    return FleetSetup(cfg=cfg, slo=slo, workload=synthesize("chat", 300, seed=1), peak=6.0, seed=1)
+
+
+def test_arrivals_follow_the_profile():
+    t = arrivals([(0.0, 10.0), (50.0, 40.0)], 100.0, seed=2)
+    first, second = sum(x < 50 for x in t), sum(x >= 50 for x in t)
+    assert 380 < first < 620 and 1700 < second < 2300 and t == sorted(t)
+    with pytest.raises(UserError):
+        arrivals([(0.0, 0.0)], 10.0)
+
+
+def test_reused_requests_get_new_unique_blocks_but_keep_shared_ones():
+    wl = synthesize("chat", 5, seed=1)
+    reqs = fleet_requests(wl, [float(i) for i in range(10)], seed=0)
+    a, b = reqs[0].key.hashes, reqs[5].key.hashes  # two uses, maybe of different requests
+    uses = {}
+    for r in reqs:
+        uses.setdefault(r.output_len, []).append(r.key.hashes)
+    again = next(v for v in uses.values() if len(v) > 1)
+    assert again[0] != again[1]  # the same request used twice: its own blocks differ
+    assert a[0] == b[0] or not (a and b)  # the system prompt's first block is shared
+
+
+def test_round_robin_fleet_serves_the_peak_and_spreads_evenly(setup):
+    run = run_fleet(setup, 2, "round_robin", [(0.0, 6.0)], 60.0)
+    c = check(setup, run, 2, "round_robin", 6.0)
+    assert c.meets and c.errors == 0
+    assert abs(c.per_replica[0].share - 0.5) < 0.02
+    assert all(r.prefix_hit_rate and r.prefix_hit_rate > 0.2 for r in c.per_replica)  # the system prompt hits
+
+
+def test_too_few_replicas_break_the_slo(setup):
+    run = run_fleet(setup, 1, "round_robin", [(0.0, 12.0)], 60.0)
+    assert not check(setup, run, 1, "round_robin", 12.0).meets
+
+
+def test_a_failed_replica_fails_its_requests_and_the_rest_are_served_elsewhere(setup):
+    run = run_fleet(setup, 3, "round_robin", [(0.0, 6.0)], 60.0, fail_at=30.0)
+    down = [r for r in run.records if r.error == DOWN]
+    assert down and all(r.scheduled_s <= 30.0 for r in down)
+    dead = next(r.id for r in run.replicas if r.state == "dead")
+    later = [i for i, r in enumerate(run.records) if r.scheduled_s > 30.5]
+    assert later and all(run.replica_of[i] != dead and run.records[i].error is None for i in later)
+
+
+def test_cold_start_replacement_serves_after_its_launch(setup):
+    run = run_fleet(setup, 2, "round_robin", [(0.0, 6.0)], 80.0, fail_at=20.0, relaunch=True, cold_start_s=30.0)
+    new = run.replicas[-1]
+    assert len(run.replicas) == 3 and math.isclose(new.ready_at, 50.0)
+    firsts = [r.scheduled_s for i, r in enumerate(run.records) if run.replica_of[i] == new.id]
+    assert firsts and min(firsts) >= 50.0
+
+
+def test_autoscaler_scales_up_on_the_waiting_queue_and_drains_down(setup):
+    scaler = Autoscaler(threshold=2.0, min_replicas=1, max_replicas=4, tick_s=10.0, cooldown_s=40.0)
+    profile = [(0.0, 3.0), (30.0, 14.0), (90.0, 3.0)]
+    run = run_fleet(setup, 1, "round_robin", profile, 240.0, cold_start_s=10.0, autoscaler=scaler)
+    ups = [e for e in run.scale_events if e[1] == "up"]
+    downs = [e for e in run.scale_events if e[1] == "down"]
+    assert ups and ups[0][0] >= 30.0 and downs and downs[0][0] > ups[-1][0]
+    drained = [r for r in run.replicas if r.stopped_at is not None and r.state == "stopped"]
+    assert drained  # scaled-down replicas stopped only when their requests ended: none failed
+    assert not any(r.error == DOWN for r in run.records)
+    windows = broken_windows(setup, run)
+    assert broken_seconds(windows, 0.99) > 0  # the surge outran the cold start for a while
+
+
+def test_export_carries_n_args_policy_and_threshold(tmp_path):
+    from tuner.fleet.export import STACK_ROUTING, write_export
+    from tuner.fleet.verify import FleetVerification, PolicyResult
+
+    v = FleetVerification(run_dir="r", peak=50, target=0.99, plan_n=17, plan_spare=1,
+                          policies=[PolicyResult(policy="round_robin", verified_n=7)], cold_start_s=60,
+                          cold_start_source="given", threshold=5.0, model="Qwen/Qwen2.5-7B-Instruct",
+                          knobs={"max_num_seqs": 512, "enable_prefix_caching": True}, tp=1)
+    files = write_export(v, tmp_path)
+    values = yaml.safe_load((tmp_path / "values.yaml").read_text())
+    spec = values["servingEngineSpec"]["modelSpec"][0]
+    assert spec["replicaCount"] == 8 and "--max-num-seqs" in " ".join(spec["vllmConfig"]["extraArgs"])
+    assert values["routerSpec"]["routingLogic"] in {"roundrobin", "session", "prefixaware", "kvaware"}
+    trig = spec["keda"]["triggers"][0]["metadata"]
+    assert trig["threshold"] == "5" and trig["query"].startswith("sum(vllm:num_requests_waiting")
+    so = yaml.safe_load((tmp_path / "scaledobject.yaml").read_text())
+    assert so["kind"] == "ScaledObject" and so["spec"]["minReplicaCount"] == 8
+    assert "--policy round_robin" in (tmp_path / "router.txt").read_text() and len(files) == 3
+    assert STACK_ROUTING["cache_aware"] == "prefixaware"

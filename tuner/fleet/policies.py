@@ -1,0 +1,218 @@
+"""The vLLM Router's routing policies, as a model the virtual-time fleet routes with.
+
+Each policy is one registered class (`register`, `create`, `names`), written from the router's own
+source (github.com/vllm-project/router, `src/policies/*.rs`; PyPI `vllm-router` 0.1.17 ships the same
+names and defaults in `vllm_router/router_args.py`). What each one reads is the router's *own* view:
+its in-flight count per worker (`load`: incremented when it sends a request, decremented when the
+response ends), never the engines' queues.
+
+- `round_robin`: a counter over the healthy workers.
+- `random`: a uniform draw over the healthy workers.
+- `power_of_two`: two distinct random healthy workers, the one with the lower load (ties: the first).
+  The router adds a load polled from the workers' `/load` every few seconds when a monitor feeds it;
+  without one (the default) only its own in-flight count, as here.
+- `consistent_hash`: a ring of 160 virtual nodes per worker; the key is the session (`X-Session-ID`
+  header, the body's `user`, ...), else the request body itself. Here the session is the request's
+  tenant or the chosen prefix key, else the request's own text (unique: a spread like `random`). The ring
+  hash is blake2b, not the router's FurcHash: a different but equally uniform placement.
+- `cache_aware`: imbalanced when (max load - min load) > `balance_abs_threshold` (64) AND max load >
+  min load x `balance_rel_threshold` (1.5): the least-loaded healthy worker. Else the approximate radix
+  tree of what each worker was sent: the deepest prefix match, and when the match rate (matched / prompt
+  length) > `cache_threshold` (0.3), the worker that holds it; else the least-loaded healthy worker. The
+  request is inserted under the chosen worker either way. The router's tree holds characters; here it
+  holds the prompt's 16-token block hashes (the same prefix structure at block granularity); where
+  several workers hold the deepest node the most recently sent one is taken (the router's `last_tenant`,
+  `src/tree.rs`). Its eviction (2^25 characters per worker every 120 s) is not modelled: a run here sends far less.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import random
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar, Sequence, TypeVar
+
+from tuner.errors import UserError
+
+#: The router's defaults (`vllm_router/router_args.py`, 0.1.17).
+CACHE_THRESHOLD = 0.3
+BALANCE_ABS_THRESHOLD = 64
+BALANCE_REL_THRESHOLD = 1.5
+VIRTUAL_NODES_PER_WORKER = 160
+
+
+@dataclass(frozen=True, slots=True)
+class RouteKey:
+    """What a policy may read of a request: its prompt's block hashes (chained: equal hash, equal
+    prefix), its length in tokens, and its session key (None: the request's own text)."""
+
+    hashes: tuple[int, ...]
+    prompt_tokens: int
+    block_tokens: int
+    session: str | None
+    index: int
+
+
+class RoutingPolicy:
+    """One policy of the router. `select` picks a worker id among `healthy` (never empty) given the
+    router's in-flight `loads` of every worker it lists; `forget` drops a worker that left the router."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, seed: int = 0):
+        self.rng = random.Random(seed)
+
+    def select(self, key: RouteKey, healthy: Sequence[int], loads: dict[int, int]) -> int:
+        raise NotImplementedError
+
+    def forget(self, worker: int) -> None:
+        """A worker left the router (removed or scaled down)."""
+
+
+P = TypeVar("P", bound=type[RoutingPolicy])
+_POLICIES: dict[str, type[RoutingPolicy]] = {}
+
+
+def register(name: str) -> Callable[[P], P]:
+    def deco(cls: P) -> P:
+        cls.name = name
+        _POLICIES[name] = cls
+        return cls
+    return deco
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_POLICIES)
+
+
+def check_policy(name: str, field: str = "--policy") -> str:
+    if name not in _POLICIES:
+        raise UserError(f"unknown routing policy {name!r} (the vLLM Router's: {', '.join(names())})",
+                        field=field)
+    return name
+
+
+def create(name: str, seed: int = 0) -> RoutingPolicy:
+    return _POLICIES[check_policy(name)](seed=seed)
+
+
+@register("round_robin")
+class RoundRobin(RoutingPolicy):
+    def __init__(self, seed: int = 0):
+        super().__init__(seed)
+        self.counter = 0
+
+    def select(self, key: RouteKey, healthy: Sequence[int], loads: dict[int, int]) -> int:
+        i = self.counter % len(healthy)
+        self.counter += 1
+        return healthy[i]
+
+
+@register("random")
+class Random(RoutingPolicy):
+    def select(self, key: RouteKey, healthy: Sequence[int], loads: dict[int, int]) -> int:
+        return healthy[self.rng.randrange(len(healthy))]
+
+
+@register("power_of_two")
+class PowerOfTwo(RoutingPolicy):
+    def select(self, key: RouteKey, healthy: Sequence[int], loads: dict[int, int]) -> int:
+        if len(healthy) == 1:
+            return healthy[0]
+        a = self.rng.randrange(len(healthy))
+        b = self.rng.randrange(len(healthy))
+        while b == a:
+            b = self.rng.randrange(len(healthy))
+        wa, wb = healthy[a], healthy[b]
+        return wa if loads.get(wa, 0) <= loads.get(wb, 0) else wb
+
+
+def _hash64(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+@register("consistent_hash")
+class ConsistentHash(RoutingPolicy):
+    def __init__(self, seed: int = 0):
+        super().__init__(seed)
+        self._workers: tuple[int, ...] = ()
+        self._ring: list[tuple[int, int]] = []
+
+    def _rebuild(self, workers: tuple[int, ...]) -> None:
+        self._workers = workers
+        self._ring = sorted((_hash64(f"worker-{w}:{i}"), w) for w in workers
+                            for i in range(VIRTUAL_NODES_PER_WORKER))
+
+    def select(self, key: RouteKey, healthy: Sequence[int], loads: dict[int, int]) -> int:
+        workers = tuple(healthy)
+        if workers != self._workers:  # the router rebuilds its ring when its healthy set changes
+            self._rebuild(workers)
+        h = _hash64(f"session:{key.session}" if key.session is not None else f"request:{key.index}")
+        i = bisect.bisect_left(self._ring, (h, -1))
+        return self._ring[i % len(self._ring)][1]
+
+
+@dataclass
+class _Tree:
+    """The router's approximate prefix tree at block granularity: each chained block hash -> the workers
+    sent a prompt through it, with when (a counter: the most recent wins a tie)."""
+
+    nodes: dict[int, dict[int, int]] = field(default_factory=dict)
+    clock: int = 0
+
+    def match(self, hashes: Sequence[int], workers: set[int]) -> tuple[int, int | None]:
+        depth, owner = 0, None
+        for h in hashes:
+            holders = self.nodes.get(h)
+            live = {w: t for w, t in holders.items() if w in workers} if holders else None
+            if not live:
+                break
+            depth, owner = depth + 1, max(live, key=live.__getitem__)
+        return depth, owner
+
+    def insert(self, hashes: Sequence[int], worker: int) -> None:
+        self.clock += 1
+        for h in hashes:
+            self.nodes.setdefault(h, {})[worker] = self.clock
+
+    def remove(self, worker: int) -> None:
+        for holders in self.nodes.values():
+            holders.pop(worker, None)
+
+
+@register("cache_aware")
+class CacheAware(RoutingPolicy):
+    def __init__(self, seed: int = 0, cache_threshold: float = CACHE_THRESHOLD,
+                 balance_abs_threshold: int = BALANCE_ABS_THRESHOLD,
+                 balance_rel_threshold: float = BALANCE_REL_THRESHOLD):
+        super().__init__(seed)
+        self.cache_threshold = cache_threshold
+        self.abs_threshold = balance_abs_threshold
+        self.rel_threshold = balance_rel_threshold
+        self.tree = _Tree()
+        self.decisions = {"load_balance": 0, "cache_affinity": 0, "low_match_min_load": 0}
+
+    def select(self, key: RouteKey, healthy: Sequence[int], loads: dict[int, int]) -> int:
+        values = list(loads.values()) or [0]
+        hi, lo = max(values), min(values)
+        least = min(healthy, key=lambda w: loads.get(w, 0))  # first of the least loaded, as min_by_key
+        if hi - lo > self.abs_threshold and hi > lo * self.rel_threshold:
+            chosen, why = least, "load_balance"
+        else:
+            depth, owner = self.tree.match(key.hashes, set(healthy))
+            rate = depth * key.block_tokens / key.prompt_tokens if key.prompt_tokens else 0.0
+            if owner is not None and rate > self.cache_threshold:
+                chosen, why = owner, "cache_affinity"
+            else:
+                chosen, why = least, "low_match_min_load"
+        self.decisions[why] += 1
+        self.tree.insert(key.hashes, chosen)
+        return chosen
+
+    def forget(self, worker: int) -> None:
+        self.tree.remove(worker)
+
+
+__all__ = ["RouteKey", "RoutingPolicy", "register", "names", "create", "check_policy", "CACHE_THRESHOLD",
+           "BALANCE_ABS_THRESHOLD", "BALANCE_REL_THRESHOLD"]

@@ -1,0 +1,139 @@
+"""The fleet verification as text (the terminal), Markdown, HTML with the timeline plot, and JSON."""
+
+from __future__ import annotations
+
+import html
+import io
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from tuner.fleet.measure import fmt_ms  # noqa: E402
+from tuner.fleet.verify import FleetVerification, Scenario  # noqa: E402
+
+RC = {"svg.hashsalt": "slo-tuner", "svg.fonttype": "path", "font.size": 9, "axes.grid": True,
+      "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False}
+
+
+def lines(v: FleetVerification) -> list[str]:
+    """The verification's findings, one per line, the numbers as measured in virtual time."""
+    out = [f"fleet verification of {v.run_dir}: {v.model} on {v.gpu}, tuned knobs {v.knobs or 'vLLM defaults'}, "
+           f"peak {v.peak:g} req/s, target attainment {v.target:g} (virtual time, {120:g} s per N, first 20 s "
+           "not scored)"]
+    for p in v.policies:
+        tried = ", ".join(f"N={c.replicas}: {c.attainment:.4f}" for c in p.checks)
+        got = f"verified N = {p.verified_n}" if p.verified_n else "not met within 4x the plan"
+        out.append(f"{p.policy}: plan N = {v.plan_n} (arithmetic), {got}  [{tried}]")
+        if p.n_minus_1 is not None:
+            c = p.n_minus_1
+            out.append(f"  one replica down at the peak (N-1 = {c.replicas}): attainment {c.attainment:.4f}, "
+                       f"p99 TTFT {fmt_ms(c.p99_ttft_ms)}, p99 TPOT {fmt_ms(c.p99_tpot_ms)}")
+        best = next((c for c in p.checks if c.replicas == p.verified_n), None)
+        if best is not None:
+            hit = f"{best.prefix_hit_rate:.2f}" if best.prefix_hit_rate is not None else "n/a"
+            shares = [f"{r.share:.2f}" for r in best.per_replica]
+            out.append(f"  at N = {best.replicas}: p99 TTFT {fmt_ms(best.p99_ttft_ms)}, p99 TPOT "
+                       f"{fmt_ms(best.p99_tpot_ms)}, prefix-cache hit rate {hit}, load share per replica "
+                       f"{min(shares)}-{max(shares)}")
+    if v.spare_verdict:
+        out.append(v.spare_verdict)
+    for s in v.scenarios:
+        out.append(f"{s.name}: {s.what}: SLO broken {s.broken_s:g} s (10 s windows), attainment "
+                   f"{s.attainment:.4f}, p99 TTFT {fmt_ms(s.p99_ttft_ms)}, {s.replica_seconds / 3600:.2f} "
+                   f"replica-hours, at most {s.max_replicas} replicas")
+    if v.threshold is not None:
+        out.append(f"autoscaling threshold validated: {v.threshold:g} waiting requests per replica")
+    out.append(f"cold start: {v.cold_start_s:.1f} s ({v.cold_start_source})")
+    if v.cost_per_hour is not None:
+        per_m = (f", {v.cost_per_million_output_tokens:.3f} per million output tokens at the peak"
+                 if v.cost_per_million_output_tokens is not None else "")
+        out.append(f"cost: {v.cost_per_hour:,.2f}/h for the verified N + 1 spare at {v.price_per_gpu_hour:g} "
+                   f"per GPU-hour{per_m}")
+    out += [f"note: {n}" for n in v.notes]
+    return out
+
+
+def markdown(v: FleetVerification, plot_name: str | None) -> str:
+    md = ["# Fleet verification", ""] + [f"- {x}" for x in lines(v)] + [""]
+    for p in v.policies:
+        md += [f"## {p.policy}", "", "| N | attainment | p99 TTFT | p99 TPOT | hit rate | errors |",
+               "|---|---|---|---|---|---|"]
+        for c in p.checks:
+            hit = f"{c.prefix_hit_rate:.2f}" if c.prefix_hit_rate is not None else "n/a"
+            md.append(f"| {c.replicas} | {c.attainment:.4f} | {fmt_ms(c.p99_ttft_ms)} | {fmt_ms(c.p99_tpot_ms)} "
+                      f"| {hit} | {c.errors} |")
+        best = next((c for c in p.checks if c.replicas == p.verified_n), None)
+        if best is not None:
+            md += ["", f"Per replica at N = {best.replicas}:", "",
+                   "| replica | share | hit rate | attainment | p99 TTFT | p99 TPOT |", "|---|---|---|---|---|---|"]
+            for r in best.per_replica:
+                hit = f"{r.prefix_hit_rate:.2f}" if r.prefix_hit_rate is not None else "n/a"
+                att = f"{r.attainment:.4f}" if r.attainment is not None else "n/a"
+                md.append(f"| {r.replica} | {r.share:.3f} | {hit} | {att} | {fmt_ms(r.p99_ttft_ms)} | "
+                          f"{fmt_ms(r.p99_tpot_ms)} |")
+        md.append("")
+    if plot_name:
+        md += [f"![timeline]({plot_name})", ""]
+    return "\n".join(md)
+
+
+def timeline_svg(v: FleetVerification) -> str | None:
+    """One panel per scenario: offered rate, replicas serving and starting, summed waiting queue, and
+    the 10 s windows whose attainment broke the SLO (shaded)."""
+    if not v.scenarios:
+        return None
+    with plt.rc_context(RC):
+        fig, axes = plt.subplots(len(v.scenarios), 1, figsize=(8, 2.6 * len(v.scenarios)), squeeze=False)
+        for ax, s in zip(axes[:, 0], v.scenarios):
+            _panel(ax, s, v.target)
+        fig.tight_layout()
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+        plt.close(fig)
+    text = re.sub(r"<!DOCTYPE[^>]*>\s*", "", buf.getvalue())
+    return re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.S)
+
+
+def _panel(ax, s: Scenario, target: float) -> None:
+    t = [x[0] for x in s.timeline]
+    for start, att, n in s.windows:
+        if n and att < target:
+            ax.axvspan(start, start + 10.0, color="#d62728", alpha=0.15, lw=0)
+    ax.step(t, [x[1] for x in s.timeline], where="post", color="#1f77b4", label="replicas serving")
+    ax.step(t, [x[1] + x[2] for x in s.timeline], where="post", color="#1f77b4", ls=":", label="+ starting")
+    ax.set_ylabel("replicas")
+    ax2 = ax.twinx()
+    ax2.plot(t, [x[3] for x in s.timeline], color="#ff7f0e", lw=0.8, label="summed waiting")
+    ends = [p[0] for p in s.profile[1:]] + [max(t, default=0.0)]
+    for (a, rate), b in zip(s.profile, ends):
+        ax2.hlines(rate, a, b, color="#2ca02c", lw=1.2, label="offered req/s" if a == 0 else None)
+    ax2.set_ylabel("waiting / req/s")
+    ax.set_title(f"{s.name}: {s.what} - SLO broken {s.broken_s:g} s (shaded)", fontsize=8)
+    ax.set_xlabel("seconds")
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper right")
+
+
+def write(v: FleetVerification, out: Path) -> list[Path]:
+    """fleet.json, fleet.md, fleet.html and fleet-timeline.svg under `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    svg = timeline_svg(v)
+    files = [out / "fleet.json", out / "fleet.md", out / "fleet.html"]
+    files[0].write_text(v.model_dump_json(indent=2))
+    if svg:
+        (out / "fleet-timeline.svg").write_text(svg)
+        files.append(out / "fleet-timeline.svg")
+    files[1].write_text(markdown(v, "fleet-timeline.svg" if svg else None))
+    body = "".join(f"<li>{html.escape(x)}</li>" for x in lines(v))
+    files[2].write_text("<!doctype html><html><head><meta charset='utf-8'><title>Fleet verification</title>"
+                        "</head><body><h1>Fleet verification</h1><ul>" + body + "</ul>"
+                        + (f"<h2>Timeline</h2>{svg}" if svg else "") + "</body></html>")
+    return files
+
+
+__all__ = ["lines", "markdown", "timeline_svg", "write"]
