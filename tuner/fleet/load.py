@@ -20,7 +20,7 @@ from tuner.errors import UserError
 from tuner.fleet.policies import RouteKey
 from tuner.fleet.sim import FleetRequest
 from tuner.tokens import BLOCK_SIZE, RegexCounter, TokenCounter
-from tuner.workload.model import Workload
+from tuner.workload.model import Workload, WorkloadRequest
 
 SESSION_KEYS = ("tenant", "prefix", "none")
 
@@ -58,28 +58,39 @@ def arrivals(profile: Sequence[tuple[float, float]], duration_s: float, seed: in
     return sorted(out)
 
 
-def fleet_requests(workload: Workload, times: Sequence[float], *, seed: int = 0, session: str = "tenant",
-                   tokens: TokenCounter | None = None) -> list[FleetRequest]:
-    """One `FleetRequest` per arrival time, the workload's requests in a seeded shuffled cycle."""
-    if session not in SESSION_KEYS:
-        raise UserError(f"unknown session key {session!r} (known: {', '.join(SESSION_KEYS)})", field="--session-key")
+def draw(workload: Workload, n: int, seed: int = 0) -> list[WorkloadRequest]:
+    """`n` of the workload's requests in a seeded shuffled cycle; from the second cycle on, a request's
+    own prefix ids are new (its shared ones kept), so a reuse is a new prompt with the same shared prefix."""
     reqs = workload.requests
     if not reqs:
         raise UserError("the workload has no requests", file=workload.name)
-    tokens = tokens or RegexCounter()
     rng = np.random.default_rng([seed, 17])
     shared = _shared_ids(workload)
     order: list[int] = []
-    out: list[FleetRequest] = []
+    out: list[WorkloadRequest] = []
     cycle = -1
-    for k, t in enumerate(times):
+    for _ in range(n):
         if not order:
             order = rng.permutation(len(reqs)).tolist()
             cycle += 1
         req = reqs[order.pop()]
-        if cycle and req.prefix_hash_ids:  # a request's own blocks are new on each use; shared ones stay
+        if cycle and req.prefix_hash_ids:
             req = req.model_copy(update={"prefix_hash_ids": [
                 i if i in shared else hash((i, cycle, seed)) for i in req.prefix_hash_ids]})
+        out.append(req)
+    return out
+
+
+def fleet_requests(workload: Workload, times: Sequence[float], *, seed: int = 0, session: str = "tenant",
+                   tokens: TokenCounter | None = None, drawn: Sequence[WorkloadRequest] | None = None
+                   ) -> list[FleetRequest]:
+    """One `FleetRequest` per arrival time, of the requests `draw` gives (or `drawn`)."""
+    if session not in SESSION_KEYS:
+        raise UserError(f"unknown session key {session!r} (known: {', '.join(SESSION_KEYS)})", field="--session-key")
+    tokens = tokens or RegexCounter()
+    reqs = drawn if drawn is not None else draw(workload, len(times), seed)
+    out: list[FleetRequest] = []
+    for k, (t, req) in enumerate(zip(times, reqs)):
         n, hashes = request_shape(req, 1_000_000 + k, tokens)
         key = req.tenant if session == "tenant" else (str(hashes[0]) if session == "prefix" and hashes else None)
         out.append(FleetRequest(arrival=float(t), prompt_len=n, output_len=req.output_tokens,
@@ -105,4 +116,4 @@ def trace_of(workload: Workload) -> list[float] | None:
     return sorted(float(r.arrival_s) for r in workload.requests)  # type: ignore[arg-type]
 
 
-__all__ = ["arrivals", "fleet_requests", "trace_of", "SESSION_KEYS"]
+__all__ = ["arrivals", "draw", "fleet_requests", "trace_of", "SESSION_KEYS"]

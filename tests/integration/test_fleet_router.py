@@ -1,0 +1,73 @@
+"""The real vLLM Router in front of three HTTP-simulator replicas: the policy set per run, our client
+sending the load through it, every replica's /metrics read, one replica stopped mid-run, and nothing left
+running afterwards; a router that will not start is one error with everything stopped."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tuner.errors import UserError
+from tuner.fleet.load import arrivals, draw
+from tuner.fleet.real import router_binary, run_real, start_fleet
+from tuner.knobs import Knobs
+from tuner.metrics.window import REQUEST_SUCCESS
+from tuner.workload.synth import synthesize
+
+try:
+    router_binary()
+    MISSING = None
+except UserError as e:  # the extra `fleet` is not installed (.ci/setup-router.sh installs it)
+    MISSING = str(e)
+
+pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"{MISSING}")
+
+
+def live_children() -> list[int]:
+    """This process's children that are still running (not zombies), after a moment to exit."""
+    me = str(os.getpid())
+    for _ in range(50):
+        kids = []
+        for d in Path("/proc").iterdir():
+            try:
+                fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[1] == me and fields[0] != "Z":
+                kids.append(int(d.name))
+        if not kids:
+            return []
+        time.sleep(0.1)
+    return kids
+
+
+def test_router_spreads_the_load_reads_every_replica_and_survives_a_stopped_one(tmp_path):
+    wl = synthesize("chat", 100, seed=3)
+    times = arrivals([(0.0, 5.0)], 8.0, seed=3)
+    reqs = draw(wl, len(times), seed=3)
+    with start_fleet("rtx4090", "qwen2.5-7b", Knobs(), 3, "round_robin", run_dir=tmp_path, time_scale=1.5) as fleet:
+        assert fleet.router is not None and len(live_children()) >= 4
+        real = run_real(fleet, reqs, times, offered_rate=5.0, time_scale=1.5, stop_replica_at=4.0)
+    assert live_children() == []
+    served = [m.counters.get(REQUEST_SUCCESS, 0.0) if m else None for m in real.replica_metrics]
+    assert served[0] is None  # stopped mid-run: no second scrape
+    assert all(x and x > 0 for x in served[1:])
+    after = [r for r in real.run.records if r.scheduled_s > 6.0]
+    assert after and sum(r.ok for r in after) >= 0.8 * len(after)  # the router routed around the stopped one
+    assert sum(r.ok for r in real.run.records) >= 0.6 * len(real.run.records)
+
+
+def test_a_router_that_will_not_start_is_one_error_and_leaves_nothing(tmp_path):
+    with pytest.raises(UserError, match="the vLLM Router did not start"):
+        start_fleet("rtx4090", "qwen2.5-7b", Knobs(), 1, "cache_aware", run_dir=tmp_path,
+                    router_args=["--no-such-flag"], startup_timeout_s=20)
+    assert live_children() == []
+
+
+def test_a_policy_the_router_lacks_is_refused_before_anything_starts(tmp_path):
+    with pytest.raises(UserError, match="unknown routing policy"):
+        start_fleet("rtx4090", "qwen2.5-7b", Knobs(), 3, "least_request", run_dir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
