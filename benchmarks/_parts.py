@@ -105,6 +105,11 @@ PARTS: tuple[Part, ...] = (
          how=". .ci/env && python benchmarks/twin_real_engine.py --phases twin --seeds 0,1,2 --tag cs; then "
          "--phases predict --predict-from cs --seeds 0,1,2 (needs the cached three-pass truth; ~21 min)",
          expected_s=1260),
+    Part("fleet", "Fleets: the plan proved on N replicas behind the router (issue 39)", "record",
+         how="tune (the README's main job) --out runs/chat; tune plan --verify runs/chat --policy round_robin "
+         "--policy cache_aware --policy power_of_two --cold-start-s 60 --price-per-gpu-hour 0.8 --export; "
+         "python benchmarks/fleet_policies.py; python benchmarks/fleet_router.py --rate 15 --duration 60 "
+         "--time-scale 3 (the last needs the extra fleet: vllm-router)", expected_s=1200),
     # --- lab notebook: earlier code's measurements, kept for the record
     Part("notebook_issue33", "Issue 33's earlier studies against the reference (lab notes)", "record",
          how="as vllm_studies, on the code of that day", notebook=True),

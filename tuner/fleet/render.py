@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import io
 import re
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -112,7 +113,7 @@ def _panel(ax, s: Scenario, target: float) -> None:
     for (a, rate), b in zip(s.profile, ends):
         ax2.hlines(rate, a, b, color="#2ca02c", lw=1.2, label="offered req/s" if a == 0 else None)
     ax2.set_ylabel("waiting / req/s")
-    ax.set_title(f"{s.name}: {s.what} - SLO broken {s.broken_s:g} s (shaded)", fontsize=8)
+    ax.set_title(textwrap.fill(f"{s.name}: {s.what} - SLO broken {s.broken_s:g} s (shaded)", 110), fontsize=8)
     ax.set_xlabel("seconds")
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
