@@ -71,3 +71,54 @@ def test_a_policy_the_router_lacks_is_refused_before_anything_starts(tmp_path):
     with pytest.raises(UserError, match="unknown routing policy"):
         start_fleet("rtx4090", "qwen2.5-7b", Knobs(), 3, "least_request", run_dir=tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_fleet_metrics_read_from_a_prometheus_that_scrapes_the_replicas(tmp_path):
+    """Issue 39 item 5: where a fleet keeps its metrics, a Prometheus scraping every replica, the fleet run
+    reads each replica's window from it; its counts agree with what the client saw served."""
+    import shutil
+    import subprocess
+
+    import httpx
+
+    from tuner.engine.launcher import free_port
+
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("the prometheus binary is not installed (apt-get install prometheus; .ci/setup-prometheus.sh)")
+    wl = synthesize("chat", 100, seed=4)
+    times = arrivals([(0.0, 4.0)], 6.0, seed=4)
+    reqs = draw(wl, len(times), seed=4)
+    with start_fleet("rtx4090", "qwen2.5-7b", Knobs(), 2, "round_robin", run_dir=tmp_path / "fleet") as fleet:
+        targets = ", ".join(f'"127.0.0.1:{s.process.port}"' for s in fleet.replicas)
+        cfg = tmp_path / "prometheus.yml"
+        cfg.write_text(f"global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: vllm\n"
+                       f"    static_configs:\n      - targets: [{targets}]\n")
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        with (tmp_path / "prometheus.log").open("w") as log:
+            prom = subprocess.Popen([binary, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                     f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=log)
+        try:
+            deadline = time.monotonic() + 60
+            while True:  # ready, and both replicas scraped
+                assert prom.poll() is None and time.monotonic() < deadline, "prometheus did not come up"
+                try:
+                    res = httpx.get(url + "/api/v1/query", params={"query": 'sum(up{job="vllm"})'},
+                                    timeout=2).json()["data"]["result"]
+                    if res and res[0]["value"][1] == "2":
+                        break
+                except (httpx.HTTPError, ValueError, KeyError):
+                    pass
+                time.sleep(0.3)
+            time.sleep(1.5)  # a scrape before the run
+            real = run_real(fleet, reqs, times, offered_rate=4.0, prometheus=url, prometheus_margin_s=2.5)
+        finally:
+            prom.terminate()
+            prom.wait(timeout=10)
+    ok = sum(r.ok for r in real.run.records)
+    served = [m.counter(REQUEST_SUCCESS) for m in real.replica_metrics if m is not None]
+    assert len(served) == 2 and all(x > 0 for x in served)
+    assert ok <= sum(served) <= 1.5 * ok  # increase() extrapolates to the window's edges
+    assert any(s.running >= 1 for m in real.replica_metrics if m for s in m.samples)

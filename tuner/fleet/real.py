@@ -14,6 +14,7 @@ import os
 import shutil
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -25,6 +26,7 @@ from tuner.engine.sim_http import HOST, SimHTTPEngine
 from tuner.errors import UserError
 from tuner.fleet import policies
 from tuner.knobs import Knobs
+from tuner.metrics.prometheus import PrometheusSource
 from tuner.metrics.scrape import scrape, window
 from tuner.metrics.window import MetricsWindow
 from tuner.replay.client import run_load_http
@@ -110,9 +112,18 @@ class RealRun:
 
 def run_real(fleet: RealFleet, requests: Sequence[WorkloadRequest], send_times: Sequence[float], *,
              offered_rate: float, stop_replica_at: float | None = None, time_scale: float = 1.0,
-             request_timeout_s: float = 60.0) -> RealRun:
+             request_timeout_s: float = 60.0, prometheus: str | None = None,
+             prometheus_margin_s: float = 3.0) -> RealRun:
     """Send the load through the router, stop replica 0 at `stop_replica_at` schedule seconds if asked,
-    and read every replica's /metrics around the run."""
+    and read every replica's metrics over the run: by scraping each /metrics before and after, or, with
+    `prometheus` (the URL of a Prometheus that scrapes the replicas, as a fleet's monitoring does), as
+    that server's series per replica (`instance="host:port"`), waiting `prometheus_margin_s` for the
+    scrape that saw the last requests end. A stopped replica's window is read too from Prometheus (its
+    series end where it died); by scraping it has none."""
+    if prometheus is not None:
+        return _run_prometheus(fleet, requests, send_times, offered_rate=offered_rate,
+                               stop_replica_at=stop_replica_at, time_scale=time_scale,
+                               request_timeout_s=request_timeout_s, url=prometheus, margin_s=prometheus_margin_s)
     before = [scrape(s.base_url) for s in fleet.replicas]
     timer = None
     if stop_replica_at is not None:
@@ -129,6 +140,27 @@ def run_real(fleet: RealFleet, requests: Sequence[WorkloadRequest], send_times: 
     for i, s in enumerate(fleet.replicas):
         after.append(None if i in fleet.stopped else window(before[i], scrape(s.base_url)))
     return RealRun(run=run, replica_metrics=after)
+
+
+def _run_prometheus(fleet: RealFleet, requests: Sequence[WorkloadRequest], send_times: Sequence[float], *,
+                    offered_rate: float, stop_replica_at: float | None, time_scale: float,
+                    request_timeout_s: float, url: str, margin_s: float) -> RealRun:
+    sources = [PrometheusSource(url, selector=f'instance="{HOST}:{s.process.port}"') for s in fleet.replicas]
+    timer = None
+    if stop_replica_at is not None:
+        timer = threading.Timer(stop_replica_at * time_scale, fleet.stop_replica, args=(0,))
+        timer.daemon = True
+        timer.start()
+    try:
+        run = run_load_http(fleet.router_url, requests, send_times, offered_rate=offered_rate,
+                            model=fleet.replicas[0].model, metrics=False, request_timeout_s=request_timeout_s)
+    finally:
+        if timer is not None:
+            timer.cancel()
+    time.sleep(margin_s)
+    # whole-second steps: Prometheus 2.x refuses a "0.5s" step (the source's default), "1s" parses
+    return RealRun(run=run, replica_metrics=[src.window_for_run(run, step_s=1.0, margin_s=margin_s)
+                                             for src in sources])
 
 
 __all__ = ["RealFleet", "RealRun", "start_fleet", "run_real", "router_binary", "ROUTER_ENV"]
