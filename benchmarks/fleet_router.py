@@ -42,6 +42,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--policy", action="append", default=[])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--prometheus", default=None, help="read the replicas' metrics from this Prometheus (it "
+                    "must scrape the replicas' ports; default: scrape each /metrics)")
     a = ap.parse_args()
     wl, slo = load_workload(a.workload), load_slo(a.slo)
     times = arrivals([(0.0, a.rate)], a.duration, seed=1)
@@ -54,7 +56,8 @@ def main() -> None:
         t0 = time.time()
         with start_fleet(GPU, MODEL, Knobs(), a.replicas, policy, run_dir=tempfile.mkdtemp(prefix="fleet-bench-"),
                          time_scale=a.time_scale) as fleet:
-            real = run_real(fleet, reqs, times, offered_rate=a.rate, time_scale=a.time_scale)
+            real = run_real(fleet, reqs, times, offered_rate=a.rate, time_scale=a.time_scale,
+                            prometheus=a.prometheus)
         wall = time.time() - t0
         for r in real.run.records:
             r.in_window = r.scheduled_s >= a.warmup
