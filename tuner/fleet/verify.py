@@ -252,7 +252,7 @@ def verify(run_dir: str, *, policy_names: list[str], workload: str | None = None
     ver = FleetVerification(run_dir=run_dir, peak=setup.peak, target=float(setup.slo.target),
                             plan_n=plan.instances, plan_spare=plan.spare_instances, policies=results,
                             cold_start_s=cold, cold_start_source=cold_src, knobs=rec.config.set_only(),  # type: ignore[attr-defined]
-                            gpu=plan.gpu, model=plan.model, tp=plan.tp, notes=list(setup.notes),
+                            gpu=plan.gpu, model=get_model(plan.model).name if plan.model else None, tp=plan.tp, notes=list(setup.notes),
                             price_per_gpu_hour=price if price is not None else plan.price_per_gpu_hour)
     best = ver.chosen
     if best.verified_n is None:
