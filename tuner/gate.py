@@ -90,6 +90,8 @@ class GateFile(BaseModel):
     #: the study's own `--vllm-arg`s: the gate launches with them too (a `--vllm-arg` given to `tune gate`
     #: replaces them)
     extra_args: list[str] = Field(default_factory=list)
+    #: the LoRA adapters the study served (`--lora-dir`); the gate serves them too
+    lora_dir: str | None = None
     workload: FileRef
     slo: FileRef
     capacity_rps: float = Field(gt=0, le=MAX_RATE_RPS, allow_inf_nan=False)
@@ -135,7 +137,7 @@ def write_gate(run_dir: str | Path, *, path: str | Path | None = None,
                     host_gpus=space.get("host_gpus"), knobs=rec.knobs,
                     spec_acceptance=dict(space.get("spec_acceptance") or {}),
                     serve_args=[*rec.config.flags(), *eng.extra_args],
-                    extra_args=list(eng.extra_args),
+                    extra_args=list(eng.extra_args), lora_dir=eng.lora_dir,
                     workload=FileRef(path=str(info.settings.workload), sha256=info.workload_sha256),
                     slo=FileRef(path=str(info.settings.slo), sha256=info.slo_sha256),
                     capacity_rps=rec.capacity_rps, capacity_upper_rps=rec.capacity_upper_rps,
@@ -229,7 +231,7 @@ def engine_settings(gate: GateFile, host: EngineSettings | None = None) -> Engin
     """The study's engine as the gate recorded it, with what this host gave (`tune gate --engine`,
     `--vllm-python`, ...: `tuner.settings.host_engine`; a `--vllm-arg` replaces the study's arguments)."""
     recorded = EngineSettings(name=gate.engine, gpu=gate.gpu, model=gate.model, noise=gate.noise,
-                              extra_args=list(gate.extra_args))
+                              extra_args=list(gate.extra_args), lora_dir=gate.lora_dir)
     return host_engine(recorded, host) if host is not None else recorded
 
 

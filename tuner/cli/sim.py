@@ -56,6 +56,33 @@ def _out_of_range(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _adapters(args: argparse.Namespace, model):
+    """The LoRA adapters to serve (`--enable-lora` with `--lora-modules name=path` and/or `--lora-dir`),
+    or None with LoRA off; a `UserError` for a bad adapter folder or catalog."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from tuner.errors import UserError
+    from tuner.lora.catalog import read_adapter_folder, read_lora_dir
+    from tuner.sim.lora import LoraSetup
+
+    if not args.enable_lora:
+        if args.lora_modules or args.lora_dir:
+            raise UserError("needs --enable-lora", field="--lora-modules" if args.lora_modules else "--lora-dir")
+        return None
+    adapters = list(read_lora_dir(args.lora_dir).adapters) if args.lora_dir else []
+    for entry in args.lora_modules or ():
+        name, eq, path = entry.partition("=")
+        if not eq or not name or not path:
+            raise UserError(f"{entry!r} is not name=path", field="--lora-modules")
+        adapters.append(replace(read_adapter_folder(Path(path)), name=name))
+    names = [a.name for a in adapters]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UserError(f"two adapters named {twice[0]!r}", field="--lora-modules")
+    return LoraSetup.of(adapters, model)
+
+
 def _fail(message: str, code: int = 1) -> int:
     print(message, file=sys.stderr, flush=True)
     return code
@@ -82,7 +109,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "tune sim serve") -> int
         return _fail(knobs)
     try:
         gpu, model = get_gpu(args.gpu), get_model(args.model)
-        cfg = resolve(gpu, model, knobs)
+        cfg = resolve(gpu, model, knobs, lora=_adapters(args, model))
     except UserError as e:
         return _fail(f"error: {e.format()}", 2)
     except LaunchFailure as e:

@@ -43,13 +43,13 @@ class SimHTTPEngine(SimulatedEngineChecks, Engine):
         cls.needs_gpu_and_model(spec)
         return cls(spec.gpu, spec.model, time_scale=spec.time_scale, run_dir=spec.run_dir,
                    api_key=spec.api_key, noise=spec.noise, seed=spec.seed, extra_args=spec.extra_args,
-                   spec_acceptance=spec.spec_acceptance)
+                   spec_acceptance=spec.spec_acceptance, lora_dir=spec.lora_dir)
 
     def __init__(self, gpu: str | GPUProfile, model: str | ModelProfile, *, time_scale: float = 1.0,
                  run_dir: str | Path | None = None, api_key: str | None = None,
                  startup_timeout_s: float = 60, noise: float = 0.0, seed: int = 0,
                  api: str = "completions", stop_timeout_s: float = 10.0, extra_args: Sequence[str] = (),
-                 spec_acceptance: dict[str, float] | None = None):
+                 spec_acceptance: dict[str, float] | None = None, lora_dir: str | None = None):
         if not time_scale > 0:
             raise UserError(f"must be > 0, got {time_scale}", field="time_scale")
         # Fail on an unknown GPU or model here, once, rather than as a "crash" of every launch.
@@ -67,6 +67,7 @@ class SimHTTPEngine(SimulatedEngineChecks, Engine):
         self.stop_timeout_s = stop_timeout_s
         self.extra_args = list(extra_args)  # more `vllm serve` flags, after the knobs (as VllmEngine)
         self.spec_acceptance = dict(spec_acceptance or {})
+        self.lora_dir = lora_dir  # LoRA on, serving these adapters (`tuner.lora.catalog`)
         self.launches = 0
         self._counter = itertools.count(1)
 
@@ -76,7 +77,7 @@ class SimHTTPEngine(SimulatedEngineChecks, Engine):
                 "--host", HOST, "--port", str(port), "--time-scale", repr(self.time_scale),
                 "--noise", repr(self.noise), "--seed", str(self.seed + self.launches),
                 *(f"--spec-acceptance={m}={a!r}" for m, a in sorted(self.spec_acceptance.items())), *knobs.flags(),
-                *self.extra_args]
+                *(["--enable-lora", "--lora-dir", str(self.lora_dir)] if self.lora_dir else []), *self.extra_args]
 
     def launch(self, knobs: Knobs, *, run_dir: str | Path | None = None) -> HTTPServer:
         """Start the simulator with `knobs`, wait for `/health`; raise a classified `LaunchFailure`."""

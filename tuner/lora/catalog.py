@@ -212,3 +212,16 @@ def check_workload_adapters(requests: list[Any], catalog: AdapterCatalog | None,
         if r.lora not in catalog:
             raise UserError(f"request {i + 1} names adapter {r.lora!r}, which is not in --lora-dir "
                             f"{lora_dir or catalog.source} ({len(catalog)} adapters)", file=workload, field="lora")
+
+
+def serve_args(lora_dir: str | Path | None) -> list[str]:
+    """The `vllm serve` arguments that turn LoRA on and list the adapters (`--enable-lora --lora-modules
+    name=path ...`); just `--enable-lora` for a names-only catalog or one no longer readable (a report is
+    rebuilt from storage, where the folder may be gone). [] without `--lora-dir`."""
+    if not lora_dir:
+        return []
+    try:
+        modules = read_lora_dir(lora_dir).lora_modules()
+    except UserError:
+        modules = []
+    return ["--enable-lora", *(["--lora-modules", *modules] if modules else [])]

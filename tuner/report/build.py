@@ -19,6 +19,8 @@ from tuner.errors import UserError
 from tuner.knobs import KNOB_SPECS, Knobs
 from tuner.plan import format_plan, plan_for_study
 from tuner.report.model import (ConfigSummary, Headline, HeadlineRow, Report, TrialRow, WorkloadRef)
+from tuner.lora.catalog import serve_args as lora_serve_args
+from tuner.report.lora import lora_section
 from tuner.report.time_use import time_use
 from tuner.report.twin import twin_section
 from tuner.recommend import (OUTPUT_KNOBS as QUALITY_KNOBS, Recommendation, Spread,  # noqa: F401
@@ -43,14 +45,16 @@ def hardware(info) -> str:
     return info.host + (f" (profile {gpu})" if gpu else "")
 
 
-def serve_command(model: str | None, knobs: dict, extra_args: list[str] | tuple[str, ...] = ()) -> str:
+def serve_command(model: str | None, knobs: dict, extra_args: list[str] | tuple[str, ...] = (),
+                  lora: list[str] | tuple[str, ...] = ()) -> str:
     """The tuned `vllm serve` command: the knobs' flags, then every other argument the measured launches
-    used (`--vllm-arg`, e.g. `--enforce-eager`): a command without them is not what was measured."""
-    return shlex.join(["vllm", "serve", model or "MODEL", *serve_args(knobs), *extra_args])
+    used (`--vllm-arg`, e.g. `--enforce-eager`; LoRA's `--enable-lora --lora-modules ...`): a command
+    without them is not what was measured."""
+    return shlex.join(["vllm", "serve", model or "MODEL", *serve_args(knobs), *lora, *extra_args])
 
 
 def config_yaml(model: str | None, knobs: dict, extra_args: list[str] | tuple[str, ...] = (),
-                note: str = "") -> str:
+                note: str = "", lora: list[str] | tuple[str, ...] = ()) -> str:
     """A vLLM `--config` file: keys are the flag names without dashes. A knob set to off is written as
     `no-<flag>: true`, which every vLLM version's config loader turns into `--no-<flag>`. The other
     server arguments the measured launches used follow the knobs (`--flag value` or a bare `--flag`)."""
@@ -65,6 +69,13 @@ def config_yaml(model: str | None, knobs: dict, extra_args: list[str] | tuple[st
             body[key] = json.loads(value)
         else:
             body[key] = value
+    if lora:  # LoRA on, with the adapters listed where the catalog has folders
+        body["enable-lora"] = True
+        modules = list(lora[lora.index("--lora-modules") + 1:]) if "--lora-modules" in lora else []
+        if modules:
+            body["lora-modules"] = modules
+        else:
+            note += "# LoRA adapters: add lora-modules: [name=path, ...] for the adapters the workload names.\n"
     body.update(_extra_args_config(extra_args))
     head = (f"# vLLM --config file for the recommended configuration, written by slo-tuner.\n"
             f"# Use: vllm serve {model or 'MODEL'} --config tuned-config.yaml\n" + note)
@@ -341,9 +352,10 @@ def build_report(run_dir: str | Path) -> Report:
     if status != "tuned":
         serve, cfg = "", f"# No tuned configuration: {status_text}\n"
     else:
-        serve = serve_command(eng.model, tuned.knobs, eng.extra_args)
+        lora = lora_serve_args(eng.lora_dir)
+        serve = serve_command(eng.model, tuned.knobs, eng.extra_args, lora)
         cfg = config_yaml(eng.model, tuned.knobs, eng.extra_args,
-                          note=f"# Keep vLLM's defaults: {rec.why}.\n" if rec.kind == "defaults" else "")
+                          note=f"# Keep vLLM's defaults: {rec.why}.\n" if rec.kind == "defaults" else "", lora=lora)
     gate = Path(run_dir) / "gate.yaml"
 
     return Report(
@@ -371,6 +383,6 @@ def build_report(run_dir: str | Path) -> Report:
         status=status, status_text=status_text, gate_written=gate.exists(),
         learned=[f"{c.text()}: {' '.join(c.message.split())[:240]}"
                  for t in sorted(data.trials, key=lambda t: t.number) for c in t.record.learned],
-        time_use=time_use(data.trials, virtual=_virtual(eng.name)),
+        time_use=time_use(data.trials, virtual=_virtual(eng.name)), lora=lora_section(data.trials),
         twin=twin_section(data), simplification=SharesLog.read({"shares": data.shares}).simplification
         if data.shares else None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from tuner.plan import Plan
+from tuner.report.lora import LoraSection
 from tuner.report.time_use import TimeUse
 from tuner.recommend import Recommendation
 from tuner.storage.shares import Simplification
@@ -140,6 +141,8 @@ class Report(BaseModel):
     twin: "TwinSection | None" = None      # `--strategy twin` only
     #: where the study's wall time went (`tuner.report.time_use`); None for a study from before it was recorded
     time_use: TimeUse | None = None
+    #: LoRA workloads: each trial's hot- and cold-decile p99 TTFT and attainment (`tuner.report.lora`)
+    lora: LoraSection | None = None
 
 
 class TwinVerified(BaseModel):

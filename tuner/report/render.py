@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from tuner.report.model import Report
+from tuner.report.lora import lora_rows
 from tuner.report.time_use import time_use_rows
 from tuner.storage.select import fmt_value
 
@@ -259,6 +260,13 @@ def blocks(rep: Report, figures: set[str]) -> list[Block]:
         if name in figures:
             out.append(Block("fig", caption, lang=name))
     out += _twin(rep, figures)
+    if rep.lora is not None:
+        out += [Block("h2", "LoRA adapters: the hot and the cold tenants"),
+                Block("p", "Each trial at its capacity (its highest passing rate; its lowest rate where none "
+                           "passed): p99 TTFT and attainment of the requests of the most requested tenth of the "
+                           "adapters and of the least requested tenth (the workload's own counts; the cold "
+                           "decile has few requests, so its p99 is close to its maximum)."),
+                Block("table", rows=lora_rows(rep.lora))]
     out += _trials(rep)
     if rep.time_use is not None:
         out += [Block("h2", "Where the study's time went"), Block("table", rows=time_use_rows(rep.time_use))]

@@ -76,6 +76,9 @@ def build_parser(prog: str = "tune sim serve") -> argparse.ArgumentParser:
                      help="run the simulated GPU K times slower than real (clients divide timings by K)")
     sim.add_argument("--noise", type=float, default=0.0, help="log-normal sigma of step-time noise")
     sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--lora-dir", default=None, metavar="DIR_OR_YAML",
+                     help="with --enable-lora: serve the adapters of a folder of adapter folders, or of a "
+                     "names-only YAML catalog (tuner.lora.catalog; not a vLLM flag)")
     sim.add_argument("--spec-acceptance", action="append", default=[], metavar="METHOD=RATE",
                      type=_acceptance, help="speculative decoding: a method's per-position acceptance rate "
                      "on this workload (repeatable; default: tuner.speculative.PRIOR_ACCEPTANCE)")
@@ -85,6 +88,9 @@ def build_parser(prog: str = "tune sim serve") -> argparse.ArgumentParser:
     v.add_argument("--port", type=int, default=8000)
     v.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` on /v1 (or VLLM_API_KEY)")
     v.add_argument("--served-model-name", nargs="+", default=None)
+    v.add_argument("--enable-lora", action="store_true", default=False, help="serve LoRA adapters")
+    v.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                   help="LoRA adapters as vLLM takes them: name=path (a folder with adapter_config.json)")
     for spec in KNOB_SPECS.values():  # every knob, spelled and parsed as vLLM does (choices: the simulated ones)
         kw: dict = {"int": {"type": int}, "tokens": {"type": human_readable_int}, "fraction": {"type": float},
                     "switch": {"action": argparse.BooleanOptionalAction},

@@ -25,6 +25,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from tuner.lora.catalog import read_lora_dir
+from tuner.profiles.models import get_model
+
 GIB = 2 ** 30
 #: CUDA-graph memory LoRA adds (vllm PR #25914: 1.62 -> 2.38 GiB with LoRA on).
 LORA_GRAPH_GIB = 0.76
@@ -59,13 +62,22 @@ class LoraSetup(BaseModel):
     names: list[str]
     ranks: list[int]
     bytes: list[float]
+    paths: list[str | None] = []      # each adapter's folder (None: a names-only catalog)
 
     @classmethod
     def of(cls, adapters: Any, model: Any) -> "LoraSetup":
         """From `tuner.lora.catalog.Adapter`s: bytes on disk where known, else sized from the model."""
-        return cls(names=[a.name for a in adapters], ranks=[a.rank for a in adapters],
+        return cls(names=[a.name for a in adapters], ranks=[a.rank for a in adapters], paths=[a.path for a in adapters],
                    bytes=[float(a.bytes) if a.bytes else float(a.rank * params_per_rank(model, a.target_modules)
                                                                  * LORA_DTYPE_BYTES) for a in adapters])
+
+    @classmethod
+    def from_dir(cls, lora_dir: str | None, model: Any) -> "LoraSetup | None":
+        """The adapters under `--lora-dir` for a model (a profile or its name); None without one."""
+        if not lora_dir:
+            return None
+        profile = get_model(model) if isinstance(model, str) else model
+        return cls.of(read_lora_dir(lora_dir).adapters, profile)
 
     def index(self) -> dict[str, int]:
         return {n: i for i, n in enumerate(self.names)}

@@ -153,6 +153,8 @@ class SimMetrics:
                                  labels=[*keys, *cache])
         info.add_metric([*vals, *cache.values()], 1.0)
         yield info
+        if core.lora is not None:  # vLLM's with LoRA on: the adapters of running and waiting requests
+            yield self.lora_info(core)
         # not vLLM's: how far the host fell behind the simulated GPU. A lateness that grows with the load
         # means the CPU, not the modelled GPU, is the bottleneck: raise --time-scale.
         yield counter("sim:engine_steps", "Engine steps the simulator ran.", self.steps)
@@ -160,6 +162,17 @@ class SimMetrics:
                       self.aborted)
         yield counter("sim:step_lateness_seconds",
                       "Wall seconds by which steps were delivered after their deadlines, summed.", self.late_s)
+
+    def lora_info(self, core: EngineCore) -> GaugeMetricFamily:
+        """`vllm:lora_requests_info`: a gauge whose value is the wall-clock time, its labels the server's
+        max_lora and the comma-joined adapters of running and of waiting requests (vllm/v1/metrics)."""
+        names = self.cfg.lora.names if self.cfg.lora is not None else []
+        running = ",".join(names[a] for a in core.lora.running) if core.lora is not None else ""
+        waiting = ",".join(names[a] for a in dict.fromkeys(s.lora for s in core.waiting if s.lora >= 0))
+        g = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.",
+                              labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"])
+        g.add_metric([str(self.cfg.max_loras), waiting, running], time.time())
+        return g
 
     def cache_labels(self) -> dict[str, str]:
         return self.cfg.cache_info()
@@ -195,11 +208,12 @@ class EngineLoop:
     def check(self, prompt_len: int, max_tokens: int) -> str | None:
         return self.core.check(prompt_len, max_tokens)
 
-    def submit(self, prompt_ids: Sequence[int], max_tokens: int, stream: bool = True) -> SimRequest:
-        """Queue a request in the engine; it is admitted at the next step."""
+    def submit(self, prompt_ids: Sequence[int], max_tokens: int, stream: bool = True, lora: int = -1) -> SimRequest:
+        """Queue a request in the engine (`lora`: its adapter's index, -1 the base model); it is admitted
+        at the next step."""
         seq = Seq(rid=next(self._rid), arrival=self.sim_now(), prompt_len=len(prompt_ids),
                   output_len=max_tokens, hashes=block_hashes(prompt_ids, self.cfg.block_size)
-                  if self.cfg.enable_prefix_caching else [])
+                  if self.cfg.enable_prefix_caching else [], lora=lora)
         req = SimRequest(seq, stream)
         seq.payload = req
         self.core.add(seq)
@@ -305,6 +319,10 @@ def build_app(loop: EngineLoop, *, served_names: Sequence[str], api_key: str | N
     counts prompts (default: the estimate)."""
     served = tuple(served_names)
     cfg = loop.cfg
+    # LoRA adapters answer to their names in `model` (vLLM's --lora-modules), beside the base model's
+    lora = cfg.lora
+    adapter_of = lora.index() if lora is not None else {}
+    accepted = served + tuple(adapter_of)
     auth = f"Bearer {api_key}" if api_key else None
 
     def unauthorized(request: Request) -> JSONResponse | None:
@@ -326,6 +344,10 @@ def build_app(loop: EngineLoop, *, served_names: Sequence[str], api_key: str | N
         data = [{"id": name, "object": "model", "created": created, "owned_by": "vllm",
                  "root": root or name, "parent": None, "max_model_len": cfg.max_model_len,
                  "sim_time_scale": loop.k, "sim_gpu": cfg.gpu.name} for name in served]
+        data += [{"id": name, "object": "model", "created": created, "owned_by": "vllm",
+                  "root": (lora.paths[i] if lora is not None and i < len(lora.paths) else None) or name,
+                  "parent": served[0], "max_model_len": cfg.max_model_len, "sim_time_scale": loop.k,
+                  "sim_gpu": cfg.gpu.name} for name, i in adapter_of.items()]
         return JSONResponse({"object": "list", "data": data})
 
     async def generate(request: Request, chat: bool) -> Response:
@@ -333,13 +355,13 @@ def build_app(loop: EngineLoop, *, served_names: Sequence[str], api_key: str | N
         if denied:
             return denied
         try:
-            p = parse_request(await request.body(), chat=chat, served=served, tokens=tokens)
+            p = parse_request(await request.body(), chat=chat, served=accepted, tokens=tokens)
             err = loop.check(len(p.prompt_ids), p.max_tokens)
             if err:
                 raise BadRequest(err)
         except BadRequest as e:
             return JSONResponse(e.body(), status_code=e.status)
-        req = loop.submit(p.prompt_ids, p.max_tokens, p.stream)
+        req = loop.submit(p.prompt_ids, p.max_tokens, p.stream, adapter_of.get(p.model, -1))
         out = Renderer(chat, p.model)
         if p.stream:
             return WatchedStream(sse_body(loop, req, p, out), media_type="text/event-stream")

@@ -24,6 +24,7 @@ from tuner.capacity.knee import KneeSearch, KneeSettings
 from tuner.capacity.measure import LoadSettings
 from tuner.failures import LaunchFailure
 from tuner.slo import SLO, Threshold
+from tuner.sim.lora import LoraSetup
 from tuner.storage.twin import TwinParams
 from tuner.twin.engine import TwinEngine
 
@@ -40,14 +41,14 @@ def scaled_slo(slo: SLO, scale: float) -> SLO:
 
 
 def slo_scale(gpu, model, params: TwinParams, anchors: Sequence[tuple[object, float]], workload, slo: SLO,
-              load: LoadSettings, knee: KneeSettings, *, shapes: dict | None = None) -> float:
+              load: LoadSettings, knee: KneeSettings, *, shapes: dict | None = None, lora: LoraSetup | None = None) -> float:
     """Geometric mean of the twin's badness at each (knobs, measured capacity) in `anchors`, within `LIMITS`.
     Each is measured as the twin's own knee search measures a rate (`load`, `knee`: a run inside the
     noise is lengthened), so that the same configuration's predicted knee lands on the measured one (a
     p99 over more requests reaches further into a heavy-tailed workload)."""
     logs = []
     for knobs, rate in anchors:
-        engine = TwinEngine(gpu, model, params, token_times="itl" in slo.thresholds, shapes=shapes)
+        engine = TwinEngine(gpu, model, params, token_times="itl" in slo.thresholds, shapes=shapes, lora=lora)
         try:
             server = engine.launch(knobs)
         except LaunchFailure:

@@ -15,6 +15,7 @@ from tuner.profiles.gpus import GPUProfile
 from tuner.profiles.models import ModelProfile
 from tuner.replay.record import LoadRun
 from tuner.sim.config import resolve
+from tuner.sim.lora import LoraSetup
 from tuner.storage.twin import TwinParams
 from tuner.twin.params import cost_params, value
 from tuner.workload.model import WorkloadRequest
@@ -66,15 +67,17 @@ class TwinEngine(SimEngine):
     name = "twin"
 
     def __init__(self, gpu: str | GPUProfile, model: str | ModelProfile, params: TwinParams, *,
-                 token_times: bool = False, shapes: dict | None = None):
-        """`shapes`: a cache of request shapes to share with other twin engines of the same study."""
+                 token_times: bool = False, shapes: dict | None = None, lora: LoraSetup | None = None):
+        """`shapes`: a cache of request shapes to share with other twin engines of the same study;
+        `lora`: the adapters the engine serves."""
         super().__init__(gpu, model, cost_params=cost_params(params), token_times=token_times)
+        self.lora = lora
         self.params = params
         self.shapes: dict = {} if shapes is None else shapes
 
     def launch(self, knobs: Knobs) -> TwinServer:
         self.launches += 1
-        cfg = resolve(self.gpu, self.model, knobs, host_gpus=self.host_gpus)
+        cfg = resolve(self.gpu, self.model, knobs, host_gpus=self.host_gpus, lora=self.lora)
         if self.params.kv_scale != 1.0:
             blocks = max(1, int(cfg.num_gpu_blocks * self.params.kv_scale))
             cfg = cfg.model_copy(update={"num_gpu_blocks": blocks})

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 import optuna
+from tuner.sim.lora import LoraSetup
 from tuner.storage.optuna_study import scratch_study
 from tuner.capacity.knee import KneeSearch
 from tuner.capacity.measure import LoadSettings, measure, run_size
@@ -98,6 +99,7 @@ class FitContext:
     load: LoadSettings                      # the study's load settings (the runs' schedules)
     token_times: bool = False
     shapes: dict | None = None              # request shapes shared by the study's twin launches
+    lora: LoraSetup | None = None           # the LoRA adapters the engine serves (None: LoRA off)
 
 
 def replay_settings(load: LoadSettings, rate: float) -> LoadSettings:
@@ -138,7 +140,7 @@ def replay(ctx: FitContext, params: TwinParams, obs: Observation,
            sink: list | None = None) -> list[tuple[str, float]]:
     """The (metric, log(simulated / measured)) terms of one launch replayed on the twin; `sink` collects
     the (measured, replayed) summaries of its runs."""
-    engine = TwinEngine(ctx.gpu, ctx.model, params, token_times=ctx.token_times, shapes=ctx.shapes)
+    engine = TwinEngine(ctx.gpu, ctx.model, params, token_times=ctx.token_times, shapes=ctx.shapes, lora=ctx.lora)
     try:
         server = engine.launch(obs.knobs)
     except LaunchFailure:
@@ -185,7 +187,7 @@ def weight_time(ctx: FitContext, params: TwinParams, knobs: Knobs) -> float:
     """The twin's seconds to stream the weights once under `params` (0 where it cannot launch)."""
     gpu, model = _profiles(ctx)
     try:
-        return CostModel(resolve(gpu, model, knobs), cost_params(params)).decode_floor()
+        return CostModel(resolve(gpu, model, knobs, lora=ctx.lora), cost_params(params)).decode_floor()
     except LaunchFailure:
         return 0.0
 
@@ -198,7 +200,7 @@ def kv_scale(ctx: FitContext, observations: Sequence[Observation]) -> float:
         if not o.kv_cache_tokens:
             continue
         try:
-            cfg = resolve(gpu, model, o.knobs)
+            cfg = resolve(gpu, model, o.knobs, lora=ctx.lora)
         except LaunchFailure:
             continue
         logs.append(math.log(o.kv_cache_tokens / cfg.kv_cache_tokens))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import optuna
+from tuner.sim.lora import LoraSetup
 from tuner.storage.optuna_study import scratch_study
 from tuner.capacity.knee import KneeSettings, find_capacity
 from tuner.capacity.measure import LoadSettings
@@ -78,8 +79,8 @@ def twin_load(load: LoadSettings, fidelity: Fidelity = FULL) -> LoadSettings:
 
 def predict(params: TwinParams, gpu, model, knobs: Knobs, workload: Workload, slo: SLO, load: LoadSettings,
             *, start_rate: float = 1.0, after_trial: int = -1, fidelity: Fidelity = FULL,
-            shapes: dict | None = None) -> Prediction:
-    engine = TwinEngine(gpu, model, params, token_times="itl" in slo.thresholds, shapes=shapes)
+            shapes: dict | None = None, lora: LoraSetup | None = None) -> Prediction:
+    engine = TwinEngine(gpu, model, params, token_times="itl" in slo.thresholds, shapes=shapes, lora=lora)
     try:
         server = engine.launch(knobs)
     except LaunchFailure as e:
@@ -106,7 +107,7 @@ def rank_space(params: TwinParams, gpu, model, choices: dict[str, list], allowed
                workload: Workload, slo: SLO, load: LoadSettings, *, after_trial: int = -1,
                start_rate: float = 1.0, extra: Iterable[Knobs] = (), budget: int = GRID_LIMIT,
                seed: int = 0, canonical: Callable[[Knobs], Knobs] = lambda k: k,
-               shapes: dict | None = None) -> Ranking:
+               shapes: dict | None = None, lora: LoraSetup | None = None) -> Ranking:
     """Every configuration of the space (`choices`: each knob's values; `allowed`: its constraints),
     plus `extra` (vLLM's defaults), predicted and ranked; `canonical` maps a configuration to its one
     name (vLLM's default value written out is the default), so none is predicted twice."""
@@ -128,7 +129,7 @@ def rank_space(params: TwinParams, gpu, model, choices: dict[str, list], allowed
         key = k.key()
         if key not in out:
             out[key] = predict(params, gpu, model, k, workload, slo, load, start_rate=last,
-                               after_trial=after_trial, shapes=shapes, fidelity=first)
+                               after_trial=after_trial, shapes=shapes, lora=lora, fidelity=first)
             last = out[key].capacity_rps or last
             order.append(k)
         return out[key]
@@ -168,17 +169,17 @@ def rank_space(params: TwinParams, gpu, model, choices: dict[str, list], allowed
             key = k.key()
             if key in best:
                 out[key] = predict(params, gpu, model, k, workload, slo, load, start_rate=last,
-                                   after_trial=after_trial, shapes=shapes, fidelity=SCREEN)
+                                   after_trial=after_trial, shapes=shapes, lora=lora, fidelity=SCREEN)
                 last = out[key].capacity_rps or last
     screened = Ranking(after_trial=after_trial, predictions=_ordered(list(out.values())), method=method)
     ranked = rerank(params, gpu, model, screened, workload, slo, load, top=REFINE, after_trial=after_trial,
-                    start_rate=start_rate, shapes=shapes, always=extra)
+                    start_rate=start_rate, shapes=shapes, lora=lora, always=extra)
     return ranked.model_copy(update={"wall_s": round(time.perf_counter() - t0, 3)})
 
 
 def rerank(params: TwinParams, gpu, model, previous: Ranking, workload: Workload, slo: SLO,
            load: LoadSettings, *, top: int, after_trial: int, start_rate: float = 1.0,
-           always: Iterable[Knobs] = (), shapes: dict | None = None) -> Ranking:
+           always: Iterable[Knobs] = (), shapes: dict | None = None, lora: LoraSetup | None = None) -> Ranking:
     """After a refit: the previous ranking's `top` configurations (and `always`) predicted again; the rest
     keep their older predictions, scaled by the median change of those predicted again (a refit moves
     the numbers more than the order), marked stale by their `params_after_trial`. `freshen` predicts a
@@ -195,7 +196,7 @@ def rerank(params: TwinParams, gpu, model, previous: Ranking, workload: Workload
     def one(item: tuple[str, Knobs]) -> Prediction:
         o = old.get(item[0])
         return predict(params, gpu, model, item[1], workload, slo, load,
-                       start_rate=(o and o.capacity_rps) or start_rate, after_trial=after_trial, shapes=shapes)
+                       start_rate=(o and o.capacity_rps) or start_rate, after_trial=after_trial, shapes=shapes, lora=lora)
 
     with Workers(one) as workers:  # independent knee searches: side by side
         for key, p in zip(todo, workers.map(list(todo.items()))):
@@ -212,7 +213,7 @@ def rerank(params: TwinParams, gpu, model, previous: Ranking, workload: Workload
 
 def freshen(params: TwinParams, gpu, model, ranking: Ranking, workload: Workload, slo: SLO,
             load: LoadSettings, *, skip: Callable[[Prediction], bool], start_rate: float = 1.0,
-            shapes: dict | None = None) -> Ranking:
+            shapes: dict | None = None, lora: LoraSetup | None = None) -> Ranking:
     """Predict stale entries again until the best entry not skipped is fresh (at most the whole list)."""
     preds = list(ranking.predictions)
     while True:
@@ -220,5 +221,5 @@ def freshen(params: TwinParams, gpu, model, ranking: Ranking, workload: Workload
         if top is None or (top.params_after_trial == ranking.after_trial and not top.screened):
             return ranking.model_copy(update={"predictions": preds})
         p = predict(params, gpu, model, top.config, workload, slo, load,
-                    start_rate=top.capacity_rps or start_rate, after_trial=ranking.after_trial, shapes=shapes)
+                    start_rate=top.capacity_rps or start_rate, after_trial=ranking.after_trial, shapes=shapes, lora=lora)
         preds = _ordered([p if q.key == p.key else q for q in preds])

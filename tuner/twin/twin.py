@@ -14,6 +14,7 @@ from tuner.knobs import Knobs
 from tuner.profiles.gpus import GPUProfile, get_gpu
 from tuner.profiles.models import ModelProfile, get_model
 from tuner.slo import SLO
+from tuner.sim.lora import LoraSetup
 from tuner.storage.records import TrialRecord
 from tuner.storage.twin import FitResult, Prediction, Ranking, TwinParams
 from tuner.twin.fit import FitContext, Observation, fit
@@ -41,6 +42,8 @@ class Twin:
     fits: list[FitResult] = field(default_factory=list)
     #: request shapes (prompt block hashes) shared by every twin launch of the study
     shapes: dict = field(default_factory=dict, repr=False)
+    #: the LoRA adapters the engine serves (`tuner.sim.lora.LoraSetup`; None: LoRA off)
+    lora: LoraSetup | None = None
 
     @classmethod
     def build(cls, gpu: str | GPUProfile, model: str | ModelProfile, workload: Workload, slo: SLO,
@@ -59,13 +62,13 @@ class Twin:
         if not obs:
             return None
         ctx = FitContext(self.gpu, self.model, self.workload, self.slo, self.load,
-                         token_times="itl" in self.slo.thresholds, shapes=self.shapes)
+                         token_times="itl" in self.slo.thresholds, shapes=self.shapes, lora=self.lora)
         res = fit(ctx, obs, start=self.params if self.fits else None,
                   n_trials=self.fit_trials if not self.fits else min(self.fit_trials, REFIT_TRIALS),
                   seed=self.seed, launch_start=self.launch_start)
         anchors = [(o.knobs, o.capacity_rps) for o in obs if o.capacity_rps]
         scale = slo_scale(self.gpu, self.model, res.params, anchors, self.workload, self.slo,
-                          twin_load(self.load), FULL.knee, shapes=self.shapes)
+                          twin_load(self.load), FULL.knee, shapes=self.shapes, lora=self.lora)
         self.fits.append(res.model_copy(update={"params": res.params.model_copy(update={"slo_scale": scale})}))
         with Workers(lambda a: self.predict(a[0], start_rate=a[1]).capacity_rps) as workers:  # side by side
             predicted = iter(workers.map(anchors))   # capacity_scale asks for each anchor once, in order
@@ -85,20 +88,20 @@ class Twin:
 
     def predict(self, knobs: Knobs, start_rate: float = 1.0) -> Prediction:
         return predict(self.params, self.gpu, self.model, knobs, self.workload, self.judged_slo, self.load,
-                       start_rate=start_rate, after_trial=self.after_trial, shapes=self.shapes)
+                       start_rate=start_rate, after_trial=self.after_trial, shapes=self.shapes, lora=self.lora)
 
     def rank(self, choices: dict[str, list], allowed: Callable[[Knobs], bool], *,
              extra: Iterable[Knobs] = (), start_rate: float = 1.0,
              canonical: Callable[[Knobs], Knobs] = lambda k: k) -> Ranking:
         return rank_space(self.params, self.gpu, self.model, choices, allowed, self.workload, self.judged_slo,
                           self.load, after_trial=self.after_trial, start_rate=start_rate, extra=extra,
-                          seed=self.seed, canonical=canonical, shapes=self.shapes)
+                          seed=self.seed, canonical=canonical, shapes=self.shapes, lora=self.lora)
 
     def rerank(self, previous: Ranking, *, always: Iterable[Knobs] = (), start_rate: float = 1.0) -> Ranking:
         return rerank(self.params, self.gpu, self.model, previous, self.workload, self.judged_slo, self.load,
                       top=RERANK_TOP, after_trial=self.after_trial, start_rate=start_rate, always=always,
-                      shapes=self.shapes)
+                      shapes=self.shapes, lora=self.lora)
 
     def freshen(self, ranking: Ranking, skip: Callable[[Prediction], bool], start_rate: float = 1.0) -> Ranking:
         return freshen(self.params, self.gpu, self.model, ranking, self.workload, self.judged_slo, self.load,
-                       skip=skip, start_rate=start_rate, shapes=self.shapes)
+                       skip=skip, start_rate=start_rate, shapes=self.shapes, lora=self.lora)

@@ -27,6 +27,7 @@ from tuner.search.runner import TrialRunner
 from tuner.search.strategies import StrategyRun, register_strategy
 from tuner.search.strategy import (Budget, Outcome, accept_floor, clearly_better_at_same_load,
                                    fitted_baseline, normalize)
+from tuner.sim.lora import LoraSetup
 from tuner.storage.records import TrialRecord
 from tuner.storage.twin import ATTR, Prediction, TwinLog
 from tuner.twin.twin import Twin
@@ -37,7 +38,8 @@ def run(run: StrategyRun) -> Outcome:
     """The twin of the run's GPU and model, fitted as the study goes; the outcome carries it (the knobs'
     shares of a multi-knob step are predicted by it: `tuner.search.attribute`)."""
     s = run.settings
-    twin = Twin.build(s.engine.gpu, s.engine.model, run.workload, run.slo, run.load, seed=s.seed)
+    twin = Twin.build(s.engine.gpu, s.engine.model, run.workload, run.slo, run.load, seed=s.seed,
+                      lora=LoraSetup.from_dir(s.engine.lora_dir, s.engine.model))
     outcome = twin_search(run.runner, run.budget, twin, noise_floor=s.noise_floor, on_fit=run.say)
     outcome.twin = twin
     return outcome
