@@ -18,7 +18,8 @@ from typing import Callable
 from tuner.engine.base import Server
 from tuner.capacity.explain import why_none
 from tuner.capacity.knee_model import KneeResult, KneeSettings
-from tuner.capacity.measure import (CLIENT_BOUND_RERUNS, LoadSettings, Measured, Measurement, by_popularity, digest,
+from tuner.capacity.lora import by_popularity
+from tuner.capacity.measure import (CLIENT_BOUND_RERUNS, LoadSettings, Measured, Measurement, digest,
                                     measure_run, rerun_client_bound, run_size, summarize)
 from tuner.storage.records import ClientCheck, LoadRunSummary
 from tuner.slo import SLO

@@ -17,8 +17,8 @@ import numpy as np
 
 from tuner.engine.base import Server
 from tuner.bench.result import run_span, sent_records
-from tuner.lora.popularity import Popularity
-from tuner.metrics.window import (LORA_DISK_LOADS, LORA_GPU_LOADS, MetricsWindow, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, SPEC_ACCEPTED,
+from tuner.capacity.lora import by_popularity, lora_digest
+from tuner.metrics.window import (MetricsWindow, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, SPEC_ACCEPTED,
                                   SPEC_DRAFT_TOKENS, SPEC_DRAFTS)
 from tuner.replay.check import bound_ms, check_run, voids
 from tuner.replay.record import LoadRun, RequestRecord
@@ -231,41 +231,7 @@ def digest(metrics: MetricsWindow | None, rate: float, max_num_seqs: int | None,
         prefix_hit_rate=(metrics.counter(PREFIX_HITS) / q) if q else None,
         queue_time_mean_s=mean("request_queue_time_seconds"),
         prefill_time_mean_s=mean("request_prefill_time_seconds"), max_num_seqs=max_num_seqs, rate=rate,
-        spec_acceptance_rate=rate_accepted, spec_acceptance_length=mean_length, **_lora_digest(metrics, window))
-
-
-def _lora_digest(metrics: MetricsWindow, window: tuple[float, float] | None) -> dict:
-    """The digest's LoRA fields from `vllm:lora_requests_info` samples and the load counters."""
-    ls = metrics.lora_samples
-    if not ls:
-        return {}
-    if window and window[1] > window[0]:
-        inside = [x for x in ls if window[0] <= x.t <= window[1]]
-        ls = inside if len(inside) >= 3 else ls
-    loads = metrics.counters.get(LORA_GPU_LOADS)
-    return {"lora_running_p90": float(np.percentile([x.running for x in ls], 90)),
-            "lora_waiting_p90": float(np.percentile([x.waiting for x in ls], 90)), "max_lora": ls[-1].max_lora,
-            "adapter_loads": loads, "adapter_disk_loads": metrics.counters.get(LORA_DISK_LOADS)}
-
-
-def by_popularity(records: list[RequestRecord], requests: list[WorkloadRequest], workload: Workload,
-                  slo: SLO) -> dict[str, dict[str, float | None]]:
-    """p99 TTFT, attainment and count of the hot, middle and cold adapters' requests (empty when the
-    requests name no adapters): the cold tail is where an SLO breaks first under adapter thrash."""
-    if not any(r.lora for r in requests):
-        return {}
-    pop = Popularity.of(workload.requests)
-    groups: dict[str, list[RequestRecord]] = {}
-    for rec in records:
-        g = pop.group_of(requests[rec.index].lora) if rec.index < len(requests) else None
-        if g is not None and rec.in_window:
-            groups.setdefault(g, []).append(rec)
-    out = {}
-    for g, recs in groups.items():
-        sc = score(recs, slo, window=None)
-        ttft = sc.metrics.get("ttft")
-        out[g] = {"n": float(sc.n), "attainment": sc.attainment, "p99_ttft_ms": ttft.p99_ms if ttft else None}
-    return out
+        spec_acceptance_rate=rate_accepted, spec_acceptance_length=mean_length, **lora_digest(metrics, window))
 
 
 def steady_settings(settings: LoadSettings) -> SteadySettings:
