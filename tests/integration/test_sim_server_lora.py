@@ -42,8 +42,12 @@ def test_adapters_are_served_listed_and_reported(tmp_path: Path) -> None:
                 "model": m, "prompt": "hello " * 50, "max_tokens": 200}).status_code)) for m in ("a", "b", "c")]
             for t in ts:
                 t.start()
-            time.sleep(0.3)
-            text = httpx.get(f"{base}/metrics").text
+            deadline = time.monotonic() + 20  # until all three arrived (a busy host may be slow to send)
+            while True:
+                text = httpx.get(f"{base}/metrics").text
+                if 'reason="deferred"} 1.0' in text or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
             for t in ts:
                 t.join()
         assert done == [200, 200, 200]
@@ -52,6 +56,10 @@ def test_adapters_are_served_listed_and_reported(tmp_path: Path) -> None:
         assert len(info) == 1 and info[0].labels["max_lora"] == "2"
         assert abs(info[0].value - time.time()) < 120  # a timestamp, not a count
         running = [a for a in info[0].labels["running_lora_adapters"].split(",") if a]
-        assert len(running) <= 2
+        assert len(running) == 2  # both slots taken: the third adapter's request is deferred
+        assert set(running) <= set(info[0].labels["waiting_lora_adapters"].split(","))  # as vLLM 0.32 lists them
+        reasons = {s.labels["reason"]: s.value for f in text_string_to_metric_families(text)
+                   if f.name == "vllm:num_requests_waiting_by_reason" for s in f.samples}
+        assert reasons["deferred"] == 1
         r = httpx.post(f"{base}/v1/completions", json={"model": "nope", "prompt": "x", "max_tokens": 2})
         assert r.status_code == 404

