@@ -181,6 +181,13 @@ def memory_gate(gpu: GPUProfile, model_name: str, knobs: Knobs, *, mean_prompt_t
                       rate_rps=(n / e2el_s) if e2el_s else None)
 
 
+def check_price(price: float | None) -> float | None:
+    """The one check of a GPU price (plan and fleet): a cost from NaN or a negative price is no cost."""
+    if price is not None and not (math.isfinite(price) and price >= 0):
+        raise UserError(f"must be a finite number >= 0, got {price}", field="--price-per-gpu-hour")
+    return price
+
+
 def make_plan(*, rate_per_instance: float, peak_rate: float, headroom: float = 0.7, tp: int = 1,
               gpu: str | None = None, model: str | None = None, slo: SLO | None = None,
               knobs: Knobs | None = None, price_per_gpu_hour: float | None = None,
@@ -200,8 +207,7 @@ def make_plan(*, rate_per_instance: float, peak_rate: float, headroom: float = 0
         raise UserError(f"must be in (0, 1], got {headroom}", field="--headroom")
     if tp < 1:
         raise UserError(f"must be >= 1, got {tp}", field="--tp")
-    if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
-        raise UserError(f"must be >= 0, got {price_per_gpu_hour}", field="--price-per-gpu-hour")
+    check_price(price_per_gpu_hour)
     if (gpu is None) != (model is None):
         raise UserError("give --gpu and --model together (both are needed for the memory and "
                         "feasibility checks)", field="--gpu" if gpu is None else "--model")

@@ -108,6 +108,10 @@ def test_a_run_with_no_capacity_says_why_with_the_study_exit_code(tmp_path):
     (["--rate-per-instance", "5", "--peak-rate", "50", "--headroom", "2"], "--headroom: must be in (0, 1]"),
     (["--rate-per-instance", "5", "--peak-rate", "50", "--gpu", "h900", "--model", "qwen2.5-7b"],
      "--gpu: unknown GPU 'h900'"),
+    (["--rate-per-instance", "5", "--peak-rate", "50", "--price-per-gpu-hour", "nan"],
+     "--price-per-gpu-hour: must be a finite number >= 0"),
+    (["--rate-per-instance", "5", "--peak-rate", "50", "--price-per-gpu-hour", "-1"],
+     "--price-per-gpu-hour: must be a finite number >= 0"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, expected):
     assert_user_error(tune("plan", *args), expected)

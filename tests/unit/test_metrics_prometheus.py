@@ -46,7 +46,7 @@ def test_window_from_prometheus_matches_the_canned_series():
     assert all('{job="vllm"}' in q for q in qs)
     assert any("increase(vllm:num_preemptions_total{job=\"vllm\"}[10000ms])" in q for q in qs)
     ranges = [q for q in fake.queries if q["path"] == "/api/v1/query_range"]
-    assert len(ranges) == 3 and all(q["start"] == f"{T0:.3f}" and q["step"] == "2s" for q in ranges)
+    assert len(ranges) == 3 and all(q["start"] == f"{T0:.3f}" and q["step"] == "2" for q in ranges)
     instants = [q for q in fake.queries if q["path"] == "/api/v1/query"]
     assert all(float(q["time"]) == T0 + 10.0 for q in instants)
 

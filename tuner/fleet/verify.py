@@ -31,7 +31,7 @@ from tuner.fleet.load import SESSION_KEYS, trace_of
 from tuner.fleet.measure import (FleetCheck, FleetSetup, broken_seconds, broken_windows, check,
                                  run_fleet)
 from tuner.fleet.sim import Autoscaler, FleetRun
-from tuner.plan import Plan, plan_from_run
+from tuner.plan import Plan, check_price, plan_from_run
 from tuner.profiles.gpus import get_gpu
 from tuner.profiles.models import get_model
 from tuner.recommend import recommend_study
@@ -97,12 +97,6 @@ class FleetVerification(BaseModel):
         """The policy whose verified N is smallest (ties: the order given)."""
         met = [p for p in self.policies if p.verified_n is not None]
         return min(met, key=lambda p: p.verified_n) if met else self.policies[0]  # type: ignore[arg-type,return-value]
-
-
-def check_price(price: float | None) -> float | None:
-    if price is not None and not (math.isfinite(price) and price >= 0):
-        raise UserError(f"must be a finite number >= 0, got {price}", field="--price-per-gpu-hour")
-    return price
 
 
 def setup_from_run(run_dir: str, *, workload: str | None = None, seed: int = 0, session: str = "tenant",

@@ -83,7 +83,8 @@ class PrometheusSource:
                time_scale: float = 1.0) -> list[GaugeSample]:
         t0 = start_unix if t0_unix is None else t0_unix
         start, end = (dt.datetime.fromtimestamp(x, tz=dt.timezone.utc) for x in (start_unix, end_unix))
-        step = f"{max(step_s, 0.001):g}s"
+        # float seconds: Prometheus refuses a fractional duration such as "0.5s"
+        step = f"{max(step_s, 0.001):g}"
         exact = {"start": f"{start_unix:.3f}", "end": f"{end_unix:.3f}"}
         series: dict[str, dict[float, float]] = {}
         for key, agg in ((RUNNING, "sum({})"), (WAITING, "sum({})"), (KV_USAGE, "avg({})")):
