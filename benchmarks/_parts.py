@@ -20,7 +20,8 @@ Adding a section (for the authors of new benchmarks):
 1. Add a `Part` below, where it belongs on the page.
 2. Either the benchmark prints its section to stdout (`markdown=True`: its stdout is the section's body,
    verbatim; otherwise its stdout is quoted in a code block) and progress to stderr, and
-   `python benchmarks/run_all.py --only <name>` writes the part file; or, for a hand-run measurement,
+   `python benchmarks/run_all.py --only <name>` writes the part file (`timing=True` for a section whose
+   numbers are times: run_all runs those last, so a quiet host can be arranged for them); or, for a hand-run measurement,
    write its body to a file and stamp it: `python benchmarks/run_all.py --record <name> BODY.md
    --command "what you ran" --wall-s N` (today's date and HEAD's commit go into the header).
 3. Prose that explains how a measurement is made (not what today's numbers say) goes in
@@ -49,6 +50,7 @@ class Part:
     how: str = ""                # for `record` parts and notes on re-running: how it is measured
     notebook: bool = False       # an earlier code's lab notes, kept at the end of the page
     needs: tuple[str, ...] = field(default=())  # environment variables the command needs
+    timing: bool = False         # its numbers are wall or CPU times: run last, on as quiet a host as can be
 
     def command_line(self) -> str:
         return " ".join(["python", *self.command]) if self.command else self.how
@@ -63,7 +65,7 @@ PARTS: tuple[Part, ...] = (
          "(the README's main job, paired against the previous commit), then "
          "python benchmarks/twin_rank_exact.py", expected_s=900),
     Part("twin_rank_speed", "Twin ranking speed", "sim",
-         ("benchmarks/twin_rank_speed.py", "--screens", "300"), expected_s=120),
+         ("benchmarks/twin_rank_speed.py", "--screens", "300"), expected_s=120, timing=True),
     # --- search and capacity measurement on the simulator
     Part("search_efficiency", "Search cost and quality (issue 7)", "sim",
          ("benchmarks/search_efficiency.py", "--seeds", "10"), expected_s=300, fresh_args=("--fresh",)),
@@ -71,11 +73,12 @@ PARTS: tuple[Part, ...] = (
          ("benchmarks/knee_search.py", "--seeds", "5"), expected_s=60),
     Part("capacity_spread", "Spread of one configuration's capacity over seeds (issue 11)", "sim",
          ("benchmarks/capacity_spread.py",), expected_s=60),
-    Part("sim_speed", "Simulator speed", "sim", ("benchmarks/sim_speed.py", "--repeat", "3"), expected_s=5),
+    Part("sim_speed", "Simulator speed", "sim", ("benchmarks/sim_speed.py", "--repeat", "3"), expected_s=5,
+         timing=True),
     Part("calibration", "Simulator calibration against published vLLM runs", "sim",
          ("benchmarks/calibration.py",), expected_s=5),
     Part("replay_precision", "Replay client schedule precision", "sim",
-         ("benchmarks/replay_precision.py",), expected_s=20),
+         ("benchmarks/replay_precision.py",), expected_s=20, timing=True),
     Part("layout", "The parallel layout on a simulated 8-GPU host (issue 16)", "sim",
          ("benchmarks/tune_grid.py", "--workload", "workloads/chat.jsonl", "--slo",
           "tests/fixtures/tune/chat-70b.slo.yaml", "--gpu", "h100", "--model", "meta-llama/Llama-3.1-70B-Instruct",

@@ -158,7 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     SECTIONS.mkdir(parents=True, exist_ok=True)
     t_all, failed, ran = time.perf_counter(), {}, []
     started, commit, machine = now(), code_commit(), host()
-    for p in chosen:
+    announced = False
+    for p in sorted(chosen, key=lambda part: part.timing):  # the timed ones last, together
+        if p.timing and not announced:
+            print("== timing-sensitive sections from here (their numbers are times)", file=sys.stderr, flush=True)
+            announced = True
         rc, _ = run_part(p, args.fresh)
         (failed.__setitem__(p.name, rc) if rc else ran.append(p.name))
     cmd = "python benchmarks/run_all.py" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
