@@ -117,6 +117,10 @@ def code_commit() -> str:
     return head + ("+local" if dirty else "")
 
 
+def _cpu(summary: dict) -> str:
+    return f" ({summary['cpu_s'] / 60:.1f} min of CPU)" if "cpu_s" in summary else ""
+
+
 def _status_table(parts: list[tuple[Part, PartFile]]) -> list[str]:
     rows = ["| section | kind | measured | commit | wall | how it is (re)generated |",
             "|---|---|---|---|---|---|"]
@@ -179,7 +183,7 @@ def assemble() -> str:
         failed = [f"{n} (rc {rc})" for n, rc in summary.get("failed", {}).items()]
         md += [f"Last regeneration: {summary['when']}, commit `{summary['commit']}`, "
                f"`{summary['command']}`: {len(summary['ran'])} sections in {summary['wall_s'] / 60:.1f} min "
-               f"of wall time on {summary['host']}."
+               f"of wall time{_cpu(summary)} on {summary['host']}."
                + (f" **Failed, kept from their previous run:** {', '.join(failed)}." if failed else ""), ""]
     md += ["Every section says when it was measured, on which commit, by which command and in how long; "
            "`record` sections are studies run by hand (real engines, paired timings) and say how.", ""]

@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 import time
@@ -49,6 +50,13 @@ def host() -> str:
             f"Python {platform.python_version()}, load average {load:.1f} at the start")
 
 
+def _children_cpu_s() -> float:
+    """CPU seconds of finished child processes (theirs and their children's): on a shared host the wall
+    time says how busy the host was, the CPU time what the benchmark costs."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def now() -> str:
     return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
 
@@ -60,16 +68,16 @@ def run_part(p: Part, fresh: bool) -> tuple[int, float]:
     print(f"== {p.name}: python {' '.join(argv)} (expect ~{p.expected_s} s)", file=sys.stderr, flush=True)
     header = {"name": p.name, "measured": now(), "commit": code_commit(),
               "command": "python " + " ".join(argv), "host": host()}
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), _children_cpu_s()
     proc = subprocess.run([sys.executable, *argv], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, _children_cpu_s() - cpu
     if proc.returncode:
         print(f"== {p.name} FAILED (rc {proc.returncode}) after {wall:.0f} s; its previous part is kept",
               file=sys.stderr)
         return proc.returncode, wall
     out = proc.stdout.strip("\n")
     body = out if p.markdown else f"```\n{out}\n```"
-    header["wall"] = f"{wall:.0f} s"
+    header["wall"] = f"{wall:.0f} s wall, {cpu:.0f} s CPU"
     part_path(p.name).write_text(format_part(header, body))
     print(out, file=sys.stderr)
     return 0, wall
@@ -157,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     SECTIONS.mkdir(parents=True, exist_ok=True)
     t_all, failed, ran = time.perf_counter(), {}, []
-    started, commit, machine = now(), code_commit(), host()
+    started, commit, machine, cpu0 = now(), code_commit(), host(), _children_cpu_s()
     announced = False
     for p in sorted(chosen, key=lambda part: part.timing):  # the timed ones last, together
         if p.timing and not announced:
@@ -168,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     cmd = "python benchmarks/run_all.py" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
     RUN_SUMMARY.write_text(json.dumps({
         "when": started, "commit": commit, "command": cmd, "host": machine, "ran": ran, "failed": failed,
-        "wall_s": round(time.perf_counter() - t_all, 1)}, indent=1) + "\n")
+        "wall_s": round(time.perf_counter() - t_all, 1), "cpu_s": round(_children_cpu_s() - cpu0, 1)},
+        indent=1) + "\n")
     return write_page() or (1 if failed else 0)
 
 
