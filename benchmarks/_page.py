@@ -117,8 +117,32 @@ def code_commit() -> str:
     return head + ("+local" if dirty else "")
 
 
-def _cpu(summary: dict) -> str:
-    return f" ({summary['cpu_s'] / 60:.1f} min of CPU)" if "cpu_s" in summary else ""
+def read_runs() -> list[dict]:
+    """run_all.py's invocations, oldest first (the file holds the last few; an older one held one dict)."""
+    if not RUN_SUMMARY.exists():
+        return []
+    data = json.loads(RUN_SUMMARY.read_text())
+    return [data] if isinstance(data, dict) else data
+
+
+def _run_line(run: dict) -> str:
+    cpu = f" ({run['cpu_s'] / 60:.1f} min of CPU)" if "cpu_s" in run else ""
+    failed = [f"{n} (rc {rc})" for n, rc in run.get("failed", {}).items()]
+    return (f"{run['when']}, commit `{run['commit']}`, `{run['command']}`: {len(run['ran'])} sections in "
+            f"{run['wall_s'] / 60:.1f} min of wall time{cpu} on {run['host']}."
+            + (f" **Failed, kept from their previous run:** {', '.join(failed)}." if failed else ""))
+
+
+def _runs_text(runs: list[dict]) -> list[str]:
+    """The last full regeneration (no --only) and any partial runs after it."""
+    full = [i for i, r in enumerate(runs) if "--only" not in r["command"]]
+    start = full[-1] if full else 0
+    out = []
+    for i, run in enumerate(runs[start:], start=start):
+        label = ("Last full regeneration" if i in full else
+                 "Then, some sections again" if full else "Last run, some sections")
+        out += [f"{label}: {_run_line(run)}", ""]
+    return out
 
 
 def _status_table(parts: list[tuple[Part, PartFile]]) -> list[str]:
@@ -170,7 +194,6 @@ def _analysis(parts: list[tuple[Part, PartFile]]) -> list[str]:
 def assemble() -> str:
     """RESULTS.md from the registry's parts, their notes, the analysis and the last run's summary."""
     parts = [(p, read_part(p.name)) for p in PARTS]
-    summary = json.loads(RUN_SUMMARY.read_text()) if RUN_SUMMARY.exists() else {}
     md = ["# Benchmark results", "",
           "This page is assembled from one part per section (`benchmarks/results/sections/`), each written "
           "by one benchmark command; `benchmarks/_parts.py` lists them. Regenerate it with one command:", "",
@@ -179,12 +202,7 @@ def assemble() -> str:
           "python benchmarks/run_all.py --real     # and those on real vLLM (. .ci/env first)",
           "python benchmarks/run_all.py --assemble # rebuild this page from the parts, running nothing",
           "```", ""]
-    if summary:
-        failed = [f"{n} (rc {rc})" for n, rc in summary.get("failed", {}).items()]
-        md += [f"Last regeneration: {summary['when']}, commit `{summary['commit']}`, "
-               f"`{summary['command']}`: {len(summary['ran'])} sections in {summary['wall_s'] / 60:.1f} min "
-               f"of wall time{_cpu(summary)} on {summary['host']}."
-               + (f" **Failed, kept from their previous run:** {', '.join(failed)}." if failed else ""), ""]
+    md += _runs_text(read_runs())
     md += ["Every section says when it was measured, on which commit, by which command and in how long; "
            "`record` sections are studies run by hand (real engines, paired timings) and say how.", ""]
     md += _status_table(parts) + [""]

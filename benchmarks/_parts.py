@@ -67,8 +67,8 @@ PARTS: tuple[Part, ...] = (
     Part("twin_rank_speed", "Twin ranking speed", "sim",
          ("benchmarks/twin_rank_speed.py", "--screens", "300"), expected_s=120, timing=True),
     # --- search and capacity measurement on the simulator
-    Part("search_efficiency", "Search cost and quality (issue 7)", "sim",
-         ("benchmarks/search_efficiency.py", "--seeds", "10"), expected_s=300, fresh_args=("--fresh",)),
+    Part("search_efficiency", "Search cost and quality (issue 7)", "long",
+         ("benchmarks/search_efficiency.py", "--seeds", "10"), expected_s=1200, fresh_args=("--fresh",)),
     Part("knee_search", "Knee search: load runs per capacity measurement", "sim",
          ("benchmarks/knee_search.py", "--seeds", "5"), expected_s=60),
     Part("capacity_spread", "Spread of one configuration's capacity over seeds (issue 11)", "sim",

@@ -1,7 +1,8 @@
 """Regenerate benchmarks/RESULTS.md: run the benchmarks, write one dated part per section, assemble the page.
 
-    python benchmarks/run_all.py                 # every `sim` section (see --list for the times)
-    python benchmarks/run_all.py --long          # and the long simulated ones (about 70 minutes more)
+    python benchmarks/run_all.py                 # the quick default: every `sim` section (--list: their times)
+    python benchmarks/run_all.py --long          # and the long simulated ones (search efficiency, the twin
+                                                 # against hidden truths, real time vs in-process: 1-2 h)
     python benchmarks/run_all.py --real          # and those on real vLLM (`. .ci/env` first)
     python benchmarks/run_all.py --only knee_search,sim_speed
     python benchmarks/run_all.py --fresh         # recompute cached ground truths (search_efficiency's grids)
@@ -31,8 +32,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _page import (PAGE, ROOT, RUN_SUMMARY, SECTIONS, PartError, assemble,  # noqa: E402
-                   code_commit, format_part, part_path)
+                   code_commit, format_part, part_path, read_runs)
 from _parts import KINDS, PARTS, Part, by_name  # noqa: E402
+
+
+KEEP_RUNS = 6  # invocations kept in results/run_all.json: the last full one and the partial ones after it
 
 
 def host() -> str:
@@ -174,10 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         rc, _ = run_part(p, args.fresh)
         (failed.__setitem__(p.name, rc) if rc else ran.append(p.name))
     cmd = "python benchmarks/run_all.py" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
-    RUN_SUMMARY.write_text(json.dumps({
-        "when": started, "commit": commit, "command": cmd, "host": machine, "ran": ran, "failed": failed,
-        "wall_s": round(time.perf_counter() - t_all, 1), "cpu_s": round(_children_cpu_s() - cpu0, 1)},
-        indent=1) + "\n")
+    this_run = {"when": started, "commit": commit, "command": cmd, "host": machine, "ran": ran, "failed": failed,
+                "wall_s": round(time.perf_counter() - t_all, 1), "cpu_s": round(_children_cpu_s() - cpu0, 1)}
+    RUN_SUMMARY.write_text(json.dumps((read_runs() + [this_run])[-KEEP_RUNS:], indent=1) + "\n")
     return write_page() or (1 if failed else 0)
 
 
