@@ -197,8 +197,8 @@ def assemble() -> str:
     md = ["# Benchmark results", "",
           "This page is assembled from one part per section (`benchmarks/results/sections/`), each written "
           "by one benchmark command; `benchmarks/_parts.py` lists them. Regenerate it with one command:", "",
-          "```", "python benchmarks/run_all.py            # every simulated section (kind sim)",
-          "python benchmarks/run_all.py --long     # and the long simulated ones",
+          "```", "python benchmarks/run_all.py            # the quick default: every `sim` section",
+          "python benchmarks/run_all.py --long     # and the long simulated ones (an hour or two)",
           "python benchmarks/run_all.py --real     # and those on real vLLM (. .ci/env first)",
           "python benchmarks/run_all.py --assemble # rebuild this page from the parts, running nothing",
           "```", ""]
