@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
+from itertools import filterfalse
 from dataclasses import dataclass, field
 
 from tuner.sim.config import ResolvedConfig
@@ -335,7 +336,7 @@ class EngineCore:
                 break
             if n_hit:
                 held = seq.hashes[:n_hit]
-                pool.ref(held)
+                pool.ref(held, from_free)
                 seq.held = list(held)
             pool.take(new_blocks)
             seq.n_blocks = n_hit + new_blocks
@@ -364,12 +365,12 @@ class EngineCore:
         if self.pool.caching and hashes:
             # `BlockPool.register`, inlined: a prompt's every block passes here
             used, free = self.pool.cached_used, self.pool.cached_free
-            held = seq.held
-            for b in range(max(old // B, len(held)), min(new // B, len(hashes))):
-                h = hashes[b]
-                if h not in used and h not in free:
-                    used[h] = 1
-                    held.append(h)
+            lo, hi = max(old // B, len(seq.held)), min(new // B, len(hashes))
+            if hi > lo:  # the chunk's full blocks not cached yet, registered (in C: a RAG prompt is 2,000)
+                fresh = dict.fromkeys(filterfalse(free.__contains__,
+                                                  filterfalse(used.__contains__, hashes[lo:hi])), 1)
+                used.update(fresh)
+                seq.held.extend(fresh)
         if new < seq.target:
             return
         # prefill complete: it samples one token
