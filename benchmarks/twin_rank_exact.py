@@ -7,11 +7,11 @@ no number. For each scenario (benchmarks/_scenarios.py, the twin at its nominal 
 first fit) this ranks the space on the reference path (one `step` call a step, one process) and on the
 shipped one, and prints each one's CPU seconds (this process and its workers) and wall seconds, and how
 the shipped ranking agrees with the reference: the top-1, the top-3, and whether every prediction is
-identical. `--prescreen` adds a third ranking with a cheaper first pass over the space
-(`tuner.twin.predict.PRESCREEN`), which does change numbers: its agreement is measured the same way.
+identical. On two cores the shipped screen runs in chains side by side, cut where a screen ignores its
+start rate (`tuner.twin.predict._chains`), so that too is meant to change no number.
 
 Run alone (its timings are of this host's cores; the CPU column is comparable across a busy host):
-    python benchmarks/twin_rank_exact.py [--scenarios ...] [--prescreen REQUESTS PRECISION TOP]
+    python benchmarks/twin_rank_exact.py [--scenarios ...]
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from _harness import load_settings  # noqa: E402
 from _scenarios import SCENARIOS  # noqa: E402
 
 import tuner.engine.virtual as virtual  # noqa: E402
-import tuner.twin.predict as predict_mod  # noqa: E402
 from tuner.knobs import Knobs  # noqa: E402
 from tuner.twin.twin import Twin  # noqa: E402
 
@@ -39,12 +38,12 @@ def _cpu() -> float:
     return time.process_time() + kids.ru_utime + kids.ru_stime
 
 
-def rank(sc, *, reference: bool, prescreen=None) -> dict:
+def rank(sc, *, reference: bool) -> dict:
     workload, slo = sc.workload(), sc.slo()
     twin = Twin.build(sc.gpu, sc.model, workload, slo, load_settings(sc), seed=0)
     choices = {k: list(dict.fromkeys(sc.space.knobs[k].values)) for k in sc.space.knobs}
-    saved = virtual.FUSED_DECODE, predict_mod.PRESCREEN, os.environ.get("TUNER_TWIN_WORKERS")
-    virtual.FUSED_DECODE, predict_mod.PRESCREEN = not reference, prescreen
+    saved = virtual.FUSED_DECODE, os.environ.get("TUNER_TWIN_WORKERS")
+    virtual.FUSED_DECODE = not reference
     if reference:
         os.environ["TUNER_TWIN_WORKERS"] = "1"
     try:
@@ -52,11 +51,11 @@ def rank(sc, *, reference: bool, prescreen=None) -> dict:
         ranking = twin.rank(choices, lambda k: sc.space.allows(k, {}) is None, extra=[Knobs()])
         cpu, wall = _cpu() - c0, time.perf_counter() - w0
     finally:
-        virtual.FUSED_DECODE, predict_mod.PRESCREEN = saved[0], saved[1]
-        if saved[2] is None:
+        virtual.FUSED_DECODE = saved[0]
+        if saved[1] is None:
             os.environ.pop("TUNER_TWIN_WORKERS", None)
         else:
-            os.environ["TUNER_TWIN_WORKERS"] = saved[2]
+            os.environ["TUNER_TWIN_WORKERS"] = saved[1]
     preds = [(p.key, p.capacity_rps) for p in ranking.predictions]
     return {"cpu": cpu, "wall": wall, "keys": [k for k, c in preds if c], "preds": preds}
 
@@ -70,22 +69,12 @@ def agreement(ref: dict, other: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenarios", nargs="+", default=[s.name for s in SCENARIOS])
-    ap.add_argument("--prescreen", nargs=3, type=float, metavar=("REQUESTS", "PRECISION", "TOP"))
     a = ap.parse_args(argv)
-    fast = None
-    if a.prescreen:
-        fast = predict_mod.Fidelity(requests=int(a.prescreen[0]), precision=a.prescreen[1], careful=False,
-                                    latency_spans=predict_mod.SCREEN.latency_spans)
-        predict_mod.PRESCREEN_TOP = int(a.prescreen[2])
     print(f"{'scenario':18} {'configs':>7}  {'reference cpu/wall s':>20}  {'shipped cpu/wall s':>18}  agreement")
     for sc in [s for s in SCENARIOS if s.name in a.scenarios]:
         ref, new = rank(sc, reference=True), rank(sc, reference=False)
         print(f"{sc.name:18} {len(ref['preds']):7d}  {ref['cpu']:9.1f} / {ref['wall']:6.1f}  "
               f"{new['cpu']:8.1f} / {new['wall']:6.1f}  {agreement(ref, new)}", flush=True)
-        if fast is not None:
-            pre = rank(sc, reference=False, prescreen=fast)
-            print(f"{'  with prescreen':18} {len(pre['preds']):7d}  {'':20}  {pre['cpu']:8.1f} / {pre['wall']:6.1f}  "
-                  f"{agreement(ref, pre)}", flush=True)
     return 0
 
 

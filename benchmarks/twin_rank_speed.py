@@ -17,12 +17,14 @@ Run alone (it times one core):
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("TUNER_TWIN_WORKERS", "1")  # one core, and the load runs counted here, not in workers
 
 from _harness import ground_truth, load_settings  # noqa: E402
 from twin_hidden_truth import scenarios  # noqa: E402

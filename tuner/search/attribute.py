@@ -54,16 +54,22 @@ def _pct(after: float | None, without_rps: float | None, before: float | None) -
     return 100.0 * (after - (without_rps or 0.0)) / before
 
 
+#: Several predictions at once, in order (side by side where the predictor can: `Twin.predict_many`).
+PredictMany = Callable[[list[tuple[dict, float]]], list["float | None"]]
+
+
 def predicted_step(predict: Callable[[dict, float], float | None], before: TrialRecord, after: TrialRecord,
-                   floor: float, fit_after: int = -1) -> StepShares:
-    """Leave one knob out at a time, in the twin: each knob's predicted share of the step."""
+                   floor: float, fit_after: int = -1, predict_many: PredictMany | None = None) -> StepShares:
+    """Leave one knob out at a time, in the twin: each knob's predicted share of the step. The step's
+    predictions are independent of each other and asked for together (`predict_many`)."""
     rate = after.capacity_rps or before.capacity_rps or 1.0
-    pb, pa = predict(before.knobs, before.capacity_rps or rate), predict(after.knobs, rate)
+    knobs = changed(before.knobs, after.knobs)
+    outs = [without(after.knobs, before.knobs, k) for k in knobs]
+    asked = [(before.knobs, before.capacity_rps or rate), (after.knobs, rate)] + [(wk, rate) for wk in outs]
+    pb, pa, *pws = predict_many(asked) if predict_many else [predict(k, r) for k, r in asked]
     step = StepShares(trial=after.number, before_trial=before.number, fit_after_trial=fit_after,
                       predicted_before_rps=pb, predicted_after_rps=pa)
-    for k in changed(before.knobs, after.knobs):
-        wk = without(after.knobs, before.knobs, k)
-        pw = predict(wk, rate)
+    for k, wk, pw in zip(knobs, outs, pws):
         share = _pct(pa, pw, pb)
         step.knobs.append(KnobShare(knob=k, without_knobs=wk, predicted_without_rps=pw, predicted_share_pct=share,
                                     within_noise=share is not None and share <= 100 * floor))
@@ -107,7 +113,8 @@ def simplify(steps: list[tuple[StepShares, TrialRecord, TrialRecord]], final: Tr
 
 def attribute(runner: TrialRunner, budget: Budget, outcome: Outcome, *, noise_floor: float,
               predict: Callable[[dict, float], float | None] | None = None, fit_after: int = -1,
-              verify: bool = False, say: Callable[[str], None] = lambda m: None) -> SharesLog | None:
+              verify: bool = False, say: Callable[[str], None] = lambda m: None,
+              predict_many: PredictMany | None = None) -> SharesLog | None:
     """Shares of every multi-knob step of the incumbent chain, the simpler configuration and its
     confirming launch; stored as the study attribute `shares`. None when no step changed several knobs."""
     recs = {r.number: r for rs in runner.finished_all().values() for r in rs}
@@ -121,7 +128,7 @@ def attribute(runner: TrialRunner, budget: Budget, outcome: Outcome, *, noise_fl
     for before, after in zip(chain, chain[1:]):
         if len(changed(before.knobs, after.knobs)) < 2 or not before.capacity_rps:
             continue
-        step = (predicted_step(predict, before, after, floor, fit_after) if predict else
+        step = (predicted_step(predict, before, after, floor, fit_after, predict_many) if predict else
                 StepShares(trial=after.number, before_trial=before.number,
                            knobs=[KnobShare(knob=k, without_knobs=without(after.knobs, before.knobs, k))
                                   for k in changed(before.knobs, after.knobs)]))
@@ -187,10 +194,14 @@ def attribute_study(runner: TrialRunner, budget: Budget, outcome: Outcome, twin=
                     verify: bool = False, say: Callable[[str], None] | None = None) -> SharesLog | None:
     """`attribute` with the study's fitted twin (`tuner.twin.twin.Twin`, None for strategies without
     one: then only `--attribute`'s launches give shares)."""
-    predict = None
+    predict = predict_many = None
     if twin is not None and twin.fits:
         def predict(knobs: dict, rate: float) -> float | None:
             return twin.predict(runner.space.layout(Knobs.stored(knobs)), start_rate=rate).capacity_rps
+
+        def predict_many(asked: list[tuple[dict, float]]) -> list[float | None]:
+            return [p.capacity_rps for p in
+                    twin.predict_many([(runner.space.layout(Knobs.stored(k)), rate) for k, rate in asked])]
     return attribute(runner, budget, outcome, noise_floor=noise_floor, predict=predict,
                      fit_after=twin.after_trial if twin is not None else -1, verify=verify,
-                     say=say or (lambda m: None))
+                     say=say or (lambda m: None), predict_many=predict_many)

@@ -59,13 +59,11 @@ SCREEN = Fidelity(requests=300, precision=0.10, careful=False, latency_spans=1.5
 #: once at 50.5%; not kept (benchmarks/RESULTS.md).
 FULL = Fidelity(requests=400, precision=0.03)
 REFINE = 6
-#: Optional first pass, cheaper than `SCREEN`: every configuration at this fidelity, then only the best
-#: `PRESCREEN_TOP` screened (in the space's own order, each from its neighbour's capacity, as without it)
-#: and the best `REFINE` of those predicted carefully. None: every configuration is screened.
-#: (`benchmarks/twin_rank_speed.py --prescreen` measures its agreement with the full ranking.)
-PRESCREEN: "Fidelity | None" = None
-PRESCREEN_TOP = 24
 GRID_LIMIT = 160   # spaces up to this many configurations are predicted exhaustively
+#: A larger space is sampled by TPE in pairs: two configurations asked, screened side by side (on two
+#: cores), told. The pair is fixed whatever the cores, so the ranking is the same on any host; one at a
+#: time, the main job's 160 screens were its longest serial stretch.
+TPE_BATCH = 2
 
 
 def twin_load(load: LoadSettings, fidelity: Fidelity = FULL) -> LoadSettings:
@@ -103,6 +101,32 @@ def _ordered(preds: list[Prediction]) -> list[Prediction]:
     return sorted(preds, key=lambda p: -(p.capacity_rps or 0.0))
 
 
+def _burst_screen(gpu, model, params: TwinParams, knobs: Knobs, fidelity: Fidelity,
+                  lora: LoraSetup | None = None) -> bool:
+    """Whether the screen of `knobs` opens with the rate-inf burst (`KneeSearch._burst_requests`): its
+    start rate is then never used, so a chain of screens may begin there with any start."""
+    try:
+        mns = TwinEngine(gpu, model, params, lora=lora).launch(knobs).cfg.max_num_seqs
+    except LaunchFailure:
+        return False
+    return fidelity.requests >= 2 * mns
+
+
+def _chains(configs: list[Knobs], n: int, opens_chain: Callable[[Knobs], bool]) -> list[list[Knobs]]:
+    """`configs` in order, cut into at most `n` runs of about equal length, each cut before a configuration
+    whose screen ignores its start rate (`opens_chain`), so every screen starts where it would have in one
+    chain: the same predictions, side by side."""
+    if n <= 1 or len(configs) < 2 * n:
+        return [configs]
+    cuts = [0]
+    for j in range(1, n):
+        at = next((i for i in range(j * len(configs) // n, len(configs)) if i > cuts[-1] and opens_chain(configs[i])),
+                  None)
+        if at is not None:
+            cuts.append(at)
+    return [configs[a:b] for a, b in zip(cuts, cuts[1:] + [len(configs)])]
+
+
 def rank_space(params: TwinParams, gpu, model, choices: dict[str, list], allowed: Callable[[Knobs], bool],
                workload: Workload, slo: SLO, load: LoadSettings, *, after_trial: int = -1,
                start_rate: float = 1.0, extra: Iterable[Knobs] = (), budget: int = GRID_LIMIT,
@@ -110,71 +134,90 @@ def rank_space(params: TwinParams, gpu, model, choices: dict[str, list], allowed
                shapes: dict | None = None, lora: LoraSetup | None = None) -> Ranking:
     """Every configuration of the space (`choices`: each knob's values; `allowed`: its constraints),
     plus `extra` (vLLM's defaults), predicted and ranked; `canonical` maps a configuration to its one
-    name (vLLM's default value written out is the default), so none is predicted twice."""
+    name (vLLM's default value written out is the default), so none is predicted twice.
+
+    Each configuration is screened from the last screened one's capacity: the grid walks its last knob
+    first, so the last one is a neighbour (TPE's last sample is near its next as it converges), and a start
+    near the knee saves the bracketing runs. Independent screens run side by side (`tuner.twin.workers`)."""
     import itertools
 
     t0 = time.perf_counter()
     out: dict[str, Prediction] = {}
-    first = PRESCREEN or SCREEN
-    order: list[Knobs] = []
-
     last = start_rate
 
-    def one(k: Knobs) -> Prediction:
-        """Screened from the last screened configuration's capacity: the grid walks its last knob
-        first, so the last one is a neighbour (TPE's last sample is near its next as it converges),
-        and a start near the knee saves the bracketing runs."""
+    def screen(item: tuple[list[Knobs], float]) -> list[Prediction]:
+        """A chain of screens, each from the previous one's capacity."""
+        chain, rate = item
+        preds = []
+        for k in chain:
+            preds.append(predict(params, gpu, model, k, workload, slo, load, start_rate=rate,
+                                 after_trial=after_trial, shapes=shapes, lora=lora, fidelity=SCREEN))
+            rate = preds[-1].capacity_rps or rate
+        return preds
+
+    def keep(preds: list[Prediction]) -> None:
         nonlocal last
-        k = canonical(k)
-        key = k.key()
-        if key not in out:
-            out[key] = predict(params, gpu, model, k, workload, slo, load, start_rate=last,
-                               after_trial=after_trial, shapes=shapes, lora=lora, fidelity=first)
-            last = out[key].capacity_rps or last
-            order.append(k)
-        return out[key]
+        for p in preds:
+            out[p.key] = p
+            last = p.capacity_rps or last
 
     extra = [canonical(k) for k in extra]
-    for k in extra:
-        one(k)
+    keep(screen((list({k.key(): k for k in extra}.values()), last)))
     names = list(choices)
     size = 1
     for n in names:
         size *= len(choices[n])
-    if size <= budget:
-        for combo in itertools.product(*(choices[n] for n in names)):
-            k = Knobs.stored({n: v for n, v in zip(names, combo) if v is not None})
-            if allowed(k):
-                one(k)
-        method = "grid"
-    else:
-        method = "tpe"
-        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(20, budget // 4))
-        study = scratch_study("maximize", sampler)
-        for _ in range(budget * 3):
-            if len(out) >= budget:
-                break
+    with Workers(screen) as workers:
+        if size <= budget:
+            method = "grid"
+            grid: dict[str, Knobs] = {}
+            for combo in itertools.product(*(choices[n] for n in names)):
+                k = Knobs.stored({n: v for n, v in zip(names, combo) if v is not None})
+                if allowed(k):
+                    k = canonical(k)
+                    if k.key() not in out:
+                        grid.setdefault(k.key(), k)
+            chains = _chains(list(grid.values()), 4 * workers.n,
+                             lambda k: _burst_screen(gpu, model, params, k, SCREEN, lora))
+            for preds in workers.map([(c, last) for c in chains]):
+                keep(preds)
+        else:
+            method = "tpe"
+            _sample(choices, allowed, canonical, budget, seed, out, workers, lambda: last, keep)
+    screened = Ranking(after_trial=after_trial, predictions=_ordered(list(out.values())), method=method)
+    ranked = rerank(params, gpu, model, screened, workload, slo, load, top=REFINE, after_trial=after_trial,
+                    start_rate=start_rate, shapes=shapes, lora=lora, always=extra)
+    return ranked.model_copy(update={"wall_s": round(time.perf_counter() - t0, 3)})
+
+
+def _sample(choices: dict[str, list], allowed: Callable[[Knobs], bool], canonical: Callable[[Knobs], Knobs],
+            budget: int, seed: int, out: dict[str, Prediction], workers: Workers, last: Callable[[], float],
+            keep: Callable[[list[Prediction]], None]) -> None:
+    """TPE over the space until `out` holds `budget` configurations: `TPE_BATCH` asked at a time (the
+    sampler's constant liar keeps a pair apart), screened side by side, told."""
+    names = list(choices)
+    sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(20, budget // 4), constant_liar=True)
+    study = scratch_study("maximize", sampler)
+    asked = 0
+    while asked < budget * 3 and len(out) < budget:
+        batch: list[tuple[optuna.trial.Trial, Knobs]] = []
+        new: dict[str, Knobs] = {}
+        while len(batch) < TPE_BATCH and asked < budget * 3 and len(out) + len(new) < budget:
             t = study.ask()
+            asked += 1
             k = Knobs.stored({n: v for n, v in ((n, t.suggest_categorical(n, list(choices[n]))) for n in names)
                               if v is not None})
             if not allowed(k):
                 study.tell(t, state=optuna.trial.TrialState.PRUNED)
                 continue
-            study.tell(t, one(k).capacity_rps or 0.0)
-    if PRESCREEN is not None:  # the best of the first pass screened as without it
-        best = {p.key for p in _ordered(list(out.values()))[:PRESCREEN_TOP] if p.capacity_rps}
-        best |= {k.key() for k in extra}
-        last = start_rate
-        for k in order:
-            key = k.key()
-            if key in best:
-                out[key] = predict(params, gpu, model, k, workload, slo, load, start_rate=last,
-                                   after_trial=after_trial, shapes=shapes, lora=lora, fidelity=SCREEN)
-                last = out[key].capacity_rps or last
-    screened = Ranking(after_trial=after_trial, predictions=_ordered(list(out.values())), method=method)
-    ranked = rerank(params, gpu, model, screened, workload, slo, load, top=REFINE, after_trial=after_trial,
-                    start_rate=start_rate, shapes=shapes, lora=lora, always=extra)
-    return ranked.model_copy(update={"wall_s": round(time.perf_counter() - t0, 3)})
+            k = canonical(k)
+            batch.append((t, k))
+            if k.key() not in out:
+                new.setdefault(k.key(), k)
+        for preds in workers.map([([k], last()) for k in new.values()]):
+            keep(preds)
+        for t, k in batch:
+            study.tell(t, out[k.key()].capacity_rps or 0.0)
 
 
 def rerank(params: TwinParams, gpu, model, previous: Ranking, workload: Workload, slo: SLO,

@@ -90,6 +90,11 @@ class Twin:
         return predict(self.params, self.gpu, self.model, knobs, self.workload, self.judged_slo, self.load,
                        start_rate=start_rate, after_trial=self.after_trial, shapes=self.shapes, lora=self.lora)
 
+    def predict_many(self, asked: list[tuple[Knobs, float]]) -> list[Prediction]:
+        """`predict(knobs, start_rate)` of each, side by side (`tuner.twin.workers`), in order."""
+        with Workers(lambda a: self.predict(a[0], start_rate=a[1])) as workers:
+            return workers.map(asked)
+
     def rank(self, choices: dict[str, list], allowed: Callable[[Knobs], bool], *,
              extra: Iterable[Knobs] = (), start_rate: float = 1.0,
              canonical: Callable[[Knobs], Knobs] = lambda k: k) -> Ranking:
