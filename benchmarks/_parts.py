@@ -12,7 +12,7 @@ Kinds (what `run_all.py` runs by default and what it keeps):
   kept from its last run, with that run's date on the page.
 - `real`: needs real vLLM (`. .ci/env`: TUNER_VLLM_PYTHON, TUNER_TINY_MODEL): run with `--real`;
   otherwise kept from its last run.
-- `record`: a study of several hand-run commands (real engines, paired timings with `farm-bench`) that no
+- `record`: a study of several hand-run commands (real engines, paired whole-process timings) that no
   one command reproduces: never run by `run_all.py`; its header says how it was run. Lab-notebook
   records of earlier code (`notebook=True`) are kept at the end of the page for the record.
 
