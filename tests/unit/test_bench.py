@@ -9,7 +9,9 @@ import pytest
 
 from tuner.engine.sim import SimEngine
 from tuner.knobs import Knobs
-from tuner.bench.result import bench_result, bench_schedule, format_table, max_in_flight, run_span
+from tuner.bench.result import (assign_adapters, bench_result, bench_schedule, format_table, max_in_flight,
+                                run_span)
+from tuner.errors import UserError
 from tuner.replay.record import LoadRun, RequestRecord
 from tuner.slo import SLO
 from tuner.workload.model import Workload, WorkloadRequest
@@ -82,6 +84,21 @@ def test_bench_schedule_cycles_and_keeps_trace_times():
     assert times == pytest.approx([0.0, 1.0, 2.0])
     _, times = bench_schedule(wl, 40, 5.0, "poisson", seed=3)
     assert times[0] == 0.0 and all(b >= a for a, b in zip(times, times[1:]))
+
+
+def test_adapters_are_assigned_as_vllm_bench_serve_assigns_them():
+    reqs = [WorkloadRequest(prompt_tokens=5, output_tokens=3, lora="own" if i == 0 else None) for i in range(7)]
+    rr = assign_adapters(reqs, ["a", "b", "c"], "round-robin")
+    assert [r.lora for r in rr] == ["a", "b", "c", "a", "b", "c", "a"]  # request i: adapters[i % n]
+    assert reqs[0].lora == "own"  # the workload's requests are not changed
+    many = assign_adapters([reqs[1]] * 3000, ["a", "b", "c"], "random", seed=4)
+    counts = {n: sum(r.lora == n for r in many) for n in "abc"}
+    assert all(900 < c < 1100 for c in counts.values()), counts  # uniform
+    assert [r.lora for r in assign_adapters(reqs, ["a", "b"], "random", seed=4)] == \
+        [r.lora for r in assign_adapters(reqs, ["a", "b"], "random", seed=4)]
+    assert assign_adapters(reqs, [], "random") == reqs  # no --lora-modules: each request's own
+    with pytest.raises(UserError, match="--lora-assignment"):
+        assign_adapters(reqs, ["a"], "zipf")
 
 
 def test_in_process_closed_loop_caps_the_engine():

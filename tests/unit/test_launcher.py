@@ -44,6 +44,18 @@ def test_vllm_argv_forms(tmp_path):
     assert py.model_name == "tiny" and cmd.model_name == "m"
 
 
+def test_lora_adapters_enable_lora_before_the_knobs(tmp_path):
+    """A workload's adapters become `--enable-lora --lora-modules name=path ...`; the LoRA knobs (among the
+    knob flags) come after, the user's extra args last. No adapters: no LoRA flag at all."""
+    py = VllmEngine("/models/tiny", run_root=tmp_path, python="/venv/bin/python", extra_args=["--enforce-eager"],
+                    lora_modules=["t0=/loras/t0", "t1=/loras/t1"])
+    argv = py.argv(Knobs(max_num_seqs=8), 8123)
+    assert argv[argv.index("--port") + 2:] == ["--enable-lora", "--lora-modules", "t0=/loras/t0", "t1=/loras/t1",
+                                                "--max-num-seqs", "8", "--enforce-eager"]
+    plain = VllmEngine("/models/tiny", run_root=tmp_path, python="/venv/bin/python").argv(Knobs(), 1)
+    assert not any("lora" in a for a in plain)
+
+
 def test_default_form_needs_vllm_on_path(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(UserError, match="not on PATH"):
@@ -60,6 +72,9 @@ def test_default_form_needs_vllm_on_path(tmp_path, monkeypatch):
     ({"extra_args": ["--port", "1"]}, "set by the tuner"),
     ({"command": "vllm serve {model}"}, "no {port}"),
     ({"command": "x {port}", "python": "/p"}, "not both"),
+    ({"lora_modules": ["a=/x", "a=/y"]}, "'a' is given twice"),
+    ({"lora_modules": ["a"]}, "must be name=path"),
+    ({"lora_modules": ["a=/x"], "extra_args": ["--lora-modules", "b=/y"]}, "drop it from --vllm-arg"),
 ])
 def test_engine_options_that_are_user_errors(tmp_path, kwargs, match):
     with pytest.raises(UserError, match=match):

@@ -18,6 +18,7 @@ layout below are `bench serve`'s, from `vllm/benchmarks/serve.py` (`calculate_me
 from __future__ import annotations
 
 import math
+import random
 import time
 from typing import Iterable, Sequence
 
@@ -109,6 +110,30 @@ def bench_schedule(workload: Workload, num_prompts: int, rate: float, arrival: s
     if arrival == "poisson":
         return chosen, poisson_times(num_prompts, rate, seed)
     raise UserError(f"unknown arrival process {arrival!r} (known: poisson, gamma, trace)", field="--arrival")
+
+
+#: `vllm bench serve --lora-assignment` choices (vllm/benchmarks/serve.py).
+LORA_ASSIGNMENTS = ("random", "round-robin")
+
+
+def assign_adapters(requests: Sequence[WorkloadRequest], adapters: Sequence[str], assignment: str = "random",
+                    seed: int = 0) -> list[WorkloadRequest]:
+    """Each request sent to one of `adapters`, as `vllm bench serve --lora-modules A B ... --lora-assignment`
+    picks them: `round-robin` gives request i `adapters[i % n]` in the schedule's order (the same adapter
+    per request as vLLM's client, whose order is the dataset's); `random` draws one per request, uniformly
+    (vLLM: `random.choice` on its global generator seeded by `--seed`, after its other draws, so the same
+    distribution, not the same draws). A request's own `lora` is replaced, as vLLM replaces the model."""
+    if not adapters:
+        return list(requests)
+    if assignment == "round-robin":
+        names = [adapters[i % len(adapters)] for i in range(len(requests))]
+    elif assignment == "random":
+        rng = random.Random(seed)
+        names = [rng.choice(list(adapters)) for _ in requests]
+    else:
+        raise UserError(f"must be one of {', '.join(LORA_ASSIGNMENTS)}, got {assignment!r}",
+                        field="--lora-assignment")
+    return [r.model_copy(update={"lora": name}) for r, name in zip(requests, names)]
 
 
 def sent_records(records: Iterable[RequestRecord]) -> list[RequestRecord]:

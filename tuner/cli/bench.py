@@ -72,8 +72,35 @@ def _check_counts(num_prompts: int, seed: int, request_timeout: float, save_run:
         check_out_dir(save_run, "--save-run")
 
 
-def _model_of(url: str, api_key: str | None, model: str | None) -> str:
-    """The model to ask for: `--model`, else the server's first; also the check that `--url` serves."""
+def _adapters(values: list[str] | None, assignment: str) -> list[str]:
+    """`--lora-modules` names (repeatable, each also comma-separated), one name once."""
+    from tuner.bench.result import LORA_ASSIGNMENTS
+
+    if assignment not in LORA_ASSIGNMENTS:
+        raise UserError(f"must be one of {', '.join(LORA_ASSIGNMENTS)}, got {assignment!r}",
+                        field="--lora-assignment")
+    names = [n.strip() for v in values or [] for n in v.split(",") if n.strip()]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UserError(f"adapter {twice[0]!r} is given twice", field="--lora-modules")
+    return names
+
+
+def _check_served(served: list[str], adapters: list[str], requests, workload: Path) -> None:
+    """Every adapter a request will name is one the server lists in /v1/models (vLLM lists each
+    `--lora-modules` adapter there): a name it does not serve would make every such request a 404."""
+    for name in adapters:
+        if name not in served:
+            raise UserError(f"the server does not serve adapter {name!r} (it serves: {', '.join(served)})",
+                            field="--lora-modules")
+    for r in requests:
+        if r.lora is not None and r.lora not in served:
+            raise UserError(f"a request names adapter {r.lora!r}, which the server does not serve (it serves: "
+                            f"{', '.join(served)})", file=workload, field="lora")
+
+
+def _served(url: str, api_key: str | None) -> list[str]:
+    """The model and adapter names `/v1/models` lists; also the check that `--url` serves."""
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -83,7 +110,11 @@ def _model_of(url: str, api_key: str | None, model: str | None) -> str:
         cards = r.json().get("data") or []
     except (httpx.HTTPError, ValueError, AttributeError) as e:
         raise UserError(f"cannot read {url.rstrip('/')}/v1/models: {e}", field="--url") from None
-    names = [c.get("id") for c in cards if isinstance(c, dict)]
+    return [str(c.get("id")) for c in cards if isinstance(c, dict)]
+
+
+def _model_of(names: list[str], model: str | None) -> str:
+    """The model to ask for: `--model`, else the server's first."""
     if model is not None:
         if model not in names:
             raise UserError(f"the server does not serve {model!r} (it serves: {', '.join(map(str, names))})",
@@ -91,7 +122,7 @@ def _model_of(url: str, api_key: str | None, model: str | None) -> str:
         return model
     if not names:
         raise UserError("the server lists no model in /v1/models", field="--url")
-    return str(names[0])
+    return names[0]
 
 
 def bench(
@@ -115,9 +146,15 @@ def bench(
     metric_percentiles: str = typer.Option("99", help="Comma-separated percentiles to report (vLLM's default 99)."),
     request_timeout: float = typer.Option(600.0, help="Seconds before a request counts as failed."),
     api_key: Optional[str] = typer.Option(None, envvar="VLLM_API_KEY", help="API key (env VLLM_API_KEY)."),
+    lora_modules: Optional[list[str]] = typer.Option(
+        None, "--lora-modules", help="LoRA adapters the server serves (repeat it, or comma-separate names): "
+        "each request is sent to one, as `vllm bench serve --lora-modules` does (default: each request's own "
+        "`lora`, else the base model)."),
+    lora_assignment: str = typer.Option("random", "--lora-assignment",
+                                        help="random | round-robin: how --lora-modules are given to requests."),
 ) -> None:
     """One load run against a running server, printed as `vllm bench serve` prints it."""
-    from tuner.bench.result import bench_result, bench_schedule, format_table
+    from tuner.bench.result import assign_adapters, bench_result, bench_schedule, format_table
     from tuner.replay.check import bound_ms, check_run
     from tuner.replay.client import run_load_http
     from tuner.slo import load_slo
@@ -128,14 +165,21 @@ def bench(
     rate = _check(request_rate, arrival, burstiness, max_concurrency, json_out)
     _check_counts(num_prompts, seed, request_timeout, save_run)
     percentiles = _percentiles(metric_percentiles)
+    adapters = _adapters(lora_modules, lora_assignment)
     the_slo = load_slo(slo) if slo is not None else None
     wl = load_workload(workload)
     if not wl.requests:
         raise UserError("the workload has no requests", file=workload, field="--workload")
     # a trace without --request-rate keeps its own pace (rate inf here means "no rescaling")
     reqs, times = bench_schedule(wl, num_prompts, rate, arrival, burstiness, seed)
-    name = _model_of(url, api_key, model)
-    print(f"{len(reqs)} requests to {url} ({name}), "
+    reqs = assign_adapters(reqs, adapters, lora_assignment, seed)
+    served = _served(url, api_key)
+    name = _model_of(served, model)
+    _check_served(served, adapters, reqs, workload)
+    n_adapters = len({r.lora for r in reqs if r.lora})
+    print(f"{len(reqs)} requests to {url} ({name}"
+          + (f"; {n_adapters} LoRA adapters, {lora_assignment if adapters else 'as the workload names them'}"
+             if n_adapters else "") + "), "
           + (f"rate {rate:g} req/s {arrival}" if math.isfinite(rate) else
              "the trace's timestamps" if arrival == "trace" else "rate inf")
           + (f", at most {max_concurrency} in flight" if max_concurrency else ""), file=sys.stderr)

@@ -13,6 +13,10 @@ Three ways to start it, because users run vLLM in very different places:
   arguments, one inside a larger token to their shell-quoted join.
 
 The API key goes in the environment (`VLLM_API_KEY`), never on the command line, where `ps` would show it.
+
+A workload whose requests name LoRA adapters launches every trial with `--enable-lora --lora-modules
+name=path ...` (`lora_modules`, from the run's adapter catalog), before the knobs' flags, among which the
+LoRA knobs (`--max-loras`, `--max-lora-rank`, `--max-cpu-loras`) are.
 """
 
 from __future__ import annotations
@@ -56,6 +60,23 @@ def render_command(template: str, *, model: str, host: str, port: int, args: Seq
     return argv
 
 
+def check_lora_modules(lora_modules: Sequence[str], extra_args: Sequence[str]) -> list[str]:
+    """`name=path` entries for `--lora-modules` (one name once), refused beside a `--lora-modules` of the
+    user's own (`--vllm-arg`), which would silently replace the workload's adapters."""
+    names: set[str] = set()
+    for entry in lora_modules:
+        name, eq, path = entry.partition("=")
+        if not (eq and name and path):
+            raise UserError(f"LoRA module {entry!r} must be name=path", field="lora_modules")
+        if name in names:
+            raise UserError(f"LoRA adapter {name!r} is given twice", field="lora_modules")
+        names.add(name)
+    if lora_modules and any(a.split("=", 1)[0] == "--lora-modules" for a in extra_args):
+        raise UserError("--lora-modules is set by the tuner from the workload's adapters (--lora-dir); "
+                        "drop it from --vllm-arg", field="--vllm-arg")
+    return list(lora_modules)
+
+
 class VllmEngine(Engine):
     """One `vllm serve` per `launch`, each in its own run directory with its log and pidfile."""
 
@@ -72,7 +93,7 @@ class VllmEngine(Engine):
                  host: str = "127.0.0.1", port: int | None = None, extra_args: Sequence[str] = (),
                  env: Mapping[str, str] | None = None, python: str | None = None, command: str | None = None,
                  api_key: str | None = None, api: str = "completions", startup_timeout_s: float = 900.0,
-                 stop_timeout_s: float = 30.0):
+                 stop_timeout_s: float = 30.0, lora_modules: Sequence[str] = ()):
         if python and command:
             raise UserError("give either python= or command=, not both", field="command")
         if command is not None and "{port}" not in command and port is None:
@@ -81,6 +102,7 @@ class VllmEngine(Engine):
         if not model:
             raise UserError("no model given", field="model")
         check_server_args(extra_args)
+        self.lora_modules = check_lora_modules(lora_modules, extra_args)
         self.model = model
         self.served_model_name = served_model_name
         self.run_root = Path(run_root)
@@ -107,6 +129,8 @@ class VllmEngine(Engine):
         args: list[str] = []
         if self.served_model_name:
             args += ["--served-model-name", self.served_model_name]
+        if self.lora_modules:
+            args += ["--enable-lora", "--lora-modules", *self.lora_modules]
         return args + knobs.flags() + self.extra_args
 
     def argv(self, knobs: Knobs, port: int) -> list[str]:

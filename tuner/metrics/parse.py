@@ -8,6 +8,17 @@ name without the `vllm:` prefix and `_total` suffix:
 - label sets are summed (engines, model names, `finished_reason`), except `*_perc` gauges, which are
   averaged: KV usage is a fraction of each engine's own pool, and a sum over engines would exceed 1;
 - an old name is read only when its new name is absent (transition releases export both, equal).
+
+Two families are not numbers to sum. `vllm:lora_requests_info` is a gauge whose *value* is the time it was
+last set and whose labels carry the state (`running_lora_adapters`, `waiting_lora_adapters`: comma-joined
+adapter names; `max_lora`); every label combination ever seen stays exported, so the current state is
+the series with the largest value, read here as adapter counts (`LORA_RUNNING`, `LORA_WAITING`,
+`LORA_MAX`) and kept by name in `Snapshot.lora_adapters`. vLLM 0.32 (`LoRARequestStates`,
+vllm/v1/metrics/stats.py) puts every adapter with a request in flight into *both* labels (it joins the
+dict keys, not those with a non-zero count), so on real vLLM the two counts are equal: the number of
+distinct adapters in flight, to compare with `max_lora`. Which requests wait for an adapter slot is told
+by `vllm:num_requests_waiting_by_reason{reason="deferred"}` (requests the scheduler skipped for a
+transient constraint, the LoRA budget among them), read as `WAITING_DEFERRED`.
 """
 
 from __future__ import annotations
@@ -37,6 +48,16 @@ WAITING = "num_requests_waiting"
 KV_USAGE = "kv_cache_usage_perc"
 SAMPLED_GAUGES = (RUNNING, WAITING, KV_USAGE)
 
+# Multi-LoRA serving (see the module docstring): the raw families, and the gauges read from them.
+LORA_INFO = "lora_requests_info"
+WAITING_BY_REASON = "num_requests_waiting_by_reason"
+LORA_RUNNING = "lora_running_adapters"     # adapters named in `running_lora_adapters` now
+LORA_WAITING = "lora_waiting_adapters"     # adapters named in `waiting_lora_adapters` now
+LORA_MAX = "lora_max_loras"                # the server's `max_lora` label (its --max-loras)
+WAITING_DEFERRED = "num_requests_waiting_deferred"
+#: Families the gauge sampler parses each tick: the queue and KV gauges, and the LoRA state where exported.
+SAMPLED_FAMILIES = SAMPLED_GAUGES + (LORA_INFO, WAITING_BY_REASON)
+
 # Canonical histogram keys most callers want.
 TTFT = "time_to_first_token_seconds"
 ITL = "inter_token_latency_seconds"
@@ -60,6 +81,9 @@ class Snapshot(BaseModel):
     counters: dict[str, float] = Field(default_factory=dict)
     histograms: dict[str, HistogramDelta] = Field(default_factory=dict)
     cache_config: dict[str, str] = Field(default_factory=dict)
+    #: The current `vllm:lora_requests_info` labels ("running", "waiting": comma-joined adapter names;
+    #: "max_lora"); empty where the server serves no LoRA.
+    lora_adapters: dict[str, str] = Field(default_factory=dict)
 
     def gauge(self, key: str, default: float = 0.0) -> float:
         return self.gauges.get(key, default)
@@ -92,6 +116,8 @@ def parse_metrics(text: str, *, only: tuple[str, ...] | None = None, t: float | 
     counters: dict[str, float] = {}
     hists: dict[str, HistogramDelta] = {}
     cache_config: dict[str, str] = {}
+    lora: dict[str, str] = {}
+    derived: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         if not fam.name.startswith(PREFIX):
             if fam.name.startswith(SIM_PREFIX) and fam.type == "counter":  # the HTTP simulator's own
@@ -106,6 +132,13 @@ def parse_metrics(text: str, *, only: tuple[str, ...] | None = None, t: float | 
                     cache_config.update({k: v for k, v in s.labels.items()
                                          if k not in ("engine", "model_name")})
                 continue
+            if name == LORA_INFO:
+                lora = _lora_state(fam.samples, derived)
+                continue
+            if name == WAITING_BY_REASON:
+                deferred = [s.value for s in fam.samples if s.labels.get("reason") == "deferred"]
+                if deferred:
+                    derived[WAITING_DEFERRED] = sum(deferred)
             gauges.setdefault(name, []).extend(s.value for s in fam.samples)
         elif fam.type == "counter":
             counters[name] = counters.get(name, 0.0) + sum(
@@ -121,14 +154,36 @@ def parse_metrics(text: str, *, only: tuple[str, ...] | None = None, t: float | 
                 elif s.name.endswith("_count"):
                     h.count += s.value
     reduced = {k: (sum(v) / len(v) if k.endswith("_perc") else sum(v)) for k, v in gauges.items() if v}
+    reduced.update(derived)
     for h in hists.values():
         h.buckets = dict(sorted(h.buckets.items()))
     return Snapshot(
         t=time.monotonic() if t is None else t,
         unix_t=time.time() if unix_t is None else unix_t,
         gauges=_prefer_new(reduced), counters=_prefer_new(counters), histograms=_prefer_new(hists),
-        cache_config=cache_config,
+        cache_config=cache_config, lora_adapters=lora,
     )
+
+
+def _names(joined: str) -> list[str]:
+    return [n for n in joined.split(",") if n]
+
+
+def _lora_state(samples, out: dict[str, float]) -> dict[str, str]:
+    """The current LoRA state from `vllm:lora_requests_info`'s samples: the one set last (largest value,
+    a Unix time), its adapter counts written into `out`, its labels returned."""
+    if not samples:
+        return {}
+    last = max(samples, key=lambda s: s.value)
+    running = last.labels.get("running_lora_adapters", "")
+    waiting = last.labels.get("waiting_lora_adapters", "")
+    out[LORA_RUNNING] = float(len(_names(running)))
+    out[LORA_WAITING] = float(len(_names(waiting)))
+    try:
+        out[LORA_MAX] = float(last.labels["max_lora"])
+    except (KeyError, ValueError):
+        pass
+    return {"running": running, "waiting": waiting, "max_lora": last.labels.get("max_lora", "")}
 
 
 def _spellings(names: tuple[str, ...]) -> tuple[str, ...]:

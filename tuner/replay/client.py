@@ -127,7 +127,8 @@ class _Runner:
     def _body(self, i: int) -> bytes:
         req = self.requests[i]
         n = req.output_tokens
-        body: dict = {"model": self.model, "max_tokens": n, "min_tokens": n, "ignore_eos": True,
+        # a request served by a LoRA adapter names it as the model (vLLM's `--lora-modules` name)
+        body: dict = {"model": req.lora or self.model, "max_tokens": n, "min_tokens": n, "ignore_eos": True,
                       "stream": True, "stream_options": {"include_usage": True}}
         if self.api == "chat":
             body["messages"] = render_messages(req, i, salt=self.salt)
@@ -372,7 +373,8 @@ def run_load_http(base_url: str, requests: Sequence[WorkloadRequest], send_times
                   stop_when: StopWhen | None = None, max_concurrency: int | None = None) -> LoadRun:
     """Send `requests[i]` at `send_times[i]` seconds (open loop) to `base_url` and measure every one.
 
-    `model=None` takes the first model of `/v1/models`. `prompt_salt` seeds the request-unique part of
+    `model=None` takes the first model of `/v1/models` (a request whose `lora` is set is sent with its
+    adapter as the model, the base model otherwise). `prompt_salt` seeds the request-unique part of
     synthesised prompts; the default is fresh per run so a second run on the same server does not hit the
     first run's prefix cache. With `metrics`, `/metrics` is scraped before and after (counter and
     histogram deltas) and its gauges sampled every `sample_interval_s` (0: not sampled). `progress(sent, done, ok)` is
