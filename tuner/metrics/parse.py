@@ -169,6 +169,12 @@ def _names(joined: str) -> list[str]:
     return [n for n in joined.split(",") if n]
 
 
+def lora_waiting_only(labels: dict[str, str]) -> int:
+    """Adapters named waiting that are not named running: the adapters waiting for a slot, where a server
+    lists them so (0 on vLLM 0.32, which names the same adapters in both labels)."""
+    return len(set(_names(labels.get("waiting", ""))) - set(_names(labels.get("running", ""))))
+
+
 def _lora_state(samples, out: dict[str, float]) -> dict[str, str]:
     """The current LoRA state from `vllm:lora_requests_info`'s samples: the one set last (largest value,
     a Unix time), its adapter counts written into `out`, its labels returned."""

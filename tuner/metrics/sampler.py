@@ -1,4 +1,4 @@
-"""Sample vLLM's queue and KV gauges through a load run.
+"""Sample vLLM's queue, KV and LoRA gauges through a load run.
 
 Gauges say what the engine was bound by (batch cap: running pinned at max_num_seqs with a queue; KV: usage
 at 1.0 with preemptions), but only as a time series, so they are sampled every `interval_s` during the run.
@@ -16,8 +16,9 @@ import time
 
 import httpx
 
-from tuner.metrics.parse import KV_USAGE, RUNNING, SAMPLED_GAUGES, WAITING, Snapshot, parse_metrics
-from tuner.metrics.window import GaugeSample
+from tuner.metrics.parse import (KV_USAGE, LORA_MAX, LORA_RUNNING, RUNNING, SAMPLED_FAMILIES, WAITING,
+                                 WAITING_DEFERRED, Snapshot, lora_waiting_only, parse_metrics)
+from tuner.metrics.window import GaugeSample, LoraSample
 
 
 class GaugeSampler:
@@ -33,15 +34,23 @@ class GaugeSampler:
         self.time_scale = time_scale
         self.timeout_s = timeout_s
         self.samples: list[GaugeSample] = []
+        #: the LoRA state at each sample, where the server serves adapters (`vllm:lora_requests_info`)
+        self.lora_samples: list[LoraSample] = []
         self.errors = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def _record(self, t: float, text: str) -> None:
-        snap: Snapshot = parse_metrics(text, only=SAMPLED_GAUGES, t=t)
-        self.samples.append(GaugeSample(
-            t=(t - self.t0) / self.time_scale, running=snap.gauge(RUNNING), waiting=snap.gauge(WAITING),
-            kv_usage=snap.gauge(KV_USAGE)))
+        snap: Snapshot = parse_metrics(text, only=SAMPLED_FAMILIES, t=t)
+        rel = (t - self.t0) / self.time_scale
+        self.samples.append(GaugeSample(t=rel, running=snap.gauge(RUNNING), waiting=snap.gauge(WAITING),
+                                        kv_usage=snap.gauge(KV_USAGE)))
+        g = snap.gauges
+        if LORA_RUNNING in g:
+            deferred = g.get(WAITING_DEFERRED)
+            self.lora_samples.append(LoraSample(
+                t=rel, running=int(g[LORA_RUNNING]), waiting=lora_waiting_only(snap.lora_adapters),
+                max_lora=int(g.get(LORA_MAX, 0)), deferred=None if deferred is None else int(deferred)))
 
     def _next_tick(self, n: int) -> float:
         # Ticks on a fixed grid so a slow scrape does not drift the series.

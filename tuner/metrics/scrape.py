@@ -14,7 +14,7 @@ from typing import Sequence
 import httpx
 
 from tuner.metrics.parse import Snapshot, parse_metrics
-from tuner.metrics.window import GaugeSample, HistogramDelta, MetricsWindow
+from tuner.metrics.window import GaugeSample, HistogramDelta, LoraSample, MetricsWindow
 
 
 def _headers(api_key: str | None) -> dict[str, str]:
@@ -54,8 +54,9 @@ def histogram_delta(before: HistogramDelta | None, after: HistogramDelta) -> His
         sum=after.sum - before.sum, count=after.count - before.count)
 
 
-def window(before: Snapshot, after: Snapshot, samples: Sequence[GaugeSample] = ()) -> MetricsWindow:
-    """Counter and histogram deltas between two scrapes, with the gauge samples taken in between.
+def window(before: Snapshot, after: Snapshot, samples: Sequence[GaugeSample] = (),
+           lora_samples: Sequence[LoraSample] = ()) -> MetricsWindow:
+    """Counter and histogram deltas between two scrapes, with the gauge (and LoRA) samples taken in between.
 
     Keys are canonical (`tuner.metrics.window` constants for counters; current vLLM names without the
     `vllm:` prefix for histograms). A counter missing from `before` counts from zero.
@@ -63,7 +64,7 @@ def window(before: Snapshot, after: Snapshot, samples: Sequence[GaugeSample] = (
     counters = {k: _delta(v, before.counters.get(k, 0.0)) for k, v in after.counters.items()}
     hists = {k: histogram_delta(before.histograms.get(k), h) for k, h in after.histograms.items()}
     return MetricsWindow(samples=list(samples), counters=counters, histograms=hists,
-                         cache_config=dict(after.cache_config or before.cache_config))
+                         cache_config=dict(after.cache_config or before.cache_config), lora_samples=list(lora_samples))
 
 
 def histogram_quantile(hist: HistogramDelta, q: float) -> float | None:

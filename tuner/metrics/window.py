@@ -40,6 +40,10 @@ class LoraSample(BaseModel):
     running: int
     waiting: int
     max_lora: int
+    #: requests waiting deferred (vLLM's `num_requests_waiting_by_reason{reason="deferred"}`: skipped by the
+    #: scheduler for the LoRA budget or another transient limit); None where the server does not say. On
+    #: vLLM 0.32 this, not `waiting`, shows requests waiting for a slot (`tuner.metrics.parse`).
+    deferred: int | None = None
 
 
 class HistogramDelta(BaseModel):

@@ -295,7 +295,8 @@ class _Runner:
                     h.cancel()
                 await asyncio.gather(*helpers, return_exceptions=True)
                 after = await self._scrape(client) if before is not None else None
-                mw = window(before, after, sampler.samples if sampler else []) if before and after else None
+                mw = window(before, after, sampler.samples if sampler else [],
+                            sampler.lora_samples if sampler else []) if before and after else None
                 self.result = self._finish(end, mw, started_unix)
                 return self.result
             except asyncio.CancelledError:
@@ -306,7 +307,7 @@ class _Runner:
                     if rec.error is None and rec.finish_s is None:
                         rec.error = CANCELLED
                 self.warnings.append("interrupted: the run was cancelled before it finished")
-                mw = MetricsWindow(samples=sampler.samples) if sampler else None
+                mw = MetricsWindow(samples=sampler.samples, lora_samples=sampler.lora_samples) if sampler else None
                 self.result = self._finish(time.monotonic(), mw, started_unix, interrupted=True)
                 raise
             finally:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from tuner.knobs import Knobs
 from tuner.failures import LaunchFacts
-from tuner.metrics.window import GaugeSample
+from tuner.metrics.window import GaugeSample, LoraSample
 from tuner.settings import RunSettings
 
 SCHEMA_VERSION = 1
@@ -136,6 +136,11 @@ class MetricsDigest(BaseModel):
     max_lora: int | None = None
     adapter_loads: float | None = None
     adapter_disk_loads: float | None = None
+    #: requests waiting deferred (vLLM's `num_requests_waiting_by_reason{reason="deferred"}`), mean over the
+    #: run, where the server says (real vLLM: its sign of requests waiting for an adapter slot); and the
+    #: LoRA samples themselves (at most ~120), the series the report and a reader look at
+    lora_deferred_mean: float | None = None
+    lora_samples: list[LoraSample] = Field(default_factory=list)
 
 
 DiagnosisKind = Literal["queue", "batch_cap", "kv_capacity", "prefill", "decode", "adapter_slots",
