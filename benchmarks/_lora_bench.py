@@ -28,7 +28,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-RESULT = HERE / "results" / "bench_vs_vllm_bench_lora.json"
+RESULTS = HERE / "results"  # bench_vs_vllm_bench_lora.json (real vLLM), bench_vs_vllm_bench_lora_sim-http.json
 MIB = 1 << 20
 COMPARED = [(m, s) for m in ("ttft", "tpot", "e2el") for s in ("mean", "p99")]
 TOLERANCE = 0.05
@@ -64,6 +64,21 @@ def real_server(args, work: Path, names: list[str]):
                                     f"--max-loras={len(names)}", "--max-lora-rank=8"],
                         env={"HF_HUB_OFFLINE": "1"}, startup_timeout_s=300, lora_modules=modules)
     return engine.launch(Knobs()), "tiny", " ".join(engine.argv(Knobs(), 0)).replace("--port 0", "--port PORT")
+
+
+def sim_server(args, work: Path, names: list[str]):
+    """The HTTP simulator (7B on an RTX 4090, time scale 1, no noise) serving `names` as rank-16
+    names-only adapters, every one with a slot (`max_loras` = N): the clients are compared, not thrash."""
+    from tuner.engine.sim_http import SimHTTPEngine
+    from tuner.knobs import Knobs
+
+    catalog = work / "adapters.yaml"
+    catalog.write_text("rank: 16\nadapters: [" + ", ".join(names) + "]\n")
+    knobs = Knobs(max_loras=len(names))
+    engine = SimHTTPEngine("rtx4090", "Qwen/Qwen2.5-7B-Instruct", time_scale=1.0, run_dir=work / "servers",
+                           lora_dir=str(catalog))
+    command = " ".join(engine.argv(knobs, 0)).replace("--port 0", "--port PORT")
+    return engine.launch(knobs), "Qwen/Qwen2.5-7B-Instruct", command
 
 
 def server_means(url: str, before) -> dict:
@@ -166,10 +181,11 @@ def main(args, work: Path, launch) -> int:
         va = statistics.median(r[key] for r in rows if r["client"] == "vllm")
         vb = statistics.median(r[key] for r in rows if r["client"] == "tune")
         print(f"{key:<22} vllm {va:10.2f}   tune {vb:10.2f}")
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps({"engine": args.engine, "requests": args.requests, "rate": args.rate, "seed": args.seed,
+    result = RESULTS / ("bench_vs_vllm_bench_lora.json" if args.engine == "vllm" else
+                        f"bench_vs_vllm_bench_lora_{args.engine}.json")
+    result.write_text(json.dumps({"engine": args.engine, "requests": args.requests, "rate": args.rate, "seed": args.seed,
                                   "adapters": args.lora, "pairs": args.pairs if real else 1, "rows": rows,
                                   "medians": table, "all_within": ok, "server": command,
                                   "measured_at": time.strftime("%Y-%m-%d %H:%M:%S %z")}, indent=1) + "\n")
-    print(f"\nall compared metrics within {TOLERANCE:.0%}: {'yes' if ok else 'NO'} ({RESULT.relative_to(ROOT)})")
+    print(f"\nall compared metrics within {TOLERANCE:.0%}: {'yes' if ok else 'NO'} ({result.relative_to(ROOT)})")
     return 0  # measured: the verdict is printed above

@@ -132,10 +132,7 @@ def main() -> int:
         from benchmarks import _lora_bench
 
         work = Path(tempfile.mkdtemp(prefix="bench-vs-vllm-lora-"))
-        if args.engine == "vllm":
-            return _lora_bench.main(args, work, _lora_bench.real_server)
-        print("the HTTP simulator does not serve LoRA adapters yet: run --lora N with --engine vllm")
-        return 2
+        return _lora_bench.main(args, work, _lora_bench.real_server if args.engine == "vllm" else _lora_bench.sim_server)
     if args.engine == "vllm":
         from benchmarks import _real_bench
 
