@@ -104,6 +104,9 @@ PARTS: tuple[Part, ...] = (
     Part("lora_bench_vs_vllm_bench", "tune bench against vllm bench serve with --lora-modules (issue 37)",
          "real", ("benchmarks/bench_vs_vllm_bench.py", "--engine", "vllm", "--lora", "16", "--requests", "300",
                   "--rate", "6", "--pairs", "2"), expected_s=300, needs=_VLLM),
+    Part("lora_bench_vs_vllm_bench_sim", "tune bench against vllm bench serve with --lora-modules on the HTTP "
+         "simulator (issue 37)", "real", ("benchmarks/bench_vs_vllm_bench.py", "--lora", "16", "--requests", "300",
+                                          "--rate", "6"), expected_s=200, needs=_VLLM),
     Part("vllm_studies", "Studies on real vLLM against the careful reference (issue 33)", "record",
          how=". .ci/env; python benchmarks/reference_capacity.py --fresh; then per SLO (loose, tight, ttft): "
          "tune --engine vllm --vllm-python $TUNER_VLLM_PYTHON --model $TUNER_TINY_MODEL "
