@@ -59,6 +59,28 @@ def _normalize(data: Any) -> tuple[Any, dict[str, str]]:
     return out, origin
 
 
+class QualityBound(BaseModel):
+    """`quality:` in the SLO: how far an output-changing configuration may move the model's answers from
+    vLLM's defaults on this workload's prompts (`tuner.quality`), and how the check samples them. A
+    configuration over a bound is rejected as one that breaks a latency threshold is."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_kl: float | None = Field(default=None, ge=0, le=100, allow_inf_nan=False, strict=True)
+    min_top1_agreement: float | None = Field(default=None, ge=0, le=1, strict=True)
+    max_accuracy_drop: float | None = Field(default=None, ge=0, le=1, strict=True)
+    #: a task file (JSONL: `prompt`, and `expected` or `regex`), relative to the SLO file
+    tasks: str | None = Field(default=None, min_length=1, strict=True)
+    prompts: int = Field(default=200, ge=1, le=10_000, strict=True)      # the workload's prompts sampled
+    prompt_tokens: int = Field(default=256, ge=1, le=100_000, strict=True)  # each truncated to this
+    answer_tokens: int = Field(default=32, ge=1, le=4096, strict=True)   # N: the greedy answer's length
+
+    @model_validator(mode="after")
+    def _drop_needs_tasks(self) -> "QualityBound":
+        if self.max_accuracy_drop is not None and self.tasks is None:
+            raise ValueError("max_accuracy_drop needs a task file: give quality.tasks")
+        return self
+
+
 class SLO(BaseModel):
     """Thresholds plus what the capacity plan needs (peak rate, headroom, price)."""
 
@@ -75,6 +97,7 @@ class SLO(BaseModel):
     peak_rate: float | None = Field(default=None, gt=0, le=MAX_RATE_RPS, allow_inf_nan=False, strict=True)
     headroom: float = Field(default=0.7, gt=0, le=1, strict=True)
     price_per_gpu_hour: float | None = Field(default=None, ge=0, le=1e6, allow_inf_nan=False, strict=True)
+    quality: QualityBound | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -123,6 +146,14 @@ def load_slo(path: str | Path) -> SLO:
         if msg == "unknown field" and field and "." not in field:
             msg += f" (known: {', '.join(SLO.model_fields)}, or <metric>_ms)"
         raise UserError(msg, file=p, line=line, field=field) from None
+
+
+def quality_tasks_path(slo: SLO, slo_path: str | Path) -> Path | None:
+    """The SLO's task file (`quality.tasks`), relative to the SLO file's folder unless absolute."""
+    if slo.quality is None or slo.quality.tasks is None:
+        return None
+    p = Path(slo.quality.tasks).expanduser()
+    return p if p.is_absolute() else Path(slo_path).parent / p
 
 
 # --- scoring ----------------------------------------------------------------------------------------------

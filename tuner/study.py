@@ -33,6 +33,7 @@ from tuner.preflight import check_grid_size, check_launcher, check_study_target,
 from tuner.profiles.gpus import get_gpu
 from tuner.profiles.host import describe_host
 from tuner.profiles.models import get_model
+from tuner.quality import check_inputs as check_quality_inputs, study_check
 from tuner.report import write_report
 from tuner.search.attribute import attribute_study
 from tuner.search.runner import NullReporter, Reporter, TrialRunner
@@ -167,6 +168,7 @@ def prepare(settings: RunSettings, space: SearchSpace | None = None) -> tuple[Wo
                         "gamma", field="--arrival")
     name = settings.search.search_space
     slo, space = load_slo(settings.slo), space or load_space(name)
+    check_quality_inputs(slo, settings.slo)
     if settings.engine.gpu:
         get_gpu(settings.engine.gpu)
     engine = engine_class(settings.engine.name)
@@ -234,9 +236,13 @@ def interrupt_cleanup(runner: TrialRunner) -> Iterator[None]:
 def trial_runner(settings: RunSettings, study: Any, engine: Engine, workload: Workload, slo: SLO,
                  space: SearchSpace, load: LoadSettings, reporter: Reporter | None) -> TrialRunner:
     """The runner of the study's trials, as `tune` and every `tune worker` build it."""
+    defaults = engine_defaults(settings)
+    quality = study_check(workload, slo, settings.slo, space.knobs, simulated=engine.simulated, defaults=defaults,
+                          say=getattr(reporter, "note", None))
     return TrialRunner(study=study, engine=engine, workload=workload, slo=slo, space=space, load=load,
-                       knee=KneeSettings(precision=settings.knee.precision), defaults=engine_defaults(settings),
-                       reporter=reporter or NullReporter(), start_rate=settings.load.start_rate or 1.0)
+                       knee=KneeSettings(precision=settings.knee.precision), defaults=defaults,
+                       reporter=reporter or NullReporter(), start_rate=settings.load.start_rate or 1.0,
+                       quality=quality)
 
 
 def run_tune(settings: RunSettings, reporter: Reporter | None = None) -> tuple[Outcome, Path]:

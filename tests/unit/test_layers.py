@@ -38,6 +38,8 @@ LAYERS = [
     "tuner.profiles", "tuner.workload", "tuner.lora",
     # the load run: the client records, the SLO scores its records, the bench statistics
     "tuner.replay", "tuner.slo", "tuner.bench",
+    # quality: how far an output-changing configuration moved the answers (prompt logprobs over HTTP)
+    "tuner.quality",
     # the simulated engine and what it bounds (floors, feasibility before a launch)
     "tuner.sim", "tuner.floors", "tuner.feasibility",
     # engines launch servers and serve load runs

@@ -23,9 +23,11 @@ from tuner.knobs import Knobs, fixing
 from tuner.capacity.knee import KneeSearch, KneeSettings
 from tuner.search.lessons import Lessons, learn
 from tuner.capacity.measure import LoadSettings, latency_quantiles, measure
+from tuner.quality import QualityCheck
+from tuner.storage.quality import load_reference, save_reference
 from tuner.storage.optuna_study import (EXTRA_KNOBS, TrialState, ask, enqueue, finished_records, heartbeats,
                                         interrupt, split_knobs, tell, trial_knobs)
-from tuner.storage.records import Diagnosis, LoadRunSummary, TrialRecord
+from tuner.storage.records import Diagnosis, LearnedConstraint, LoadRunSummary, TrialRecord
 from tuner.search.space import SearchSpace
 from tuner.slo import SLO
 from tuner.workload.model import Workload
@@ -74,6 +76,8 @@ class TrialRunner:
     #: Evaluations of each configuration in this process (read back or launched): the n-th evaluation of
     #: a configuration is its n-th launch, so a resumed study reuses every stored launch in order.
     served: Counter = field(default_factory=Counter)
+    #: the study's quality check (`tuner.quality`); None: nothing in the study changes an output
+    quality: QualityCheck | None = None
 
     @property
     def launches(self) -> int:
@@ -218,6 +222,8 @@ class TrialRunner:
                                 max_num_seqs=knobs.max_num_seqs or self.defaults.get("max_num_seqs"),
                                 on_point=lambda p: self.reporter.point(trial.number, p))
             with server:
+                if self.check_quality(server, rec):  # over the SLO's quality bound: rejected
+                    return self._tell(trial, rec, TrialState.PRUNED, t0)
                 t_load = time.perf_counter()
                 result = search.run(start_rate or self.start_rate, race_rate)
                 result.finish(search.knee.saturation_rate)
@@ -267,6 +273,24 @@ class TrialRunner:
         state = TrialState.FAIL if result.requests_failed or result.client_bound else \
             TrialState.PRUNED if result.raced_out else TrialState.COMPLETE
         return self._tell(trial, rec, state, t0)
+
+    def check_quality(self, server: Any, rec: TrialRecord) -> bool:
+        """The launch's quality evidence on `rec` (`tuner.quality`); True when it breaks the SLO's bound:
+        the trial then ends like one that breaks a latency threshold at every rate, with the reason, and
+        a lone output-changing knob's value is ruled out for the rest of the study."""
+        if self.quality is None:
+            return False
+        rec.quality = self.quality.run(server, rec.knobs, rec.number, load_reference(self.study.user_attrs),
+                                       lambda ref: save_reference(self.study, ref))
+        why = rec.quality.rejected if rec.quality else None
+        if why is None:
+            return False
+        rec.no_capacity_reason = f"rejected for output quality: {why}"
+        changed = self.quality.changed(rec.knobs)
+        if len(changed) == 1:
+            rec.learned.append(LearnedConstraint(knob=changed[0], rule="not", value=rec.knobs[changed[0]],
+                                                 trial=rec.number, failure="quality", message=why))
+        return True
 
     def _tell(self, trial: optuna.Trial, rec: TrialRecord, state: TrialState, t0: float) -> TrialRecord:
         rec.wall_s = time.perf_counter() - t0

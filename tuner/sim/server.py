@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import sys
 import time
 from typing import Callable, Sequence
@@ -39,6 +40,7 @@ from tuner.sim.costs import CostParams
 from tuner.sim.engine import EngineCore, Seq
 from tuner.sim.protocol import (UNAUTHORIZED, BadRequest, Renderer, WatchedStream, parse_request,
                                 sse_body, wait_done_or_gone)
+from tuner.sim.quality import DEFAULT_MAX_LOGPROBS, StandIn, logit_noise, truncate
 from tuner.sim.responses import responses_endpoint
 from tuner.tokens import TokenCounter, block_hashes
 from tuner.sim.vllm_metrics import (ITERATION_TOKENS_BUCKETS, ITL_BUCKETS, REQUEST_LATENCY_BUCKETS,
@@ -335,10 +337,12 @@ class EngineLoop:
 
 
 def build_app(loop: EngineLoop, *, served_names: Sequence[str], api_key: str | None = None,
-              root: str | None = None, tokens: TokenCounter | None = None) -> Starlette:
+              root: str | None = None, tokens: TokenCounter | None = None,
+              max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> Starlette:
     """The Starlette app: vLLM's endpoints over `loop`. `served_names[0]` labels the metrics; `tokens`
-    counts prompts (default: the estimate)."""
+    counts prompts (default: the estimate); `max_logprobs`: vLLM's `--max-logprobs`."""
     served = tuple(served_names)
+    stand_in = StandIn(noise=logit_noise(loop.cfg.kv_cache_dtype, loop.cfg.quantization), max_logprobs=max_logprobs)
     cfg = loop.cfg
     # LoRA adapters answer to their names in `model` (vLLM's --lora-modules), beside the base model's
     lora = cfg.lora
@@ -375,8 +379,16 @@ def build_app(loop: EngineLoop, *, served_names: Sequence[str], api_key: str | N
         denied = unauthorized(request)
         if denied:
             return denied
+        raw = await request.body()
+        body: dict | None = None
         try:
-            p = parse_request(await request.body(), chat=chat, served=accepted, tokens=tokens)
+            p = parse_request(raw, chat=chat, served=accepted, tokens=tokens)
+            if not chat and not p.stream:  # the quality check's fields (`tuner.sim.quality`)
+                body = json.loads(raw)
+                p.prompt_ids = truncate(body, p.prompt_ids)
+                refused = stand_in.refusal(body)
+                if refused:
+                    raise BadRequest(refused, param="prompt_logprobs")
             err = loop.check(len(p.prompt_ids), p.max_tokens)
             if err:
                 raise BadRequest(err)
@@ -389,7 +401,10 @@ def build_app(loop: EngineLoop, *, served_names: Sequence[str], api_key: str | N
         if not await wait_done_or_gone(req, request.receive):
             loop.abort(req)
             return Response(status_code=499)
-        return JSONResponse(out.full(len(p.prompt_ids), p.max_tokens))
+        full = out.full(len(p.prompt_ids), p.max_tokens)
+        if body:
+            full["choices"][0].update(stand_in.extra_fields(body, p.prompt_ids, p.max_tokens))
+        return JSONResponse(full)
 
     async def completions(request: Request) -> Response:
         return await generate(request, chat=False)
@@ -418,13 +433,14 @@ def build_app(loop: EngineLoop, *, served_names: Sequence[str], api_key: str | N
 def run_server(cfg: ResolvedConfig, *, host: str, port: int, served_names: Sequence[str],
                api_key: str | None = None, time_scale: float = 1.0, noise: float = 0.0, seed: int = 0,
                root: str | None = None, tokens: TokenCounter | None = None,
-               cost_params: CostParams | None = None) -> int:
+               cost_params: CostParams | None = None, max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> int:
     """Serve until SIGINT/SIGTERM; the exit code (1 when the port could not be bound)."""
     import uvicorn
 
     loop = EngineLoop(cfg, time_scale=time_scale, noise=noise, seed=seed, model_name=served_names[0],
                       cost_params=cost_params)
-    app = build_app(loop, served_names=served_names, api_key=api_key, root=root, tokens=tokens)
+    app = build_app(loop, served_names=served_names, api_key=api_key, root=root, tokens=tokens,
+                    max_logprobs=max_logprobs)
     print(f"INFO [api_server.py] Starting simulated vLLM API server on http://{host}:{port} "
           f"({cfg.gpu.name}, {cfg.model.name}, time scale {time_scale:g})", flush=True)
     # access logs off: a line per request would cost more CPU than the simulation on a small machine;

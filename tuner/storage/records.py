@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from tuner.knobs import Knobs
 from tuner.failures import LaunchFacts
 from tuner.metrics.window import GaugeSample, LoraSample
+from tuner.storage.quality import QualityResult
 from tuner.settings import RunSettings
 
 SCHEMA_VERSION = 1
@@ -228,6 +229,8 @@ class TrialRecord(BaseModel):
     #: fail), and driving load runs (the prefix warm-up included); the rest is scoring and stopping.
     launch_s: float = 0.0
     load_wall_s: float = 0.0
+    #: how far this launch's outputs moved from the baseline's (`tuner.quality`); None: not checked
+    quality: QualityResult | None = None
 
     @field_validator("knobs", mode="before")
     @classmethod
