@@ -38,14 +38,17 @@ from tuner.inputs import file_sha256, parse_yaml, read_text, yaml_line
 from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs
 from tuner.limits import MAX_RATE_RPS, MAX_SEED, check_load
+from tuner.quality import recheck
 from tuner.recommend import recommend_study
 from tuner.settings import EngineSettings, host_engine
-from tuner.slo import load_slo
+from tuner.slo import QualityBound, load_slo
+from tuner.storage.quality import ATTR, QualityReference, load_reference
 from tuner.storage.reader import load_study_data
 from tuner.validation import first_error
 from tuner.workload.loader import load_workload
 
 DEFAULT_TOLERANCE = 0.10
+QUALITY_REFERENCE = "quality-reference.json"   # the baseline's answers, beside gate.yaml
 
 
 class FileRef(BaseModel):
@@ -66,6 +69,14 @@ def load_settings(load: dict, where: str | Path | None = None, root=None):
     options allow (`tuner.limits.LoadSpec`): `requests: 0` is a user error, not a gate that measured
     nothing and passed."""
     return LoadSettings(**check_load(load, where, root))
+
+
+class GateQuality(BaseModel):
+    """The SLO's quality bound and the baseline's answers it is judged against (`tuner.quality`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    reference: FileRef
+    bound: dict
 
 
 class GateFile(BaseModel):
@@ -103,6 +114,8 @@ class GateFile(BaseModel):
     load: dict = Field(default_factory=dict)      # LoadSettings of each load run (empty: tune's defaults)
     source_run: str | None = None
     source_trial: int | None = None
+    #: the study's quality bound: the gated launch's answers are compared with the baseline's again
+    quality: GateQuality | None = None
 
     @property
     def check_rate(self) -> float:
@@ -145,12 +158,42 @@ def write_gate(run_dir: str | Path, *, path: str | Path | None = None,
                     attainment_ci=[knee[-1].ci_low, knee[-1].ci_high] if knee else None,
                     tolerance=tolerance,
                     load=info.load or default_load(eng.name, info.settings.load.arrival),
-                    source_run=str(run_dir), source_trial=tuned.number if tuned else None)
+                    source_run=str(run_dir), source_trial=tuned.number if tuned else None,
+                    quality=_gate_quality(data, run_dir))
     out = Path(path) if path is not None else Path(run_dir) / "gate.yaml"
     head = ("# Regression gate written by slo-tuner: `tune gate gate.yaml` re-measures this configuration.\n"
             "# Exit 0 pass, 1 regression, 2 bad input (including a workload or SLO file that changed).\n")
     out.write_text(head + yaml.safe_dump(gate.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
     return out
+
+
+def _gate_quality(data, run_dir: str | Path) -> GateQuality | None:
+    """The quality part of the gate: the SLO's bound and the baseline's reference answers, written beside
+    the gate as `quality-reference.json` (None: the study has no bound or no reference)."""
+    bound = (data.info.slo or {}).get("quality")
+    ref = load_reference({ATTR: data.quality_reference})
+    if not bound or ref is None:
+        return None
+    p = Path(run_dir) / QUALITY_REFERENCE
+    p.write_text(ref.model_dump_json(), encoding="utf-8")
+    return GateQuality(reference=FileRef(path=str(p), sha256=file_sha256(p)), bound=bound)
+
+
+def _check_quality(gate: GateFile, gate_dir: Path, server, simulated: bool) -> Check:
+    """The gated launch's answers against the baseline's reference, judged by the study's bound."""
+    assert gate.quality is not None
+    t0 = time.perf_counter()
+    p = _find_input(gate.quality.reference, gate_dir, None, "quality-reference")
+    ref = QualityReference.model_validate_json(p.read_text(encoding="utf-8"))
+    res = recheck(server, ref, QualityBound(**gate.quality.bound), simulated=simulated)
+    if res.status != "measured":
+        return Check(name="quality", passed=True, skipped=True, message=f"quality {res.line()}",
+                     seconds=time.perf_counter() - t0)
+    ok = res.rejected is None
+    return Check(name="quality", passed=ok, seconds=time.perf_counter() - t0,
+                 message=(f"quality {'within the bound' if ok else 'BROKEN: ' + str(res.rejected)}: "
+                          f"{res.model_copy(update={'rejected': None}).line()} "
+                          f"against the baseline's answers (trial {ref.trial})"))
 
 
 def load_gate(path: str | Path) -> GateFile:
@@ -288,7 +331,7 @@ def check_rate(server, workload, slo, rate: float, load, *, max_runs: int = MAX_
 
 
 def _measure(gate: GateFile, settings: EngineSettings, knobs: dict, workload_path: Path, slo_path: Path,
-             full: bool, work_dir: Path) -> tuple[list[Check], float | None]:
+             full: bool, work_dir: Path, gate_dir: Path = Path(".")) -> tuple[list[Check], float | None]:
     workload, slo = load_workload(workload_path), load_slo(slo_path)
     engine_name = settings.name
     load = load_settings(gate.load or default_load(engine_name))
@@ -333,6 +376,8 @@ def _measure(gate: GateFile, settings: EngineSettings, knobs: dict, workload_pat
                                      f"{1 - gate.tolerance:g}): attainment {s.attainment:.4f} vs target "
                                      f"{slo.target:g} (95% CI {s.ci_low:.3f}-{s.ci_high:.3f}, n={s.n}, "
                                      f"{s.repeats} run{'s' if s.repeats > 1 else ''}){why}")))
+        if gate.quality is not None:
+            checks.append(_check_quality(gate, gate_dir, server, engine_class(engine_name).simulated))
         if full:
             t0 = time.perf_counter()
             res = find_capacity(server, workload, slo, start_rate=rate, load=load)
@@ -382,10 +427,12 @@ def run_gate(gate_path: str | Path, *, overrides: list[str] | None = None,
             write_junit(result, junit)
         raise UserError("; ".join(changed) + ": re-run `tune` for a new gate, or pass --allow-changed")
     if work_dir is not None:
-        measured, cap = _measure(gate, settings, knobs, workload_path, slo_path, full, Path(work_dir))
+        measured, cap = _measure(gate, settings, knobs, workload_path, slo_path, full, Path(work_dir),
+                                 gate_path.parent)
     else:  # server logs live only as long as the gate; pass work_dir to keep them
         with tempfile.TemporaryDirectory(prefix="tune-gate-") as wd:
-            measured, cap = _measure(gate, settings, knobs, workload_path, slo_path, full, Path(wd))
+            measured, cap = _measure(gate, settings, knobs, workload_path, slo_path, full, Path(wd),
+                                     gate_path.parent)
     checks += measured
     ok = all(c.passed or c.skipped for c in checks)
     result = GateResult(exit_code=0 if ok else 1, verdict="PASS" if ok else "FAIL", checks=checks,

@@ -69,7 +69,10 @@ class KnobSpec:
     choices: tuple[Any, ...] | None = None   # every value vLLM accepts (a `choice` knob; an int knob's Literal)
     short: str | None = None       # vLLM's one-letter alias of the flag (-q)
     config: str = "EngineArgs"     # the pydantic config class vLLM validates it in (its error wording)
-    changes_outputs: bool = False  # quantisation: the report says quality is not measured
+    #: it changes the model's outputs (quantisation, KV-cache dtype, speculative decoding): each launch
+    #: setting it is compared with the baseline's answers (`tuner.quality`), and the recommendation takes
+    #: it only for a significant gain (`tuner.recommend`)
+    changes_outputs: bool = False
     neutral: Any = None            # a value that is the same as leaving it unset (kv_cache_dtype auto)
     #: vLLM's value when the knob is unset: a value, or a function of the GPU profile where it differs by
     #: GPU or platform (the batch defaults); UNKNOWN where it depends on the model or is not needed.
@@ -246,6 +249,7 @@ KNOB_SPECS: dict[str, KnobSpec] = {s.name: s for s in (
     # Speculative decoding (tuner.speculative): fewer, cheaper-per-token decode steps while the batch is
     # small; the diagnosis proposes it only for decode-bound knees at low concurrency, first there.
     KnobSpec("speculative_config", "json", "speculative decoding: vLLM's JSON (method, num_speculative_tokens)",
+             changes_outputs=True,  # lossless only up to numerics: greedy output can vary with batch size
              simulated=speculative.SIMULATED_METHODS, simulated_part=("method", lambda v: speculative.parse(v).method),
              narrow=speculative.candidates_for_batch, place=_speculation_at_batch, answers={"decode": (5, "on")}),
     # Multi-LoRA serving (REFERENCE.md section 7, vllm/config/lora.py): turned only where the workload names

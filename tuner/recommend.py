@@ -15,8 +15,10 @@ The policy:
   change, and each extra knob is one more thing an operator must carry.
 - An output-changing knob (quantization, KV-cache dtype, speculative decoding) is recommended only when
   it earns a significant gain: the configuration carrying it must beat every measured configuration
-  without such a knob by more than the floor. Output quality is never measured, so a quality risk is
-  taken only for a gain the measurements can tell apart from noise.
+  without such a knob by more than the floor. Its divergence from the defaults' answers is measured on
+  the workload's prompts (`tuner.quality`), but a small divergence is not proof of no harm on the user's
+  task, so a quality risk is taken only for a gain the measurements can tell apart from noise; one over the
+  SLO's `quality` bound was rejected in its trial and has no capacity to recommend.
 - A recommendation is always a configuration that was launched and measured (its capacity is the lower
   of its launches); never a prediction.
 """

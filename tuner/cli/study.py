@@ -281,6 +281,8 @@ class RichReporter:
             diag = f"; binds: {rec.diagnosis.kind} ({rec.diagnosis.summary})" if rec.diagnosis else ""
             beat = " [green]beats the incumbent[/]" if rec.accepted and rec.role == "candidate" else ""
             self.console.print(f"   capacity {cap}{beat}{diag}")
+        if rec.quality is not None and rec.quality.status != "reference":
+            self.console.print(f"   output quality vs vLLM's defaults: {rec.quality.line()}")
 
     def note(self, text: str) -> None:
         """A line about the search itself (the twin's fits and rankings), between trials."""

@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from tuner.knobs import KNOB_SPECS
-from tuner.quality.check import QualityCheck, output_knobs, sample_prompts
+from tuner.quality.check import QualityCheck, output_knobs, recheck, sample_prompts
 from tuner.quality.tasks import load_tasks
 from tuner.slo import SLO, QualityBound, quality_tasks_path
 from tuner.workload.model import Workload
 
 SIMULATED_PROMPTS = 16
 
-__all__ = ["QualityCheck", "output_knobs", "study_check", "check_inputs"]
+__all__ = ["QualityCheck", "output_knobs", "recheck", "study_check", "check_inputs"]
 
 
 def space_changes_outputs(space_knobs: dict[str, Any]) -> bool:

@@ -172,3 +172,20 @@ def task_outcome(base: list[bool], here: list[bool]) -> TaskOutcome:
     n = len(base)
     return TaskOutcome(items=n, baseline_correct=sum(base), correct=sum(here), only_baseline=b, only_here=c,
                        p_worse=mcnemar_worse(b, c), accuracy_drop=(sum(base) - sum(here)) / n if n else 0.0)
+
+
+def recheck(server: Any, ref: QualityReference, bound: QualityBound, *, simulated: bool = False) -> QualityResult:
+    """The regression gate's check: `server`'s answers against a stored reference, judged by `bound`."""
+    check = QualityCheck(bound=bound, prompts=[], simulated=simulated)
+    if server.info.base_url is None:
+        return QualityResult(status="not_measured", reason=IN_PROCESS, simulated=simulated)
+    probe = Probe(base_url=server.info.base_url, model=server.model, headers=server.headers, top_k=ref.top_k)
+    t0 = time.perf_counter()
+    try:
+        res = check.compare(probe, ref, floor=False)
+    except NoLogprobs as e:
+        return QualityResult(status="not_measured", reason=f"the server gave no prompt logprobs: {e}",
+                             simulated=simulated)
+    res.seconds = time.perf_counter() - t0
+    res.rejected = check.breaks(res)
+    return res

@@ -21,6 +21,7 @@ from tuner.plan import format_plan, plan_for_study
 from tuner.report.model import (ConfigSummary, Headline, HeadlineRow, Report, TrialRow, WorkloadRef)
 from tuner.lora.catalog import serve_args as lora_serve_args
 from tuner.report.lora import lora_section
+from tuner.report.quality import changing, floor_of, tuned_sentence
 from tuner.report.time_use import time_use
 from tuner.report.twin import twin_section
 from tuner.recommend import (OUTPUT_KNOBS as QUALITY_KNOBS, Recommendation, Spread,  # noqa: F401
@@ -29,6 +30,7 @@ from tuner.storage.shares import SharesLog
 from tuner.storage.select import (attribution, closest_run, knee_curve, pick_configs,
                                   saturation_throughput)
 from tuner.storage.reader import StudyData, TrialView, load_study_data
+from tuner.storage.quality import QualityResult
 from tuner.storage.records import StudyInfo
 from tuner.storage.status import study_status
 from tuner.slo import SLO
@@ -115,7 +117,7 @@ def _summary(label: str, t: TrialView | None) -> ConfigSummary:
                          no_capacity_reason=r.no_capacity_reason, kv_cache_tokens=r.kv_cache_tokens, knee=knee_curve(r.load_runs),
                          saturation_rps=saturation_throughput(r.load_runs),
                          diagnosis=r.diagnosis, knee_metrics=r.knee_metrics,
-                         latency_at_capacity=r.latency_at_capacity)
+                         latency_at_capacity=r.latency_at_capacity, quality=r.quality)
 
 
 def _pct(b: float | None, t: float | None) -> float | None:
@@ -176,7 +178,8 @@ def _trial_row(t: TrialView, chain: list[int] | None = None) -> TrialRow:
                     capacity_upper_rps=r.capacity_upper_rps, incumbent_before=r.incumbent_before,
                     accepted=r.accepted, incumbent=None if chain is None else t.number in chain,
                     raced_out=r.raced_out,
-                    load_runs=sum(x.repeats for x in r.load_runs), engine_s=r.engine_s, diagnosis=r.diagnosis)
+                    load_runs=sum(x.repeats for x in r.load_runs), engine_s=r.engine_s, diagnosis=r.diagnosis,
+                    quality=r.quality)
 
 
 def _virtual(engine: str) -> bool:
@@ -194,7 +197,7 @@ def launch_spreads(trials: list[TrialView]) -> list[Spread]:
 
 def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: dict[str, int],
             gain_pct: float | None, status: str = "tuned", spreads: list[Spread] | None = None,
-            rec: Recommendation | None = None) -> list[str]:
+            rec: Recommendation | None = None, quality_floor: QualityResult | None = None) -> list[str]:
     """What the numbers do not say, in plain words, always in the report. `tuned` is the recommended
     configuration (`tuner.recommend`); `rec` says how it was chosen against the best measured one."""
     spreads, eng = spreads or [], info.settings.engine
@@ -214,16 +217,8 @@ def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: 
                       else "check them with `tune --engine vllm` on the real hardware."))
     else:
         out.append(f"Measured on real vLLM (engine `{eng.name}`) on {hardware(info)}.")
-    quality = {k: tuned.knobs[k] for k in QUALITY_KNOBS if tuned.knobs.get(k) not in (None, KNOB_SPECS[k].neutral)}
-    if status != "tuned":
-        pass  # no tuned configuration to say anything about
-    elif quality:
-        what = ", ".join(f"{k}={v}" for k, v in quality.items())
-        out.append(f"The recommended configuration uses {what}. Quantization changes the model's outputs; output "
-                   f"quality was NOT measured. Check accuracy on your own task before deploying it.")
-    else:
-        out.append("The recommended configuration does not quantize weights or the KV cache. (Quantized "
-                   "configurations change output quality, which this tool does not measure.)")
+    if status == "tuned":  # else: no tuned configuration to say anything about
+        out.append(tuned_sentence(changing(tuned.knobs), tuned.quality, quality_floor))
     configured = info.settings.noise_floor
     floor = effective_floor(configured, spreads)
     out.append(f"Noise floor: capacities are bracketed to within {info.settings.knee.precision:.0%} and "
@@ -379,7 +374,9 @@ def build_report(run_dir: str | Path) -> Report:
         engine_s=sum(t.record.engine_s for t in data.trials),
         serve_command=serve, config_yaml=cfg, plan=plan, plan_text=plan_text,
         caveats=caveats(info, tuned, base, counts, head.capacity_gain_pct, status, launch_spreads(data.trials),
-                        rec),
+                        rec, floor_of(t.record.quality for t in data.trials)),
+        quality_text=tuned_sentence(changing(tuned.knobs), tuned.quality,
+                                    floor_of(t.record.quality for t in data.trials)) if status == "tuned" else None,
         status=status, status_text=status_text, gate_written=gate.exists(),
         learned=[f"{c.text()}: {' '.join(c.message.split())[:240]}"
                  for t in sorted(data.trials, key=lambda t: t.number) for c in t.record.learned],

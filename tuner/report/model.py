@@ -15,6 +15,7 @@ from tuner.report.time_use import TimeUse
 from tuner.recommend import Recommendation
 from tuner.storage.shares import Simplification
 from tuner.storage.select import KnobStep
+from tuner.storage.quality import QualityResult
 from tuner.storage.records import Diagnosis, LatencyQuantiles, LoadRunSummary, MetricsDigest
 
 REPORT_SCHEMA_VERSION = 1
@@ -38,6 +39,7 @@ class ConfigSummary(BaseModel):
     diagnosis: Diagnosis | None = None
     knee_metrics: MetricsDigest | None = None
     latency_at_capacity: LatencyQuantiles | None = None
+    quality: QualityResult | None = None     # its outputs against the baseline's (`tuner.quality`)
 
 
 class HeadlineRow(BaseModel):
@@ -80,6 +82,7 @@ class TrialRow(BaseModel):
     load_runs: int = 0
     engine_s: float = 0.0
     diagnosis: Diagnosis | None = None
+    quality: QualityResult | None = None
 
 
 class WorkloadRef(BaseModel):
@@ -143,6 +146,8 @@ class Report(BaseModel):
     time_use: TimeUse | None = None
     #: LoRA workloads: each trial's hot- and cold-decile p99 TTFT and attainment (`tuner.report.lora`)
     lora: LoraSection | None = None
+    #: output quality against the baseline: one line on the recommended configuration, true per case
+    quality_text: str | None = None
 
 
 class TwinVerified(BaseModel):

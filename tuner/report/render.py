@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from tuner.report.model import Report
 from tuner.report.lora import lora_rows
+from tuner.report.quality import cell as quality_cell, section_rows as quality_rows
 from tuner.report.time_use import time_use_rows
 from tuner.storage.select import fmt_value
 
@@ -143,8 +144,21 @@ def _config(rep: Report) -> list[Block]:
             Block("code", rep.config_yaml.rstrip("\n"), lang="yaml")]
 
 
+def _quality(rep: Report) -> list[Block]:
+    """The recommended configuration's output quality beside its capacity, and every checked launch."""
+    rows = quality_rows(rep.trials)
+    if rep.quality_text is None and len(rows) == 1:
+        return []
+    out = [Block("h2", "Output quality against vLLM's defaults")]
+    if rep.quality_text:
+        out.append(Block("p", rep.quality_text))
+    if len(rows) > 1:
+        out.append(Block("table", rows=rows))
+    return out
+
+
 def _trials(rep: Report) -> list[Block]:
-    rows = [["#", "state", "knobs", "capacity (req/s)", "outcome", "diagnosis", "evidence"]]
+    rows = [["#", "state", "knobs", "capacity (req/s)", "outcome", "quality", "diagnosis", "evidence"]]
     for t in rep.trials:
         if t.launch_failure_kind == "ruled_out":
             outcome = f"not launched: {(t.launch_failure_message or '')[:160]}"
@@ -156,6 +170,8 @@ def _trials(rep: Report) -> list[Block]:
             outcome = "the best less the knobs whose share was within noise, launched to confirm it"
         elif t.role == "attribute" and t.state == "COMPLETE":
             outcome = f"--attribute: its step without {t.changed_knob}, launched to measure that knob's share"
+        elif t.quality is not None and t.quality.rejected:
+            outcome = f"rejected for output quality: {t.quality.rejected} (the SLO's quality bound)"
         elif t.raced_out:
             at = t.capacity_upper_rps or t.incumbent_before
             outcome = (f"raced out: failed its one load run at {_n(at)} req/s (incumbent: "
@@ -183,7 +199,7 @@ def _trials(rep: Report) -> list[Block]:
             diag = f"{d.kind}: {d.summary}"
         cap = _n(t.capacity_rps) + (f" (< {_n(t.capacity_upper_rps)})" if t.capacity_upper_rps else "")
         rows.append([str(t.number), t.role if t.role == "baseline" else t.state.lower(), _knobs(t.knobs),
-                     cap, outcome, diag, ev])
+                     cap, outcome, quality_cell(t.quality), diag, ev])
     out = [Block("h2", "Every trial, with its diagnosis and evidence"), Block("table", rows=rows)]
     if rep.learned:
         out += [Block("h2", "What failed launches taught"),
@@ -251,7 +267,7 @@ def blocks(rep: Report, figures: set[str]) -> list[Block]:
     if rep.status != "tuned":
         out += _no_result(rep)
     else:
-        out += _recommendation(rep) + _headline(rep) + _attribution(rep, figures) + _config(rep)
+        out += _recommendation(rep) + _headline(rep) + _quality(rep) + _attribution(rep, figures) + _config(rep)
     if rep.plan_text:
         out += [Block("h2", "Capacity plan"), Block("code", rep.plan_text, lang="text")]
     out += [Block("h2", "Caveats"), Block("ul", rows=[[x] for x in rep.caveats])]

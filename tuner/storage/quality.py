@@ -87,8 +87,10 @@ class QualityResult(BaseModel):
         if self.tasks is not None:
             parts.append(f"task accuracy {self.tasks.correct}/{self.tasks.items} "
                          f"(baseline {self.tasks.baseline_correct})")
-        tag = " SIMULATED" if self.simulated else ""
-        return ", ".join(parts) + f" ({self.prompts} prompts{tag})"
+        tag = (", noise floor: the baseline against itself" if self.floor else "") + (
+            " SIMULATED" if self.simulated else "")
+        rejected = f"; REJECTED: {self.rejected}" if self.rejected else ""
+        return ", ".join(parts) + f" ({self.prompts} prompts{tag}){rejected}"
 
 
 def save_reference(study: Any, ref: QualityReference) -> None:
