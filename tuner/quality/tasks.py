@@ -67,7 +67,7 @@ def load_tasks(path: Path) -> list[Task]:
             continue
         try:
             raw = json.loads(line)
-        except ValueError as e:
+        except json.JSONDecodeError as e:
             raise UserError(f"not JSON: {e.msg}", file=str(path), line=no) from None
         if not isinstance(raw, dict):
             raise UserError("expected a JSON object", file=str(path), line=no)
