@@ -107,6 +107,8 @@ PARTS: tuple[Part, ...] = (
     Part("lora_bench_vs_vllm_bench_sim", "tune bench against vllm bench serve with --lora-modules on the HTTP "
          "simulator (issue 37)", "real", ("benchmarks/bench_vs_vllm_bench.py", "--lora", "16", "--requests", "300",
                                           "--rate", "6"), expected_s=200, needs=_VLLM),
+    Part("quality_cost", "Output quality on real vLLM: the floor, FP8 KV, float32, and the check's cost (issue 38)",
+         "real", ("benchmarks/quality_cost.py",), expected_s=900, markdown=True, needs=_VLLM),
     Part("vllm_studies", "Studies on real vLLM against the careful reference (issue 33)", "record",
          how=". .ci/env; python benchmarks/reference_capacity.py --fresh; then per SLO (loose, tight, ttft): "
          "tune --engine vllm --vllm-python $TUNER_VLLM_PYTHON --model $TUNER_TINY_MODEL "
