@@ -118,11 +118,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "tune sim serve") -> int
         return _fail("NotImplementedError: the HTTP simulator runs one engine core; data_parallel_size > 1 "
                      "is simulated in-process only (--engine sim)")
     print(cfg.launch_log(), flush=True)
-    try:
-        max_logprobs = int(args.max_logprobs) if args.max_logprobs is not None else 20
-    except ValueError:
-        print(f"error: --max-logprobs: not an integer: {args.max_logprobs!r}", file=sys.stderr)
-        return 2
     ignored = unmodelled(args)
     if ignored:
         print(f"INFO simulator: accepted, not modelled: {' '.join(ignored)}", flush=True)
@@ -139,7 +134,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "tune sim serve") -> int
     return run_server(cfg, host=args.host, port=args.port, served_names=names, api_key=api_key,
                       time_scale=args.time_scale, noise=args.noise, seed=args.seed, root=args.model,
                       tokens=tokens, cost_params=CostParams(spec_acceptance=tuple(args.spec_acceptance)),
-                      max_logprobs=max_logprobs)
+                      max_logprobs=args.max_logprobs)
 
 
 @app.command("serve", add_help_option=False,

@@ -43,7 +43,7 @@ UNMODELLED_SWITCHES = ("--enforce-eager", "--disable-log-requests", "--disable-l
                        "--disable-uvicorn-access-log")
 UNMODELLED_VALUES = ("--dtype", "--uvicorn-log-level", "--generation-config", "--tokenizer-mode", "--tokenizer",
                      "--revision", "--tokenizer-revision", "--download-dir", "--load-format", "--chat-template",
-                     "--max-logprobs", "--response-role")
+                     "--response-role")
 
 
 def unmodelled(args: argparse.Namespace) -> list[str]:
@@ -91,6 +91,8 @@ def build_parser(prog: str = "tune sim serve") -> argparse.ArgumentParser:
     v.add_argument("--enable-lora", action="store_true", default=False, help="serve LoRA adapters")
     v.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
                    help="LoRA adapters as vLLM takes them: name=path (a folder with adapter_config.json)")
+    v.add_argument("--max-logprobs", type=int, default=20, help="most (prompt) logprobs a request may ask for "
+                   "(the quality check asks for 20: tuner.sim.quality)")
     for spec in KNOB_SPECS.values():  # every knob, spelled and parsed as vLLM does (choices: the simulated ones)
         kw: dict = {"int": {"type": int}, "tokens": {"type": human_readable_int}, "fraction": {"type": float},
                     "switch": {"action": argparse.BooleanOptionalAction},
