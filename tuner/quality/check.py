@@ -141,6 +141,9 @@ class QualityCheck:
             base = [dict(zip(ids, lps)) for ids, lps in zip(it.top_ids, it.top_logprobs)]
             div.add_positions(base, cand)
             div.add_answer(it.answer_ids, ans)
+        if not div.kls:  # every reference answer was empty: nothing to compare at
+            return QualityResult(status="not_measured", reason="the reference answers are empty",
+                                 simulated=self.simulated or ref.simulated, reference_trial=ref.trial)
         tasks = None
         if self.tasks and len(ref.task_correct) == len(self.tasks):
             tasks = task_outcome(ref.task_correct, self.task_answers(probe))
