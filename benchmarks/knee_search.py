@@ -10,17 +10,19 @@ All three start from the same rate and use the same pass/fail rule (`tuner.capac
 benchmark scenario's vLLM-default and FP8-KV configuration, with simulator noise on, over several seeds.
 The peers send each load run's whole fixed-length schedule; ours stops a run as soon as its sequential
 test decides. Printed: median load runs, median engine-seconds (the GPU time the runs take), and the
-median error of the capacity found against the noise-free truth (our knee search without noise).
-Targets: ours needs at most half the load runs (issue 7) and at most half the engine-seconds (issue 11)
-of doubling + bisection at equal or better error.
+median error of the capacity found against the noise-free truth (our knee search without noise at 1%
+precision, so the truth does not move with the search under test). Targets: ours needs at most half the
+load runs (issue 7) and at most half the engine-seconds (issues 11, 36) of doubling + bisection at equal
+or better error.
 
-Run: python benchmarks/knee_search.py [--seeds 5]
+Run: python benchmarks/knee_search.py [--seeds 5] [--quick]   (`main(argv)` for benchmarks/run_all.py)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from dataclasses import replace
 import statistics
 import sys
@@ -29,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import NOISE, load_settings, measure_truth  # noqa: E402
+from _harness import NOISE, load_settings  # noqa: E402
 from _scenarios import SCENARIOS  # noqa: E402
 
 from tuner.engine.sim import SimEngine  # noqa: E402
@@ -38,7 +40,16 @@ from tuner.capacity.knee import KneeSettings, find_capacity  # noqa: E402
 from tuner.capacity.measure import measure  # noqa: E402
 
 PRECISION = 0.05
+TRUTH_PRECISION = 0.01
 START = 1.0
+
+
+def careful_truth(sc, knobs: Knobs, workload, slo) -> float:
+    """The noise-free engine's capacity at 1% precision, on the same request sample as the searches."""
+    server = SimEngine(sc.gpu, sc.model, cost_params=sc.truth, token_times="itl" in slo.thresholds).launch(knobs)
+    r = find_capacity(server, workload, slo, start_rate=START, load=load_settings(sc),
+                      knee=KneeSettings(precision=TRUTH_PRECISION), max_num_seqs=server.cfg.max_num_seqs)
+    return r.capacity or 0.0
 
 
 class Counter:
@@ -97,23 +108,28 @@ def step_down(c: Counter) -> float | None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--quick", action="store_true",
+                    help="2 seeds and no longer-run peer: a few minutes on 2 cores")
     ap.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS))
     ap.add_argument("--peer-lengths", default="1,4",
                     help="doubling + bisection is also run with its load runs this many times longer "
                          "(comma-separated): what its engine-seconds are at an error like ours")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.seeds, args.peer_lengths = 2, "1"
+    t0 = time.perf_counter()
     out = {}
     lengths = [int(x) for x in args.peer_lengths.split(",") if x.strip() and int(x) > 1]
     longer = "".join(f"  {f'dbl x{k}':>10s} {'eng-s':>6s} {'err':>5s}" for k in lengths)
     print(f"{'scenario':18s} {'config':8s} {'truth':>7s}  {'ours runs':>9s} {'eng-s':>6s} {'err':>5s}  "
           f"{'dbl+bisect':>10s} {'eng-s':>6s} {'err':>5s}  {'step-down':>9s} {'eng-s':>6s} {'err':>5s}{longer}")
-    all_ratio, eng_ratio = [], []
+    all_ratio, eng_ratio, step_ratio = [], [], []
+    errors: dict[str, list[float]] = {}
     long_ratio: dict[int, list[float]] = {k: [] for k in lengths}
     for sc in [s for s in SCENARIOS if s.name in args.scenarios.split(",")]:
         workload, slo = sc.workload(), sc.slo()
-        memo: dict = {}
         for label, knobs in (("default", Knobs()), ("fp8-kv", Knobs(kv_cache_dtype="fp8"))):
-            truth = measure_truth(sc, knobs, workload, slo, memo)["cap"]
+            truth = careful_truth(sc, knobs, workload, slo)
             res = {"ours": [], "dbl": [], "step": [], **{f"dbl_x{k}": [] for k in lengths}}
             for seed in range(args.seeds):
                 eng = SimEngine(sc.gpu, sc.model, noise=NOISE, token_times="itl" in slo.thresholds,
@@ -140,8 +156,11 @@ def main(argv=None) -> int:
                 err = statistics.median(abs((v[1] or 0) / truth - 1) for v in vals) if truth else float("nan")
                 eng_s = statistics.median(v[2] for v in vals)
                 row[name] = {"runs_median": runs, "error_median": err, "engine_s_median": eng_s, "all": vals}
+                if truth:
+                    errors.setdefault(name, []).extend(abs((v[1] or 0) / truth - 1) for v in vals)
             all_ratio.append(row["ours"]["runs_median"] / row["dbl"]["runs_median"])
             eng_ratio.append(row["ours"]["engine_s_median"] / row["dbl"]["engine_s_median"])
+            step_ratio.append(row["ours"]["engine_s_median"] / row["step"]["engine_s_median"])
             for k in lengths:
                 long_ratio[k].append(row["ours"]["engine_s_median"] / row[f"dbl_x{k}"]["engine_s_median"])
             out[f"{sc.name}/{label}"] = {"truth": truth, **row}
@@ -156,9 +175,17 @@ def main(argv=None) -> int:
           f"(target <= 0.5), worst {max(all_ratio):.2f}")
     print(f"ours / doubling+bisection engine-seconds: median {statistics.median(eng_ratio):.2f} "
           f"(target <= 0.5), worst {max(eng_ratio):.2f}")
+    print(f"ours / step-down engine-seconds: median {statistics.median(step_ratio):.2f}, "
+          f"worst {max(step_ratio):.2f}")
     for k in lengths:
         print(f"ours / doubling+bisection with {k}x longer runs, engine-seconds: median "
               f"{statistics.median(long_ratio[k]):.2f}, worst {max(long_ratio[k]):.2f}")
+    names = {"ours": "ours", "dbl": "doubling+bisection", "step": "step-down",
+             **{f"dbl_x{k}": f"doubling+bisection x{k}" for k in lengths}}
+    print("error against the noise-free truth over every search (median, 90th percentile): " + "; ".join(
+        f"{names[k]} {statistics.median(v):.1%}, {statistics.quantiles(v, n=10)[-1]:.1%}"
+        for k, v in errors.items() if len(v) >= 2))
+    print(f"({args.seeds} seeds, {time.perf_counter() - t0:.0f} s)")
     dest = Path(__file__).resolve().parent / "results"
     dest.mkdir(exist_ok=True)
     (dest / "knee_search.json").write_text(json.dumps(out, indent=1))

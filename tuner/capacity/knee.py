@@ -2,21 +2,26 @@
 
 Bracket, then close in. Unlike doubling-plus-bisection (vLLM's `serve_sla`) or stepping down 1 req/s
 (`auto_tune.sh`), every point's *badness* (the target-quantile of each request's worst metric/threshold
-ratio, 1.0 = exactly on the SLO) tells how far it is from the knee, so the next rate is interpolated, not
-halved; once the interpolated knee is bracketed, one probe a precision-step beyond it closes the bracket.
+ratio, 1.0 = exactly on the SLO) tells how far it is from the knee: the next rate is where 1 / badness,
+fitted against rate over all the points (`tuner.capacity.knee_fit`), crosses 1, not the bracket's middle;
+once that shot lands, a probe a precision-step beyond it closes the bracket. Without an incumbent the
+search starts with a rate-inf burst (the engine's throughput, a few seconds) rather than climbing from
+1 req/s, whose long low-rate runs are most of a doubling search's engine time.
 Noise-aware: when the attainment's confidence interval straddles the target the point is measured again
 (longer) instead of being guessed. Racing: a candidate is first measured at the incumbent's capacity;
-failing there, it cannot be better, and the trial ends after that one load run.
+failing there, it cannot be better, and the trial ends after that one load run; passing, the incumbent's
+curve (its fitted intercept) says how far above the race the candidate's knee lies.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Sequence
 
 from tuner.engine.base import Server
 from tuner.capacity.explain import why_none
+from tuner.capacity.knee_fit import intercept_of, knee_estimate
 from tuner.capacity.knee_model import KneeResult, KneeSettings
 from tuner.capacity.lora import by_popularity
 from tuner.capacity.measure import (CLIENT_BOUND_RERUNS, LoadSettings, Measured, Measurement, digest,
@@ -37,6 +42,9 @@ VLLM_DEFAULT_MAX_NUM_SEQS = 256
 #: 106-129 req/s. Near saturation only whole runs tell, so the ceiling sits below the lowest knee those
 #: bursts allowed (0.6 x 177 = 106); at 0.8 studies passed early at 141-152 req/s.
 NEAR_SATURATION = 0.6
+#: In virtual time a burst may hold up to this many times a load run's requests: its engine time (the
+#: requests over the throughput) is a fraction of one low-rate run's (the requests over the rate).
+VIRTUAL_BURST_FACTOR = 4
 WARMUP_SPAN_S = 5.0  # the prefix-cache warm-up of a fresh server sends its requests within this span
 BADNESS_CAP = 4.0  # beyond this a point is simply "far over": do not extrapolate from it
 #: A load run in which this share of the requests failed, before any rate passed: the server fails
@@ -62,7 +70,9 @@ class KneeSearch:
         self.result = KneeResult(capacity=None, upper=None, points=[])
         self._seed = load.seed  # re-measurements draw fresh requests from seed + 1, + 2, ...
         self._salt = load.seed * 1000  # every load run renders fresh request-unique prompt text
-        self._last_interp = False
+        self._same_side, self._last_passed = 0, True  # where the fitted shots landed (`next_rate`)
+        #: the incumbent's fitted 1 / badness of an idle engine (`knee_fit`): the slope of a lone point
+        self.prior_intercept: float | None = None
         self._probe: LoadRunSummary | None = None  # the rate-inf run: an upper-bound hint, not a point
 
     # -- measuring ----------------------------------------------------------------------------
@@ -198,18 +208,15 @@ class KneeSearch:
             return p.rate / 2
         return p.rate / min(2.0, 1.0 + max(self.knee.precision * 2, (g - 1.0)))
 
-    def _interpolate(self, lo: float, hi: float) -> float:
-        """Where log-badness crosses 0 between the highest pass `lo` and the lowest fail `hi`, kept strictly
-        inside the bracket. A pass's badness can read infinite (the target quantile falls between a good
-        request and a timed-out one: 5 bad of 599 at p99): it is then taken as just under 1, not as a
-        NaN rate."""
-        g = self._point(lo).badness
-        glo = min(max(g if g is not None and math.isfinite(g) else 1.0, 1e-3), 0.999)
-        ghi = self._point(hi).badness or BADNESS_CAP
-        ghi = min(ghi if math.isfinite(ghi) else BADNESS_CAP, BADNESS_CAP)
-        a, b = math.log(glo), math.log(max(ghi, glo * 1.0001))
-        x = lo + (hi - lo) * (0.0 - a) / (b - a)
-        return min(max(x, lo + 1e-3 * (hi - lo)), hi - 1e-3 * (hi - lo))
+    def _estimate(self) -> float | None:
+        """The knee of badness against rate fitted over every point so far (`tuner.capacity.knee_fit`),
+        with the burst's throughput and the incumbent's curve where there are any; the points nearest
+        the bracket weigh most."""
+        burst = self._probe.throughput_rps if self._probe is not None else None
+        lo, hi = self.result.capacity, self.result.upper
+        center = math.sqrt(lo * hi) if lo and hi else (lo or hi)
+        return knee_estimate(self.result.points, self.knee.saturation_rate, burst_rps=burst,
+                             intercept=self.prior_intercept, center=center)
 
     def _requests_fail(self, s: LoadRunSummary) -> bool:
         """Nearly every request of a run at a finite rate failed for the server's own reasons. Timeouts
@@ -255,6 +262,9 @@ class KneeSearch:
             return start
         if hi is None:
             nxt = lo * self._up_factor(self._point(lo))
+            x = self._estimate()
+            if x is not None:  # the fitted knee, no further than twice the highest pass
+                nxt = min(max(x, lo * (1 + p)), 2 * lo)
             mu = self._probe.throughput_rps if self._probe else None
             if mu and lo < 1.1 * mu:  # the burst's throughput says where the knee can be
                 nxt = min(nxt, max(lo * (1 + 2 * p), 1.1 * mu))
@@ -271,6 +281,15 @@ class KneeSearch:
                 return None
             nxt = self._down_rate(last)
             fails = [q for q in r.points if not q.passed and q.rate < self.knee.saturation_rate]
+            x = self._estimate()
+            if x is not None and x < hi / (1 + p):
+                # a precision step under the fitted knee, at most halving: a pass near the knee has a
+                # badness to fit, a fail just past it often reads infinite (timeouts) and has none
+                nxt = max(x / (1 + p), hi / 2)
+            elif x is not None and sum(not (q.badness or 0) < BADNESS_CAP for q in fails) == 1:
+                # the first fail near a fitted knee fell off a cliff the fit does not see: a few precision
+                # steps down, not half the rate (a second one halves: `_down_rate`)
+                nxt = max(nxt, hi / (1 + 4 * p))
             if len(fails) >= 2 and fails[-2].badness and last.badness and last.badness < 1.5 and \
                     last.badness > 0.9 * fails[-2].badness and in_flight:
                 # just over the SLO, and the stress barely falls with the rate (decode-bound TPOT falls
@@ -283,21 +302,18 @@ class KneeSearch:
             return None
         if hi / lo <= step * step:  # one probe closes it
             return math.sqrt(lo * hi) if hi / lo > step * 1.0001 else None
-        fail = self._point(hi)
-        if fail.badness is None or not math.isfinite(fail.badness) or fail.badness >= BADNESS_CAP:
-            # far over: bisect geometrically below the throughput it still served
+        x = self._estimate()
+        last = r.points[-1]
+        self._same_side = self._same_side + 1 if last.passed == self._last_passed else 1
+        self._last_passed = last.passed
+        if x is None or x >= hi / step or self._same_side > 2:
+            # no fit, a fit the fail contradicts (it fell off the cliff), or fitted shots that landed on
+            # one side three times running: halve the bracket geometrically, below the throughput a
+            # far-over fail still served
+            fail = self._point(hi)
             served = fail.served_rps if fail.served_rps is not None else fail.throughput_rps
             top = min(hi, served) if served and served > lo else hi
-            x = math.sqrt(lo * top)
-        elif self._last_interp:
-            # the interpolated shot landed: confirm it from its side with one precision step
-            last = r.points[-1]
-            x = lo * step if last.passed else hi / step
-            self._last_interp = False
-            return min(max(x, lo * step), hi / step)
-        else:
-            x = self._interpolate(lo, hi)
-            self._last_interp = True
+            x, self._same_side = math.sqrt(lo * top), 0
         return min(max(x, lo * step), hi / step)
 
     @staticmethod
@@ -350,7 +366,19 @@ class KneeSearch:
         n = self.load.requests
         if self.load.max_duration_s is not None:
             n = min(n, max(2 * mns, REALTIME_BURST_MIN))
-        return n if n >= 2 * mns else None
+            return n if n >= 2 * mns else None
+        depth = min(mns, self._kv_depth() or mns)
+        if n < 2 * depth <= VIRTUAL_BURST_FACTOR * n:
+            n = math.ceil(2 * depth)  # a minute of engine time instead of the climb from 1 req/s
+        return n if n >= 2 * depth else None
+
+    def _kv_depth(self) -> float | None:
+        """Requests the KV cache holds at once at the workload's mean length (32k-token prompts: a few
+        dozen, whatever `max_num_seqs` allows)."""
+        kv = self.server.info.kv_cache_tokens
+        lengths = [(r.prompt_tokens or 0) + r.output_tokens for r in self.workload.requests]
+        mean = sum(lengths) / len(lengths) if lengths else 0
+        return max(1.0, kv / mean) if kv and mean else None
 
     def warm_up(self, rate: float) -> None:
         """Shared prefixes into the fresh server's prefix cache; measured, never scored or counted."""
@@ -363,7 +391,10 @@ class KneeSearch:
                         salt=-7919, sequential=False)
         self.result.engine_s += m.run.duration_s
 
-    def run(self, start_rate: float, race_rate: float | None = None) -> KneeResult:
+    def run(self, start_rate: float, race_rate: float | None = None,
+            prior: Sequence[LoadRunSummary] = ()) -> KneeResult:
+        """`prior`: the incumbent's points, whose curve sets the slope of this one's first points."""
+        self.prior_intercept = intercept_of(prior, self.knee.saturation_rate) if prior else None
         self.warm_up(min(race_rate or start_rate, start_rate) or 1.0)
         if race_rate is not None:
             m = self.evaluate(race_rate)
@@ -396,10 +427,11 @@ class KneeSearch:
 def find_capacity(server: Server, workload: Workload, slo: SLO, *, start_rate: float,
                   load: LoadSettings | None = None, knee: KneeSettings | None = None,
                   race_rate: float | None = None, max_num_seqs: int | None = None,
-                  on_point: Callable[[LoadRunSummary], None] | None = None) -> KneeResult:
+                  on_point: Callable[[LoadRunSummary], None] | None = None,
+                  prior: Sequence[LoadRunSummary] = ()) -> KneeResult:
     """The capacity of the launched `server` for `workload` under `slo` (see module docstring)."""
     return KneeSearch(server, workload, slo, load or LoadSettings(), knee, max_num_seqs=max_num_seqs,
-                      on_point=on_point).run(start_rate, race_rate)
+                      on_point=on_point).run(start_rate, race_rate, prior)
 
 
 __all__ = ["KneeSearch", "KneeSettings", "KneeResult", "find_capacity", "digest"]

@@ -93,6 +93,15 @@ class TrialRunner:
             out.setdefault(r.config.key(), []).append(r)
         return out
 
+    def _incumbent_points(self, race_rate: float | None) -> list[LoadRunSummary]:
+        """The load runs of the trial whose capacity a candidate races (its curve's shape: `knee_fit`)."""
+        if race_rate is None:
+            return []
+        for r in reversed(finished_records(self.study)):
+            if r.capacity_rps and abs(r.capacity_rps / race_rate - 1) < 1e-9:
+                return list(r.load_runs)
+        return []
+
     def finished(self) -> dict[str, TrialRecord]:
         """The first finished record of each configuration, by knobs."""
         return {k: v[0] for k, v in self.finished_all().items()}
@@ -225,7 +234,7 @@ class TrialRunner:
                 if self.check_quality(server, rec):  # over the SLO's quality bound: rejected
                     return self._tell(trial, rec, TrialState.PRUNED, t0)
                 t_load = time.perf_counter()
-                result = search.run(start_rate or self.start_rate, race_rate)
+                result = search.run(start_rate or self.start_rate, race_rate, self._incumbent_points(race_rate))
                 result.finish(search.knee.saturation_rate)
                 cap = result.capacity_rps
                 rec.accepted = bool(cap) and not result.raced_out and (

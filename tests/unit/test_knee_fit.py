@@ -1,0 +1,87 @@
+"""The knee search's fit of badness against rate over all its points (`tuner.capacity.knee_fit`), its
+virtual-time burst, and the incumbent's curve reused by a race."""
+
+import math
+
+import pytest
+
+from tuner.capacity.knee import KneeSearch, KneeSettings, find_capacity
+from tuner.capacity.knee_fit import DEFAULT_INTERCEPT, intercept_of, knee_estimate
+from tuner.capacity.measure import LoadSettings
+from tuner.storage.records import LoadRunSummary
+
+from tests.unit.test_capacity import chat, server, slo
+
+
+def point(rate: float, badness: float | None, passed: bool, verdict: str = "") -> LoadRunSummary:
+    return LoadRunSummary(rate=rate, n=400, attainment=1.0 if passed else 0.5, ci_low=0.0, ci_high=1.0,
+                          passed=passed, goodput=None, badness=badness,
+                          verdict=verdict or ("meets" if passed else "misses"))
+
+
+def queue(rate: float, a: float = 2.4, sat: float = 10.0) -> float:
+    """Badness of an engine whose 1 / badness falls linearly to 0 at `sat` (knee at sat * (1 - 1/a))."""
+    return 1.0 / (a * (1.0 - rate / sat))
+
+
+def test_the_fit_finds_the_knee_of_a_queue_from_points_on_both_sides():
+    pts = [point(r, queue(r), queue(r) <= 1.0) for r in (2.0, 4.0, 5.0, 6.5)]
+    knee = 10.0 * (1 - 1 / 2.4)  # 5.83
+    assert knee_estimate(pts, 1e5, center=math.sqrt(5.0 * 6.5), intercept=2.4) == pytest.approx(knee, rel=1e-6)
+    assert knee_estimate(pts, 1e5, center=math.sqrt(5.0 * 6.5)) == pytest.approx(knee, rel=0.01)
+
+
+def test_a_fail_past_the_cliff_bounds_the_knee_but_does_not_drag_the_line():
+    """Timeouts make a fail's badness infinite: as a point at 1 / badness = 0 it would pull the fitted
+    knee down to the pass below it (the search then crept up 5% a run)."""
+    pts = [point(r, queue(r), True) for r in (3.0, 4.0, 5.0)]
+    alone = knee_estimate(pts, 1e5, center=5.0)
+    with_cliff = knee_estimate([*pts, point(5.5, math.inf, False)], 1e5, center=5.0)
+    assert alone == pytest.approx(with_cliff)
+    assert knee_estimate([point(5.5, None, False, "overloaded")], 1e5) is None
+
+
+def test_one_point_takes_its_slope_from_the_incumbent():
+    lone = [point(4.0, 1 / 1.5, True)]  # 1 / badness 1.5 at 4 req/s
+    assert knee_estimate(lone, 1e5) == pytest.approx(4.0 * (DEFAULT_INTERCEPT - 1) / (DEFAULT_INTERCEPT - 1.5),
+                                                     rel=0.02)
+    steep = knee_estimate(lone, 1e5, intercept=1.6)
+    flat = knee_estimate(lone, 1e5, intercept=4.0)
+    assert steep is not None and flat is not None and steep > flat  # a flatter start: the knee is nearer
+    incumbent = [point(r, queue(r, a=3.0), queue(r, a=3.0) <= 1.0) for r in (2.0, 5.0, 6.5, 7.0)]
+    assert intercept_of(incumbent) == pytest.approx(3.0, rel=0.01)
+
+
+def test_a_race_that_passes_heads_for_the_knee_its_incumbent_curve_predicts():
+    """The incumbent's intercept sets where the next run goes after a lone pass at the race rate."""
+    lo = 3.0
+    searches = []
+    for a in (1.6, 4.0):
+        s = KneeSearch(server(), chat(), slo(), LoadSettings(requests=400), KneeSettings())
+        s.prior_intercept = a
+        s.result.points.append(point(lo, 1 / 1.3, True))
+        s.result.capacity = lo
+        searches.append(s.next_rate(1.0))
+    assert searches[0] > searches[1] > lo
+
+
+def test_a_virtual_time_burst_is_as_deep_as_the_kv_cache_holds():
+    """Without a burst a virtual-time search climbs from 1 req/s, whose long runs are most of its engine
+    time; the burst needs twice the requests the engine holds at once (its batch, or fewer where long
+    requests fill the KV cache), up to 4 load runs' worth."""
+    srv = server()
+    wl = chat()
+    s = KneeSearch(srv, wl, slo(), LoadSettings(requests=400), KneeSettings(), max_num_seqs=256)
+    depth = s._kv_depth()
+    assert depth is not None and depth > 0
+    assert s._burst_requests() == max(400, math.ceil(2 * min(256, depth)))
+    huge = KneeSearch(srv, wl, slo(), LoadSettings(requests=20), KneeSettings(), max_num_seqs=256)
+    assert huge._burst_requests() is None or huge._burst_requests() <= 80
+
+
+def test_the_fitted_search_brackets_the_knee_to_the_precision_in_few_engine_seconds():
+    srv = server(max_num_seqs=128)
+    r = find_capacity(srv, chat(), slo(), start_rate=1.0, load=LoadSettings(requests=400), max_num_seqs=128)
+    assert r.capacity and r.upper and r.upper / r.capacity <= 1.05 + 1e-9
+    assert r.points[0].rate >= 1e5  # the burst, not the climb from 1 req/s
+    assert min(p.rate for p in r.points) > 1.0
