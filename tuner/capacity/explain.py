@@ -192,3 +192,35 @@ def _stalls(viol: list[RequestRecord], records: list[RequestRecord]
 
 
 __all__ = ["why_none", "ms", "NAMES"]
+
+
+def causes(p: LoadRunSummary) -> str:
+    """A run's error causes, most frequent first: "timeout 485, http_5xx 3"."""
+    return ", ".join(f"{k} {v}" for k, v in sorted(p.errors_by_cause.items(), key=lambda kv: -kv[1]))
+
+
+def fail_words(p: LoadRunSummary, slo: SLO) -> str:
+    """What broke at a failing point, in a few words: its errors, or its requests over the binding bound."""
+    if p.verdict == "errors" or (p.n and p.errors > (1 - float(slo.target)) * p.n):  # type: ignore[arg-type]
+        return f"{p.errors} of {p.n} requests fail ({causes(p)})"
+    m = p.binding
+    if m is None:
+        return p.verdict or "misses the SLO"
+    t = slo.thresholds[m]  # per request (ITL: its largest gap), not the pooled percentile
+    return (f"{p.violations.get(m, 0)} of {p.n} requests over the {m.upper()} bound of {t.max_ms:g} ms "
+            f"(p{t.percentile:g} at a target of {float(slo.target):g})")  # type: ignore[arg-type]
+
+
+def no_rate_line(p: LoadRunSummary, slo: SLO, points: list[LoadRunSummary], fail_records: list[RequestRecord],
+                 in_flight: float) -> str:
+    """One line: the requests that break the SLO at an unloaded engine and what sets their floor
+    (`why_none`), or the load runs were too short to tell."""
+    at = f"at {p.offered_rps or p.rate:.3g} req/s, {in_flight:.2g} requests in flight"
+    if p.verdict == "too_short":
+        longest = max((q.duration_s for q in points), default=0.0)
+        return (f"every load run that met the SLO was too short to tell whether the engine keeps up "
+                f"(the longest took {longest:.3g} s, p99 E2E {p.p99_ms.get('e2el') or 0:.4g} ms): "
+                "raise --max-run-s or --requests-per-run")
+    if p.verdict == "errors" or p.binding is None:
+        return f"no rate meets the SLO: {fail_words(p, slo)} ({at})"
+    return why_none(p, fail_records, slo, at)

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Callable, Sequence
 
 from tuner.engine.base import Server
-from tuner.capacity.explain import why_none
+from tuner.capacity.explain import causes, fail_words, no_rate_line
 from tuner.capacity.knee_fit import intercept_of, knee_estimate
 from tuner.capacity.knee_model import KneeResult, KneeSettings
 from tuner.capacity.lora import by_popularity
@@ -52,11 +52,6 @@ BADNESS_CAP = 4.0  # beyond this a point is simply "far over": do not extrapolat
 #: the rate for hours.
 ALL_FAIL_SHARE = 0.9
 OVERLOAD_CAUSES = ("timeout", "in_flight_cap")
-
-
-def _causes(p: LoadRunSummary) -> str:
-    """A run's error causes, most frequent first: "timeout 485, http_5xx 3"."""
-    return ", ".join(f"{k} {v}" for k, v in sorted(p.errors_by_cause.items(), key=lambda kv: -kv[1]))
 
 
 class KneeSearch:
@@ -162,10 +157,10 @@ class KneeSearch:
         r = self.result
         r.points.append(s)
         if r.capacity is None and self._requests_fail(s):
-            causes = _causes(s)
+            why = causes(s)
             said = " ".join((s.error_example or "").split())[:200]
             r.requests_failed = r.why_none = (
-                f"{s.errors} of {s.n} requests failed at {s.offered_rps or s.rate:.3g} req/s ({causes})"
+                f"{s.errors} of {s.n} requests failed at {s.offered_rps or s.rate:.3g} req/s ({why})"
                 + (f": {said}" if said else ""))
         if s.verdict == "client_bound":  # on record, but says nothing about the server
             if self.on_point:
@@ -273,11 +268,11 @@ class KneeSearch:
             last = self._point(hi)
             in_flight = self._in_flight(last)
             if in_flight is not None and in_flight <= self.knee.unloaded_in_flight:
-                r.why_none = self._why_none(last, in_flight)
+                r.why_none = no_rate_line(last, self.slo, r.points, r.fail_records, in_flight)
                 return None  # unloaded and still failing: no rate meets this SLO
             if hi <= self.knee.min_rate * (1 + 1e-9):
                 r.why_none = (f"fails even at the minimum rate {self.knee.min_rate:g} req/s "
-                              f"({self._fail_words(last)})")
+                              f"({fail_words(last, self.slo)})")
                 return None
             nxt = self._down_rate(last)
             fails = [q for q in r.points if not q.passed and q.rate < self.knee.saturation_rate]
@@ -324,32 +319,6 @@ class KneeSearch:
             return None
         return (p.offered_rps or p.rate) * e2e / 1000.0
 
-    def _fail_words(self, p: LoadRunSummary) -> str:
-        if p.verdict == "errors" or (p.n and p.errors > (1 - float(self.slo.target)) * p.n):  # type: ignore
-            causes = _causes(p)
-            return f"{p.errors} of {p.n} requests fail ({causes})"
-        m = p.binding
-        if m is None:
-            return p.verdict or "misses the SLO"
-        t = self.slo.thresholds[m]  # per request (ITL: its largest gap), not the pooled percentile
-        return (f"{p.violations.get(m, 0)} of {p.n} requests over the {m.upper()} bound of {t.max_ms:g} ms "
-                f"(p{t.percentile:g} at a target of {float(self.slo.target):g})")  # type: ignore[arg-type]
-
-    def _why_none(self, p: LoadRunSummary, in_flight: float) -> str:
-        """One line: the requests that break the SLO at an unloaded engine and what sets their floor
-        (`tuner.capacity.explain`), or the load runs were too short to tell."""
-        at = f"at {p.offered_rps or p.rate:.3g} req/s, {in_flight:.2g} requests in flight"
-        if p.verdict == "too_short":
-            longest = max((q.duration_s for q in self.result.points), default=0.0)
-            return (f"every load run that met the SLO was too short to tell whether the engine keeps up "
-                    f"(the longest took {longest:.3g} s, p99 E2E {p.p99_ms.get('e2el') or 0:.4g} ms): "
-                    "raise --max-run-s or --requests-per-run")
-        m = p.binding
-        if p.verdict == "errors" or m is None:
-            return f"no rate meets the SLO: {self._fail_words(p)} ({at})"
-        return why_none(p, self.result.fail_records, self.slo,
-                        f"at {p.offered_rps or p.rate:.3g} req/s, {in_flight:.2g} requests in flight")
-
     # -- the search ---------------------------------------------------------------------------
     def _burst_requests(self) -> int | None:
         """Requests in the rate-inf burst, or None for no burst. It measures the engine's maximum
@@ -366,6 +335,8 @@ class KneeSearch:
         n = self.load.requests
         if self.load.max_duration_s is not None:
             n = min(n, max(2 * mns, REALTIME_BURST_MIN))
+            return n if n >= 2 * mns else None
+        if not self.knee.virtual_burst:
             return n if n >= 2 * mns else None
         depth = min(mns, self._kv_depth() or mns)
         if n < 2 * depth <= VIRTUAL_BURST_FACTOR * n:

