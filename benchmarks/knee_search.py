@@ -48,7 +48,8 @@ def careful_truth(sc, knobs: Knobs, workload, slo) -> float:
     """The noise-free engine's capacity at 1% precision, on the same request sample as the searches."""
     server = SimEngine(sc.gpu, sc.model, cost_params=sc.truth, token_times="itl" in slo.thresholds).launch(knobs)
     r = find_capacity(server, workload, slo, start_rate=START, load=load_settings(sc),
-                      knee=KneeSettings(precision=TRUTH_PRECISION), max_num_seqs=server.cfg.max_num_seqs)
+                      knee=KneeSettings(precision=TRUTH_PRECISION, virtual_burst=True),
+                      max_num_seqs=server.cfg.max_num_seqs)
     return r.capacity or 0.0
 
 
@@ -137,9 +138,10 @@ def main(argv=None) -> int:
                 load = load_settings(sc, seed)
                 srv = eng.launch(knobs)
                 # no warm-up here: the peers' searches have none either
+                # the burst a real-time search sends (`KneeSettings.virtual_burst`): this stands in for one
                 r = find_capacity(srv, workload, slo, start_rate=START,
                                   load=replace(load, warmup_requests=0),
-                                  knee=KneeSettings(precision=PRECISION),
+                                  knee=KneeSettings(precision=PRECISION, virtual_burst=True),
                                   max_num_seqs=srv.cfg.max_num_seqs)
                 res["ours"].append((r.runs, r.capacity, r.engine_s))
                 for name, fn in (("dbl", doubling_bisection), ("step", step_down)):

@@ -66,17 +66,19 @@ def test_a_race_that_passes_heads_for_the_knee_its_incumbent_curve_predicts():
 
 
 def test_a_virtual_time_burst_is_as_deep_as_the_kv_cache_holds():
-    """Without a burst a virtual-time search climbs from 1 req/s, whose long runs are most of its engine
-    time; the burst needs twice the requests the engine holds at once (its batch, or fewer where long
-    requests fill the KV cache), up to 4 load runs' worth."""
+    """Without a burst a virtual-time search climbs from 1 req/s, whose long runs are most of a real
+    engine's time; the burst needs twice the requests the engine holds at once (its batch, or fewer where
+    long requests fill the KV cache), up to 4 load runs' worth."""
     srv = server()
     wl = chat()
-    s = KneeSearch(srv, wl, slo(), LoadSettings(requests=400), KneeSettings(), max_num_seqs=256)
+    s = KneeSearch(srv, wl, slo(), LoadSettings(requests=400), KneeSettings(virtual_burst=True), max_num_seqs=256)
     depth = s._kv_depth()
     assert depth is not None and depth > 0
     assert s._burst_requests() == max(400, math.ceil(2 * min(256, depth)))
-    huge = KneeSearch(srv, wl, slo(), LoadSettings(requests=20), KneeSettings(), max_num_seqs=256)
+    huge = KneeSearch(srv, wl, slo(), LoadSettings(requests=20), KneeSettings(virtual_burst=True), max_num_seqs=256)
     assert huge._burst_requests() is None or huge._burst_requests() <= 80
+    off = KneeSearch(srv, wl, slo(), LoadSettings(requests=400), KneeSettings(), max_num_seqs=256)
+    assert off._burst_requests() is None  # studies and the twin: a burst only when a run is that deep
 
 
 def test_the_fitted_search_brackets_the_knee_to_the_precision_in_few_engine_seconds():

@@ -42,9 +42,9 @@ class Fidelity:
 
     @property
     def knee(self) -> KneeSettings:
-        if self.careful:  # no virtual-time burst deeper than a run: the twin's cost is CPU, not engine time
-            return KneeSettings(precision=self.precision, virtual_burst=False)
-        return KneeSettings(precision=self.precision, remeasure=0, lengthen_band=0.0, virtual_burst=False)
+        if self.careful:
+            return KneeSettings(precision=self.precision)
+        return KneeSettings(precision=self.precision, remeasure=0, lengthen_band=0.0)
 
 
 #: Every configuration of the space is screened quickly, then the best `REFINE` are predicted again
