@@ -4,9 +4,10 @@ Bracket, then close in. Unlike doubling-plus-bisection (vLLM's `serve_sla`) or s
 (`auto_tune.sh`), every point's *badness* (the target-quantile of each request's worst metric/threshold
 ratio, 1.0 = exactly on the SLO) tells how far it is from the knee: the next rate is where 1 / badness,
 fitted against rate over all the points (`tuner.capacity.knee_fit`), crosses 1, not the bracket's middle;
-once that shot lands, a probe a precision-step beyond it closes the bracket. Without an incumbent the
-search starts with a rate-inf burst (the engine's throughput, a few seconds) rather than climbing from
-1 req/s, whose long low-rate runs are most of a doubling search's engine time.
+once that shot lands, a probe a precision-step beyond it closes the bracket. Without an incumbent a
+real-time search (and a virtual-time one with `KneeSettings.virtual_burst`) starts with a rate-inf burst
+(the engine's throughput, a few seconds) rather than climbing from 1 req/s, whose long low-rate runs are
+most of a doubling search's engine time.
 Noise-aware: when the attainment's confidence interval straddles the target the point is measured again
 (longer) instead of being guessed. Racing: a candidate is first measured at the incumbent's capacity;
 failing there, it cannot be better, and the trial ends after that one load run; passing, the incumbent's
