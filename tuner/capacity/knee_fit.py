@@ -29,6 +29,10 @@ PRIOR_WEIGHT = 0.1
 #: The rate-inf burst's throughput, a point at 1 / badness = 0, weighs this much: a burst preempts and
 #: serves less than a steady stream can, or (real time) more than a minute-long run keeps up with
 BURST_WEIGHT = 0.1
+#: A pass at under a quarter of the SLO (1 / badness above this) is on the flat part of the curve, where an
+#: idle engine's latency, not the queue, sets the badness: fitted, a run of them outweighed the two points
+#: by the knee (a climb's seven passes at 1 / badness 10-15 put the knee at the fail above it)
+MAX_RECIPROCAL = 4.0
 FLOOR_WEIGHT = 0.05  # every point counts a little, however far from the knee
 #: Points within about this log-distance of the bracket's middle count most (the line is a chord of a
 #: curve that bends towards saturation: only near the knee is it close to the curve) ...
@@ -50,6 +54,8 @@ def reciprocal(p: LoadRunSummary) -> float | None:
     if not math.isfinite(g):
         return 1.001
     y = 1.0 / max(g, 1e-3)
+    if y > MAX_RECIPROCAL:
+        return None  # far under the knee, where latency is flat: a bound, not a point of the line
     return max(y, 1.0) if p.passed else min(y, 1.0)  # a pass is at or under the knee, a fail above
 
 
