@@ -130,7 +130,9 @@ def _run_line(run: dict) -> str:
     failed = [f"{n} (rc {rc})" for n, rc in run.get("failed", {}).items()]
     return (f"{run['when']}, commit `{run['commit']}`, `{run['command']}`: {len(run['ran'])} sections in "
             f"{run['wall_s'] / 60:.1f} min of wall time{cpu} on {run['host']}."
-            + (f" **Failed, kept from their previous run:** {', '.join(failed)}." if failed else ""))
+            + (f" **Failed, kept from their previous run:** {', '.join(failed)}." if failed else "")
+            + (f" **Stopped before it ran** (kept from their previous run): {', '.join(run['stopped'])}."
+               if run.get("stopped") else ""))
 
 
 def _runs_text(runs: list[dict]) -> list[str]:
@@ -140,7 +142,7 @@ def _runs_text(runs: list[dict]) -> list[str]:
     out = []
     for i, run in enumerate(runs[start:], start=start):
         label = ("Last full regeneration" if i in full else
-                 "Then, some sections again" if full else "Last run, some sections")
+                 "Then, some sections again" if i > start else "A run of some sections")
         out += [f"{label}: {_run_line(run)}", ""]
     return out
 

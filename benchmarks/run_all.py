@@ -24,6 +24,7 @@ import json
 import os
 import platform
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -59,6 +60,10 @@ def _children_cpu_s() -> float:
     time says how busy the host was, the CPU time what the benchmark costs."""
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def now() -> str:
@@ -170,15 +175,22 @@ def main(argv: list[str] | None = None) -> int:
     SECTIONS.mkdir(parents=True, exist_ok=True)
     t_all, failed, ran = time.perf_counter(), {}, []
     started, commit, machine, cpu0 = now(), code_commit(), host(), _children_cpu_s()
-    announced = False
-    for p in sorted(chosen, key=lambda part: part.timing):  # the timed ones last, together
-        if p.timing and not announced:
-            print("== timing-sensitive sections from here (their numbers are times)", file=sys.stderr, flush=True)
-            announced = True
-        rc, _ = run_part(p, args.fresh)
-        (failed.__setitem__(p.name, rc) if rc else ran.append(p.name))
+    announced, stopped = False, []
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        for p in sorted(chosen, key=lambda part: part.timing):  # the timed ones last, together
+            if p.timing and not announced:
+                print("== timing-sensitive sections from here (their numbers are times)", file=sys.stderr,
+                      flush=True)
+                announced = True
+            rc, _ = run_part(p, args.fresh)
+            (failed.__setitem__(p.name, rc) if rc else ran.append(p.name))
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: keep what finished, say what did not run
+        stopped = [p.name for p in chosen if p.name not in ran and p.name not in failed]
+        print(f"== stopped; not run: {', '.join(stopped)}", file=sys.stderr)
     cmd = "python benchmarks/run_all.py" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
     this_run = {"when": started, "commit": commit, "command": cmd, "host": machine, "ran": ran, "failed": failed,
+                "stopped": stopped,
                 "wall_s": round(time.perf_counter() - t_all, 1), "cpu_s": round(_children_cpu_s() - cpu0, 1)}
     RUN_SUMMARY.write_text(json.dumps((read_runs() + [this_run])[-KEEP_RUNS:], indent=1) + "\n")
     return write_page() or (1 if failed else 0)
