@@ -447,7 +447,7 @@ def test_the_corrected_command_gets_past_validation(tmp_path: Path, monkeypatch:
     check_line(e.value.code, *capsys.readouterr(), expected)
     monkeypatch.setattr(tuner.study, "open_study", past)
     monkeypatch.setattr(tuner.gate, "run_gate", past)
-    monkeypatch.setattr(tuner.cli.bench, "_model_of", past)
+    monkeypatch.setattr(tuner.cli.bench, "_served", past)  # the first call that reaches the server
     monkeypatch.setattr(sys, "argv", ["tune", *CORRECTED[case]])
     with pytest.raises(PastValidation):
         main()
