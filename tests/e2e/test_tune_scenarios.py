@@ -24,6 +24,8 @@ SCENARIOS = [
     ("rag", "rag.jsonl", "rag.slo.yaml", ()),
     ("multitenant", "multitenant.jsonl", "multitenant.slo.yaml", ()),
     ("azure", "azure_conv_excerpt.csv", "azure.slo.yaml", ("--arrival", "trace")),
+    ("multitenant-lora", "multitenant-lora.jsonl", "multitenant-lora.slo.yaml",
+     ("--lora-dir", str(W / "multitenant-lora.adapters.yaml"), "--search-space", "multitenant-lora")),
 ]
 
 
@@ -64,8 +66,9 @@ def check_verdict(p, reasons: list[str]) -> None:
         assert contradictions(ln) == [], ln
 
 
-#: rag and multitenant run in their own tests below (the same run, with what each must name)
-OTHERS = [s for s in SCENARIOS if s[0] not in ("rag", "multitenant")]
+#: rag and multitenant run in their own tests below (the same run, with what each must name);
+#: multitenant-lora in tests/e2e/test_tune_lora.py (thrash diagnosed, the slots' answer measured)
+OTHERS = [s for s in SCENARIOS if s[0] not in ("rag", "multitenant", "multitenant-lora")]
 
 
 @pytest.mark.parametrize("name,workload,slo,extra", OTHERS, ids=[s[0] for s in OTHERS])
