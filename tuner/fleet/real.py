@@ -125,38 +125,37 @@ def run_real(fleet: RealFleet, requests: Sequence[WorkloadRequest], send_times: 
                                stop_replica_at=stop_replica_at, time_scale=time_scale,
                                request_timeout_s=request_timeout_s, url=prometheus, margin_s=prometheus_margin_s)
     before = [scrape(s.base_url) for s in fleet.replicas]
-    timer = None
-    if stop_replica_at is not None:
-        timer = threading.Timer(stop_replica_at * time_scale, fleet.stop_replica, args=(0,))
-        timer.daemon = True
-        timer.start()
-    try:
-        run = run_load_http(fleet.router_url, requests, send_times, offered_rate=offered_rate,
-                            model=fleet.replicas[0].model, metrics=False, request_timeout_s=request_timeout_s)
-    finally:
-        if timer is not None:
-            timer.cancel()
+    run = _send(fleet, requests, send_times, offered_rate=offered_rate, stop_replica_at=stop_replica_at,
+                time_scale=time_scale, request_timeout_s=request_timeout_s)
     after: list[MetricsWindow | None] = []
     for i, s in enumerate(fleet.replicas):
         after.append(None if i in fleet.stopped else window(before[i], scrape(s.base_url)))
     return RealRun(run=run, replica_metrics=after)
 
 
-def _run_prometheus(fleet: RealFleet, requests: Sequence[WorkloadRequest], send_times: Sequence[float], *,
-                    offered_rate: float, stop_replica_at: float | None, time_scale: float,
-                    request_timeout_s: float, url: str, margin_s: float) -> RealRun:
-    sources = [PrometheusSource(url, selector=f'instance="{HOST}:{s.process.port}"') for s in fleet.replicas]
+def _send(fleet: RealFleet, requests: Sequence[WorkloadRequest], send_times: Sequence[float], *,
+          offered_rate: float, stop_replica_at: float | None, time_scale: float, request_timeout_s: float):
+    """The load through the router, with replica 0 stopped `stop_replica_at` (virtual) seconds in: the one
+    send both metric sources (scraped windows, Prometheus) share."""
     timer = None
     if stop_replica_at is not None:
         timer = threading.Timer(stop_replica_at * time_scale, fleet.stop_replica, args=(0,))
         timer.daemon = True
         timer.start()
     try:
-        run = run_load_http(fleet.router_url, requests, send_times, offered_rate=offered_rate,
-                            model=fleet.replicas[0].model, metrics=False, request_timeout_s=request_timeout_s)
+        return run_load_http(fleet.router_url, requests, send_times, offered_rate=offered_rate,
+                             model=fleet.replicas[0].model, metrics=False, request_timeout_s=request_timeout_s)
     finally:
         if timer is not None:
             timer.cancel()
+
+
+def _run_prometheus(fleet: RealFleet, requests: Sequence[WorkloadRequest], send_times: Sequence[float], *,
+                    offered_rate: float, stop_replica_at: float | None, time_scale: float,
+                    request_timeout_s: float, url: str, margin_s: float) -> RealRun:
+    sources = [PrometheusSource(url, selector=f'instance="{HOST}:{s.process.port}"') for s in fleet.replicas]
+    run = _send(fleet, requests, send_times, offered_rate=offered_rate, stop_replica_at=stop_replica_at,
+                time_scale=time_scale, request_timeout_s=request_timeout_s)
     time.sleep(margin_s)
     # whole-second steps: Prometheus 2.x refuses a "0.5s" step (the source's default), "1s" parses
     return RealRun(run=run, replica_metrics=[src.window_for_run(run, step_s=1.0, margin_s=margin_s)
