@@ -35,6 +35,7 @@ def test_verify_a_study_and_export_it(tmp_path):
 @pytest.mark.parametrize("args,expected", [
     (["--policy", "least_busy"], "--policy: unknown routing policy 'least_busy'"),
     (["--replicas", "0"], "--replicas: must be >= 1, got 0"),
+    (["--replicas", "100000000"], "--replicas: must be <= 512"),
     (["--peak-rate", "0"], "--peak-rate: must be a number > 0"),
     (["--price-per-gpu-hour", "nan"], "--price-per-gpu-hour: must be a finite number >= 0"),
     (["--price-per-gpu-hour", "-1"], "--price-per-gpu-hour: must be a finite number >= 0"),

@@ -20,7 +20,7 @@ def run_verify(run_dir: Path | None, *, policies: list[str], replicas: int | Non
     from tuner.fleet import policies as registry
     from tuner.fleet.export import write_export
     from tuner.fleet.render import lines, write
-    from tuner.fleet.verify import check_price, verify
+    from tuner.fleet.verify import MAX_REPLICAS, check_price, verify
     from tuner.inputs import check_out_dir
     from tuner.storage.reader import storage_url
 
@@ -30,6 +30,9 @@ def run_verify(run_dir: Path | None, *, policies: list[str], replicas: int | Non
         registry.check_policy(p)
     if replicas is not None and replicas < 1:
         raise UserError(f"must be >= 1, got {replicas}", field="--replicas")
+    if replicas is not None and replicas > MAX_REPLICAS:  # the N search's own cap: a start beyond it never ended
+        raise UserError(f"must be <= {MAX_REPLICAS} (the largest fleet the search simulates), got {replicas}",
+                        field="--replicas")
     if arrivals not in ("poisson", "trace"):
         raise UserError(f"must be poisson or trace, got {arrivals!r}", field="--arrivals")
     if cold_start_s is not None and not (math.isfinite(cold_start_s) and 0 <= cold_start_s <= 3600):
