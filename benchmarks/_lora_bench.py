@@ -96,27 +96,10 @@ def server_means(url: str, before) -> dict:
 
 
 def run_vllm(args, url: str, model: str, trace: Path, n: int, names: list[str], out: Path, log: Path, block: int) -> dict:
-    from benchmarks.reference_capacity import Bench  # the `vllm bench serve` driver process
+    from benchmarks.bench_vs_vllm_bench import vllm_bench  # the one `vllm bench serve` call
 
-    bench = Bench(args.vllm_python, Path(args.tokenizer), url, [], log)
-    argv = ["--base-url", url, "--model", model, "--tokenizer", args.tokenizer, "--backend", "openai",
-            "--endpoint", "/v1/completions", "--dataset-name", "timed_trace", "--dataset-path", str(trace),
-            "--timed-trace-sec-multiplier", "0.001", "--timed-trace-chunk-hash-size", str(block),
-            "--num-prompts", str(n), "--ignore-eos", "--disable-tqdm", "--seed", "0",
-            "--lora-modules", *names, "--lora-assignment", "round-robin",
-            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-            "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]
-    try:
-        assert bench.proc.stdin is not None
-        bench.log.write(f"\n### vllm bench serve {' '.join(argv)}\n")
-        bench.proc.stdin.write(json.dumps(argv) + "\n")
-        bench.proc.stdin.flush()
-        rc = int(bench._until("@@DONE").split()[1])
-    finally:
-        bench.close()
-    if rc != 0:
-        raise RuntimeError(f"vllm bench serve failed (rc {rc}); see {log}")
-    return json.loads(out.read_text())
+    return vllm_bench(args.vllm_python, args.tokenizer, url, trace, n, out, log, model=model, block=block,
+                      extra=("--lora-modules", *names, "--lora-assignment", "round-robin"))
 
 
 def run_tune(url: str, trace: Path, n: int, names: list[str], out: Path) -> dict:

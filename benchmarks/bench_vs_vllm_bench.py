@@ -68,12 +68,15 @@ def make_trace(path: Path, n: int, rate: float, seed: int) -> None:
                                 "output_length": n_out, "hash_ids": ids}) + "\n")
 
 
-def vllm_bench(python: str, tokenizer: str, base_url: str, trace: Path, n: int, out: Path, log: Path) -> dict:
+def vllm_bench(python: str, tokenizer: str, base_url: str, trace: Path, n: int, out: Path, log: Path, *,
+               model: str = MODEL, block: int = BLOCK, extra: tuple[str, ...] = ()) -> dict:
+    """One `vllm bench serve` run of `trace` against `base_url` (in the vLLM venv's driver process), its saved
+    result read back. `extra` is added to its arguments (the LoRA comparison's `--lora-modules ...`)."""
     bench = Bench(python, Path(tokenizer), base_url, [], log)
-    args = ["--base-url", base_url, "--model", MODEL, "--tokenizer", tokenizer, "--backend", "openai",
+    args = ["--base-url", base_url, "--model", model, "--tokenizer", tokenizer, "--backend", "openai",
             "--endpoint", "/v1/completions", "--dataset-name", "timed_trace", "--dataset-path", str(trace),
-            "--timed-trace-sec-multiplier", "0.001", "--timed-trace-chunk-hash-size", str(BLOCK),
-            "--num-prompts", str(n), "--ignore-eos", "--disable-tqdm", "--seed", "0",
+            "--timed-trace-sec-multiplier", "0.001", "--timed-trace-chunk-hash-size", str(block),
+            "--num-prompts", str(n), "--ignore-eos", "--disable-tqdm", "--seed", "0", *extra,
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
             "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]
     try:
