@@ -96,16 +96,22 @@ def _int_field(body: dict, name: str, default: int | None) -> int | None:
     return v
 
 
-def parse_request(raw: bytes, *, chat: bool, served: tuple[str, ...],
-                  tokens: TokenCounter | None = None) -> ParsedRequest:
-    """Validate a `/v1/completions` or `/v1/chat/completions` body; raise `BadRequest` as vLLM would."""
-    tokens = tokens or RegexCounter()
+def json_object(raw: bytes) -> dict:
+    """A request body as a JSON object, or the 400 vLLM gives for anything else."""
     try:
         body = json.loads(raw or b"{}")
     except ValueError as e:
         raise BadRequest(f"Invalid JSON in request body: {e}") from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def parse_request(raw: bytes, *, chat: bool, served: tuple[str, ...],
+                  tokens: TokenCounter | None = None) -> ParsedRequest:
+    """Validate a `/v1/completions` or `/v1/chat/completions` body; raise `BadRequest` as vLLM would."""
+    tokens = tokens or RegexCounter()
+    body = json_object(raw)
     model = body.get("model") or served[0]
     if model not in served:
         raise BadRequest(f"The model `{model}` does not exist.", status=404, err_type="NotFoundError",

@@ -26,18 +26,13 @@ import json
 import time
 import uuid
 
-from tuner.sim.protocol import (DEFAULT_MAX_TOKENS, WORDS, BadRequest, ParsedRequest, WatchedStream, parse_request,
-                                wait_done_or_gone)
+from tuner.sim.protocol import (DEFAULT_MAX_TOKENS, WORDS, BadRequest, ParsedRequest, WatchedStream, json_object,
+                                parse_request, wait_done_or_gone)
 
 
 def to_chat_body(raw: bytes) -> tuple[dict, bytes]:
     """The Responses body, and the equivalent chat-completions body `parse_request` validates."""
-    try:
-        body = json.loads(raw or b"{}")
-    except ValueError as e:
-        raise BadRequest(f"Invalid JSON in request body: {e}") from None
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
+    body = json_object(raw)
     inp = body.get("input")
     if isinstance(inp, str):
         messages = [{"role": "user", "content": inp}]
