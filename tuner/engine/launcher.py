@@ -29,7 +29,6 @@ import logging
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -44,6 +43,7 @@ import tuner
 from tuner import signals
 from tuner.engine import procs
 from tuner.engine.base import LaunchInfo
+from tuner.engine.ports import free_port, port_is_free, wait_port_free  # noqa: F401  (callers pick a port through the launcher)
 from tuner.engine.classify import classified_failure, classify_failure, parse_launch_info
 from tuner.errors import UserError
 
@@ -58,34 +58,6 @@ INTERRUPT_TERM_S = 3.0
 #: ... and this long for SIGKILL, the port and the GPU memory.
 INTERRUPT_RELEASE_S = 5.0
 _PR_SET_PDEATHSIG = 1
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nobody listens on right now (the kernel's pick). Another process could take it before the
-    server binds; a launch that then fails is classified as a crash with the bind error in its log."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def port_is_free(host: str, port: int) -> bool:
-    """True when a new server could bind `port` now (SO_REUSEADDR, as uvicorn binds: TIME_WAIT is fine)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
-
-
-def wait_port_free(host: str, port: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not port_is_free(host, port):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def _pdeathsig_preexec():
