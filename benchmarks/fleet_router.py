@@ -42,6 +42,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--policy", action="append", default=[])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--no-scale-out", action="store_true", help="replicas without --enable-scale-out: the "
+                    "router's cache_aware gets no token ids (every decision `missing_tokens`)")
     ap.add_argument("--prometheus", default=None, help="read the replicas' metrics from this Prometheus (it "
                     "must scrape the replicas' ports; default: scrape each /metrics)")
     a = ap.parse_args()
@@ -55,9 +57,10 @@ def main() -> None:
         v = check(setup, vrun, a.replicas, policy, a.rate, warmup_s=a.warmup)
         t0 = time.time()
         with start_fleet(GPU, MODEL, Knobs(), a.replicas, policy, run_dir=tempfile.mkdtemp(prefix="fleet-bench-"),
-                         time_scale=a.time_scale) as fleet:
+                         time_scale=a.time_scale, scale_out=not a.no_scale_out) as fleet:
             real = run_real(fleet, reqs, times, offered_rate=a.rate, time_scale=a.time_scale,
                             prometheus=a.prometheus)
+            router_decisions = fleet.router_decisions()
         wall = time.time() - t0
         for r in real.run.records:
             r.in_window = r.scheduled_s >= a.warmup
@@ -68,10 +71,12 @@ def main() -> None:
         row = {"policy": policy, "rate": a.rate, "replicas": a.replicas, "requests": len(times), "wall_s": round(wall, 1),
                "real": {"attainment": s.attainment, "p99_ttft_ms": s.metrics["ttft"].p99_ms,
                         "p99_tpot_ms": s.metrics["tpot"].p99_ms, "served_per_replica": shares,
-                        "hit_rate_per_replica": hits, "errors": s.errors, "warnings": real.run.warnings[:3]},
+                        "hit_rate_per_replica": hits, "errors": s.errors, "warnings": real.run.warnings[:3],
+                        "router_decisions": router_decisions},
                "virtual": {"attainment": v.attainment, "p99_ttft_ms": v.p99_ttft_ms, "p99_tpot_ms": v.p99_tpot_ms,
                            "served_per_replica": [r.routed for r in v.per_replica],
-                           "hit_rate_per_replica": [r.prefix_hit_rate for r in v.per_replica], "errors": v.errors}}
+                           "hit_rate_per_replica": [r.prefix_hit_rate for r in v.per_replica], "errors": v.errors,
+                           "decisions": v.decisions}}
         rv, vv = row["real"], row["virtual"]
         row["diff_attainment"] = abs(rv["attainment"] - vv["attainment"]) / max(vv["attainment"], 1e-9)
         row["diff_p99_ttft"] = (abs(rv["p99_ttft_ms"] - vv["p99_ttft_ms"]) / vv["p99_ttft_ms"]

@@ -180,6 +180,40 @@ def test_chat_streamed_and_not(keyed):
     assert r.json()["usage"]["prompt_tokens"] > count_tokens("You are terse.Hello there")
 
 
+def test_tokenize_gives_the_ids_the_server_schedules_and_render_is_403_without_scale_out(keyed):
+    """What a router reads of a prompt (vLLM's /tokenize, both forms): the ids the server itself schedules,
+    so its prefix matches are the prefix cache's; render answers 403 as `vllm serve` without
+    --enable-scale-out does (the vLLM Router then has no tokens: tuner.sim.tokenize)."""
+    prompt = words(40, "tok")
+    r = keyed.post("/tokenize", json={"model": NAME, "prompt": prompt})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["count"] == len(body["tokens"]) == count_tokens(prompt) and body["max_model_len"] == 2048
+    served = keyed.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1}).json()
+    assert served["usage"]["prompt_tokens"] == body["count"]
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hello there"}]
+    chat = keyed.post("/tokenize", json={"messages": messages}).json()
+    bare = keyed.post("/tokenize", json={"messages": messages, "add_generation_prompt": False}).json()
+    assert bare["tokens"] == chat["tokens"][:bare["count"]] and bare["count"] < chat["count"]
+    answered = keyed.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1}).json()
+    assert answered["usage"]["prompt_tokens"] == chat["count"]
+    assert keyed.post("/tokenize", json={"model": "other", "prompt": "hi"}).status_code == 404
+    assert keyed.post("/tokenize", json={"prompt": 3}).status_code == 400
+    r = keyed.post("/v1/completions/render", json={"prompt": prompt})
+    assert r.status_code == 403 and "--enable-scale-out" in r.json()["error"]["message"]
+
+
+def test_render_answers_the_token_ids_with_enable_scale_out():
+    prompt = words(30, "render")
+    with sim_server("--enable-scale-out") as (base, _):
+        ids = httpx.post(base + "/tokenize", json={"prompt": prompt}).json()["tokens"]
+        r = httpx.post(base + "/v1/completions/render", json={"prompt": prompt, "max_tokens": 3})
+        assert r.status_code == 200 and r.json()[0]["token_ids"] == ids
+        messages = [{"role": "user", "content": prompt}]
+        chat = httpx.post(base + "/v1/chat/completions/render", json={"messages": messages}).json()
+        assert chat["token_ids"] == httpx.post(base + "/tokenize", json={"messages": messages}).json()["tokens"]
+
+
 def test_prompt_too_long_is_400_with_vllms_message(keyed):
     r = keyed.post("/v1/completions", json={"prompt": words(2040, "long"), "max_tokens": 16})
     assert r.status_code == 400

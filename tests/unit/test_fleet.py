@@ -65,7 +65,19 @@ def test_cache_aware_affinity_threshold_and_imbalance():
     assert p.select(key([0, 300, 301, 302, 303, 304], n=96), [0, 1], {0: 5, 1: 1}) == 1
     # imbalanced (max - min > 64 and max > 1.5 min): the least loaded whatever the cache says
     assert p.select(key(shared + [400], n=176), [0, 1], {0: 100, 1: 10}) == 1
-    assert p.decisions == {"load_balance": 1, "cache_affinity": 1, "low_match_min_load": 2}
+    assert p.decisions == {"load_imbalance": 1, "prefix_hit": 1, "prefix_miss": 2}
+
+
+def test_cache_aware_threshold_is_strict_and_the_last_holder_wins():
+    """The rules measured on vllm-router 0.1.17 with stub workers (tuner.fleet.policies): 3 of 10 matched
+    misses, 4 of 10 hits; of two workers holding the prefix, the one sent it last."""
+    p = policies.create("cache_aware")
+    assert p.select(key(list(range(10)), n=160), [0, 1], {0: 0, 1: 0}) == 0
+    assert p.select(key([0, 1, 2, 30, 40, 50, 60, 70, 80, 90], n=160), [0, 1], {0: 1, 1: 0}) == 1  # 0.3: miss
+    assert p.select(key([0, 1, 2, 3, 41, 51, 61, 71, 81, 91], n=160), [0, 1], {0: 1, 1: 0}) == 0  # 0.4: hit
+    # blocks 0-1 and a long tail (2 of 12 < 0.3): a miss, to the least loaded, which now holds 0-1 too
+    assert p.select(key([0, 1] + list(range(500, 510)), n=192), [0, 1], {0: 1, 1: 0}) == 1
+    assert p.select(key([0, 1, 700], n=48), [0, 1], {0: 1, 1: 0}) == 1  # both hold 0-1: the last sent
 
 
 @pytest.fixture(scope="module")

@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "tune sim serve") -> int
     return run_server(cfg, host=args.host, port=args.port, served_names=names, api_key=api_key,
                       time_scale=args.time_scale, noise=args.noise, seed=args.seed, root=args.model,
                       tokens=tokens, cost_params=CostParams(spec_acceptance=tuple(args.spec_acceptance)),
-                      max_logprobs=args.max_logprobs)
+                      max_logprobs=args.max_logprobs, scale_out=args.enable_scale_out)
 
 
 @app.command("serve", add_help_option=False,

@@ -16,13 +16,21 @@ response ends), never the engines' queues.
   tenant or the chosen prefix key, else the request's own text (unique: a spread like `random`). The ring
   hash is blake2b, not the router's FurcHash: a different but equally uniform placement.
 - `cache_aware`: imbalanced when (max load - min load) > `balance_abs_threshold` (64) AND max load >
-  min load x `balance_rel_threshold` (1.5): the least-loaded healthy worker. Else the approximate radix
-  tree of what each worker was sent: the deepest prefix match, and when the match rate (matched / prompt
-  length) > `cache_threshold` (0.3), the worker that holds it; else the least-loaded healthy worker. The
-  request is inserted under the chosen worker either way. The router's tree holds characters; here it
-  holds the prompt's 16-token block hashes (the same prefix structure at block granularity); where
-  several workers hold the deepest node the most recently sent one is taken (the router's `last_tenant`,
-  `src/tree.rs`). Its eviction (2^25 characters per worker every 120 s) is not modelled: a run here sends far less.
+  min load x `balance_rel_threshold` (1.5): the least-loaded healthy worker (`load_imbalance`). Else the
+  approximate radix tree of what each worker was sent: the deepest prefix match, and when the match rate
+  (matched / prompt tokens) > `cache_threshold` (0.3, strictly), the worker that holds it
+  (`prefix_hit`); else the least-loaded healthy worker (`prefix_miss`). The request is inserted under the
+  chosen worker either way. The decision names are the router's own outcome labels
+  (`vllm_router_prefix_routing_decisions_total`), so a real run's counts compare one to one.
+  Router 0.1.17 matches on the prompt's *token ids*, which it asks each worker for (render, else
+  `/tokenize`: `tuner.sim.tokenize`); without them every decision is `missing_tokens` and goes to the
+  least-loaded worker, which this model does not do. Checked against the binary with stub workers that
+  answer chosen token ids (2026-12-05): text that differs over identical tokens still hits; a match of
+  exactly 3 in 10 tokens misses, 4 in 10 hits; a miss goes to the least-loaded worker (ties: the first in
+  the router's worker list, which is its registration order, not the command line's); of two workers
+  holding the matched prefix, the one sent it last wins (the tree's `last_tenant`). Here the tree holds
+  the prompt's 16-token block hashes, so a match is counted in whole blocks (at most 15 tokens short of
+  the router's). Its eviction (2^25 tokens per worker every 120 s) is not modelled: a run here sends far less.
 """
 
 from __future__ import annotations
@@ -191,21 +199,21 @@ class CacheAware(RoutingPolicy):
         self.abs_threshold = balance_abs_threshold
         self.rel_threshold = balance_rel_threshold
         self.tree = _Tree()
-        self.decisions = {"load_balance": 0, "cache_affinity": 0, "low_match_min_load": 0}
+        self.decisions = {"load_imbalance": 0, "prefix_hit": 0, "prefix_miss": 0}
 
     def select(self, key: RouteKey, healthy: Sequence[int], loads: dict[int, int]) -> int:
         values = list(loads.values()) or [0]
         hi, lo = max(values), min(values)
         least = min(healthy, key=lambda w: loads.get(w, 0))  # first of the least loaded, as min_by_key
         if hi - lo > self.abs_threshold and hi > lo * self.rel_threshold:
-            chosen, why = least, "load_balance"
+            chosen, why = least, "load_imbalance"
         else:
             depth, owner = self.tree.match(key.hashes, set(healthy))
             rate = depth * key.block_tokens / key.prompt_tokens if key.prompt_tokens else 0.0
             if owner is not None and rate > self.cache_threshold:
-                chosen, why = owner, "cache_affinity"
+                chosen, why = owner, "prefix_hit"
             else:
-                chosen, why = least, "low_match_min_load"
+                chosen, why = least, "prefix_miss"
         self.decisions[why] += 1
         self.tree.insert(key.hashes, chosen)
         return chosen

@@ -34,6 +34,10 @@ from tuner.replay.record import LoadRun
 from tuner.workload.model import WorkloadRequest
 
 ROUTER_ENV = "TUNER_VLLM_ROUTER"
+#: The router's cache_aware (0.1.17) reads each prompt's token ids from the workers' render endpoints,
+#: which `vllm serve` 0.32 answers only with this flag; without it every decision falls back to the
+#: least-loaded worker with no prefix match (`tuner.sim.tokenize` says how this was established).
+SCALE_OUT_FLAG = "--enable-scale-out"
 
 
 def router_binary(given: str | None = None) -> str:
@@ -52,6 +56,23 @@ class RealFleet:
     router: launcher.ManagedProcess | None
     router_url: str = ""
     stopped: list[int] = field(default_factory=list)
+    router_metrics_url: str = ""
+
+    def router_decisions(self) -> dict[str, float]:
+        """The router's own count of its cache-aware decisions by outcome (`prefix_hit`, `prefix_miss`,
+        `load_imbalance`, `missing_tokens`: no token ids, so no prefix match was tried), from its
+        `vllm_router_prefix_routing_decisions_total`; empty for the other policies."""
+        import httpx
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(self.router_metrics_url, timeout=10).text
+        out: dict[str, float] = {}
+        for fam in text_string_to_metric_families(text):
+            for sample in fam.samples:
+                if sample.name == "vllm_router_prefix_routing_decisions_total":
+                    outcome = sample.labels.get("outcome", "")
+                    out[outcome] = out.get(outcome, 0.0) + sample.value
+        return out
 
     def stop(self) -> None:
         """Stop the router, then every replica (each its whole process group)."""
@@ -73,23 +94,28 @@ class RealFleet:
 
 def start_fleet(gpu: str, model: str, knobs: Knobs, replicas: int, policy: str, *, run_dir: str | Path,
                 time_scale: float = 1.0, router: str | None = None, router_args: Sequence[str] = (),
-                startup_timeout_s: float = 60.0) -> RealFleet:
+                startup_timeout_s: float = 60.0, scale_out: bool = True) -> RealFleet:
     """N `tune sim serve` replicas with `knobs`, then the router over them with `policy`. On any failure
     everything started so far is stopped before the error (a router that does not come up is a
-    `UserError` naming its log's last line)."""
+    `UserError` naming its log's last line). `scale_out`: the replicas run with `--enable-scale-out`, as
+    the router's cache_aware needs of vLLM 0.32 (`SCALE_OUT_FLAG`)."""
     policies.check_policy(policy)
     if replicas < 1:
         raise UserError(f"must be >= 1, got {replicas}", field="--replicas")
     binary = router_binary(router)
     run_dir = Path(run_dir)
-    engine = SimHTTPEngine(gpu, model, time_scale=time_scale, run_dir=run_dir / "replicas")
+    engine = SimHTTPEngine(gpu, model, time_scale=time_scale, run_dir=run_dir / "replicas",
+                           extra_args=[SCALE_OUT_FLAG] if scale_out else [])
     fleet = RealFleet(replicas=[], router=None)
     try:
         for _ in range(replicas):
             fleet.replicas.append(engine.launch(knobs))
-        port = launcher.free_port(HOST)
-        argv = [binary, "--host", HOST, "--port", str(port), "--policy", policy, "--worker-urls",
-                *(s.base_url for s in fleet.replicas), *router_args]
+        port, metrics_port = launcher.free_port(HOST), launcher.free_port(HOST)
+        while metrics_port == port:
+            metrics_port = launcher.free_port(HOST)
+        argv = [binary, "--host", HOST, "--port", str(port), "--policy", policy, "--prometheus-host", HOST,
+                "--prometheus-port", str(metrics_port), "--worker-urls", *(s.base_url for s in fleet.replicas),
+                *router_args]
         try:
             fleet.router, _ = launcher.launch(argv, run_dir=run_dir / "router", port=port, host=HOST,
                                               startup_timeout_s=startup_timeout_s, health_path="/health",
@@ -98,6 +124,7 @@ def start_fleet(gpu: str, model: str, knobs: Knobs, replicas: int, policy: str, 
             last = (e.message or "").strip().splitlines()[-1:] or ["no output"]
             raise UserError(f"the vLLM Router did not start: {last[0][:300]}", field="--router") from None
         fleet.router_url = f"http://{HOST}:{port}"
+        fleet.router_metrics_url = f"http://{HOST}:{metrics_port}/metrics"
         return fleet
     except BaseException:
         fleet.stop()
@@ -162,4 +189,4 @@ def _run_prometheus(fleet: RealFleet, requests: Sequence[WorkloadRequest], send_
                                              for src in sources])
 
 
-__all__ = ["RealFleet", "RealRun", "start_fleet", "run_real", "router_binary", "ROUTER_ENV"]
+__all__ = ["RealFleet", "RealRun", "start_fleet", "run_real", "router_binary", "ROUTER_ENV", "SCALE_OUT_FLAG"]

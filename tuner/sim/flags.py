@@ -93,6 +93,9 @@ def build_parser(prog: str = "tune sim serve") -> argparse.ArgumentParser:
                    help="LoRA adapters as vLLM takes them: name=path (a folder with adapter_config.json)")
     v.add_argument("--max-logprobs", type=int, default=20, help="most (prompt) logprobs a request may ask for "
                    "(the quality check asks for 20: tuner.sim.quality)")
+    v.add_argument("--enable-scale-out", action="store_true", default=False,
+                   help="serve the render endpoints (/v1/completions/render, /v1/chat/completions/render: a "
+                   "prompt's token ids), which answer 403 without it (a router's cache-aware routing reads them)")
     for spec in KNOB_SPECS.values():  # every knob, spelled and parsed as vLLM does (choices: the simulated ones)
         kw: dict = {"int": {"type": int}, "tokens": {"type": human_readable_int}, "fraction": {"type": float},
                     "switch": {"action": argparse.BooleanOptionalAction},

@@ -73,9 +73,10 @@ class ParsedRequest:
     include_usage: bool
 
 
-def render_chat(messages: list) -> str:
+def render_chat(messages: list, generation_prompt: bool = True) -> str:
     """The prompt text of a chat request: a ChatML-like template (what Qwen's chat template renders).
-    A shared system prompt therefore renders to the same leading tokens, and hits the prefix cache."""
+    A shared system prompt therefore renders to the same leading tokens, and hits the prefix cache.
+    `generation_prompt`: end with the assistant turn's opening (vLLM's `add_generation_prompt`)."""
     parts = []
     for m in messages:
         if not isinstance(m, dict) or "role" not in m:
@@ -84,7 +85,7 @@ def render_chat(messages: list) -> str:
         if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
             content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
         parts.append(f"<|im_start|>{m['role']}\n{content}<|im_end|>\n")
-    return "".join(parts) + "<|im_start|>assistant\n"
+    return "".join(parts) + ("<|im_start|>assistant\n" if generation_prompt else "")
 
 
 def _int_field(body: dict, name: str, default: int | None) -> int | None:

@@ -42,6 +42,7 @@ from tuner.sim.protocol import (UNAUTHORIZED, BadRequest, Renderer, WatchedStrea
                                 sse_body, wait_done_or_gone)
 from tuner.sim.quality import DEFAULT_MAX_LOGPROBS, StandIn, logit_noise, truncate
 from tuner.sim.responses import responses_endpoint
+from tuner.sim.tokenize import render_routes, tokenize_endpoint
 from tuner.tokens import TokenCounter, block_hashes
 from tuner.sim.vllm_metrics import (ITERATION_TOKENS_BUCKETS, ITL_BUCKETS, REQUEST_LATENCY_BUCKETS,
                                     TTFT_BUCKETS, tokens_buckets)
@@ -338,9 +339,10 @@ class EngineLoop:
 
 def build_app(loop: EngineLoop, *, served_names: Sequence[str], api_key: str | None = None,
               root: str | None = None, tokens: TokenCounter | None = None,
-              max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> Starlette:
+              max_logprobs: int = DEFAULT_MAX_LOGPROBS, scale_out: bool = False) -> Starlette:
     """The Starlette app: vLLM's endpoints over `loop`. `served_names[0]` labels the metrics; `tokens`
-    counts prompts (default: the estimate); `max_logprobs`: vLLM's `--max-logprobs`."""
+    counts prompts (default: the estimate); `max_logprobs`: vLLM's `--max-logprobs`; `scale_out`: vLLM's
+    `--enable-scale-out` (the render endpoints answer, `tuner.sim.tokenize`)."""
     served = tuple(served_names)
     stand_in = StandIn(noise=logit_noise(loop.cfg.kv_cache_dtype, loop.cfg.quantization), max_logprobs=max_logprobs)
     cfg = loop.cfg
@@ -427,20 +429,25 @@ def build_app(loop: EngineLoop, *, served_names: Sequence[str], api_key: str | N
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/responses", responses_endpoint(loop, served, unauthorized, tokens=tokens), methods=["POST"]),
+        Route("/tokenize", tokenize_endpoint(accepted, unauthorized, max_model_len=cfg.max_model_len, tokens=tokens),
+              methods=["POST"]),
+        *(Route(path, handler, methods=["POST"])
+          for path, handler in render_routes(accepted, unauthorized, enabled=scale_out, tokens=tokens)),
     ], lifespan=lifespan)
 
 
 def run_server(cfg: ResolvedConfig, *, host: str, port: int, served_names: Sequence[str],
                api_key: str | None = None, time_scale: float = 1.0, noise: float = 0.0, seed: int = 0,
                root: str | None = None, tokens: TokenCounter | None = None,
-               cost_params: CostParams | None = None, max_logprobs: int = DEFAULT_MAX_LOGPROBS) -> int:
+               cost_params: CostParams | None = None, max_logprobs: int = DEFAULT_MAX_LOGPROBS,
+               scale_out: bool = False) -> int:
     """Serve until SIGINT/SIGTERM; the exit code (1 when the port could not be bound)."""
     import uvicorn
 
     loop = EngineLoop(cfg, time_scale=time_scale, noise=noise, seed=seed, model_name=served_names[0],
                       cost_params=cost_params)
     app = build_app(loop, served_names=served_names, api_key=api_key, root=root, tokens=tokens,
-                    max_logprobs=max_logprobs)
+                    max_logprobs=max_logprobs, scale_out=scale_out)
     print(f"INFO [api_server.py] Starting simulated vLLM API server on http://{host}:{port} "
           f"({cfg.gpu.name}, {cfg.model.name}, time scale {time_scale:g})", flush=True)
     # access logs off: a line per request would cost more CPU than the simulation on a small machine;
