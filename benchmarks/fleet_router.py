@@ -17,7 +17,7 @@ import json
 import tempfile
 import time
 
-from tuner.fleet.load import arrivals, draw
+from tuner.fleet.load import SESSION_KEYS, arrivals, draw, fleet_requests
 from tuner.fleet.measure import FleetSetup, check, run_fleet
 from tuner.fleet.real import run_real, start_fleet
 from tuner.knobs import Knobs
@@ -41,6 +41,9 @@ def main() -> None:
     ap.add_argument("--time-scale", type=float, default=3.0)
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--policy", action="append", default=[])
+    ap.add_argument("--session-key", default="tenant", choices=SESSION_KEYS, help="what a request's session id "
+                    "is (sent as X-Session-ID; the virtual fleet hashes the same): its tenant, its first "
+                    "block (system prompt), or none")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-scale-out", action="store_true", help="replicas without --enable-scale-out: the "
                     "router's cache_aware gets no token ids (every decision `missing_tokens`)")
@@ -50,7 +53,9 @@ def main() -> None:
     wl, slo = load_workload(a.workload), load_slo(a.slo)
     times = arrivals([(0.0, a.rate)], a.duration, seed=1)
     reqs = draw(wl, len(times), seed=1)
-    setup = FleetSetup(cfg=resolve(get_gpu(GPU), get_model(MODEL), Knobs()), slo=slo, workload=wl, peak=a.rate, seed=1)
+    setup = FleetSetup(cfg=resolve(get_gpu(GPU), get_model(MODEL), Knobs()), slo=slo, workload=wl, peak=a.rate, seed=1,
+                       session=a.session_key)
+    sessions = [f.key.session for f in fleet_requests(wl, times, seed=1, session=a.session_key, drawn=reqs)]
     out = []
     for policy in a.policy or ["round_robin", "cache_aware"]:
         vrun = run_fleet(setup, a.replicas, policy, [(0.0, a.rate)], a.duration)
@@ -59,7 +64,7 @@ def main() -> None:
         with start_fleet(GPU, MODEL, Knobs(), a.replicas, policy, run_dir=tempfile.mkdtemp(prefix="fleet-bench-"),
                          time_scale=a.time_scale, scale_out=not a.no_scale_out) as fleet:
             real = run_real(fleet, reqs, times, offered_rate=a.rate, time_scale=a.time_scale,
-                            prometheus=a.prometheus)
+                            prometheus=a.prometheus, sessions=sessions)
             router_decisions = fleet.router_decisions()
         wall = time.time() - t0
         for r in real.run.records:
@@ -68,7 +73,7 @@ def main() -> None:
         shares = [m.counters.get(REQUEST_SUCCESS, 0.0) if m else None for m in real.replica_metrics]
         hits = [(m.counters.get(PREFIX_HITS, 0.0) / m.counters[PREFIX_QUERIES]) if m and m.counters.get(PREFIX_QUERIES)
                 else None for m in real.replica_metrics]
-        row = {"policy": policy, "rate": a.rate, "replicas": a.replicas, "requests": len(times), "wall_s": round(wall, 1),
+        row = {"policy": policy, "workload": a.workload, "session_key": a.session_key, "rate": a.rate, "replicas": a.replicas, "requests": len(times), "wall_s": round(wall, 1),
                "real": {"attainment": s.attainment, "p99_ttft_ms": s.metrics["ttft"].p99_ms,
                         "p99_tpot_ms": s.metrics["tpot"].p99_ms, "served_per_replica": shares,
                         "hit_rate_per_replica": hits, "errors": s.errors, "warnings": real.run.warnings[:3],

@@ -55,6 +55,16 @@ def test_consistent_hash_is_sticky_and_moves_only_a_removed_workers_keys():
     assert moved and all(before[s] == 2 for s in moved)
 
 
+def test_consistent_hash_sends_a_dead_workers_sessions_to_the_first_healthy_one():
+    """consistent_hash.rs: the ring keeps an unhealthy worker (still listed); its keys go to the first
+    healthy worker, not to the next on the ring."""
+    p = policies.create("consistent_hash")
+    listed = {0: 0, 1: 0, 2: 0, 3: 0}
+    before = {s: p.select(key(session=f"user-{s}"), [0, 1, 2, 3], listed) for s in range(400)}
+    after = {s: p.select(key(session=f"user-{s}"), [1, 2, 3], listed) for s in range(400)}
+    assert all(after[s] == (1 if before[s] == 0 else before[s]) for s in before)
+
+
 def test_cache_aware_affinity_threshold_and_imbalance():
     p = policies.create("cache_aware")
     shared = list(range(10))
@@ -68,16 +78,22 @@ def test_cache_aware_affinity_threshold_and_imbalance():
     assert p.decisions == {"load_imbalance": 1, "prefix_hit": 1, "prefix_miss": 2}
 
 
-def test_cache_aware_threshold_is_strict_and_the_last_holder_wins():
+def test_cache_aware_threshold_is_strict_and_the_least_loaded_deepest_holder_wins():
     """The rules measured on vllm-router 0.1.17 with stub workers (tuner.fleet.policies): 3 of 10 matched
-    misses, 4 of 10 hits; of two workers holding the prefix, the one sent it last."""
+    misses, 4 of 10 hits; of the workers holding the deepest match, the least loaded (equal loads: the
+    one sent it last); a shallower holder does not count."""
     p = policies.create("cache_aware")
     assert p.select(key(list(range(10)), n=160), [0, 1], {0: 0, 1: 0}) == 0
     assert p.select(key([0, 1, 2, 30, 40, 50, 60, 70, 80, 90], n=160), [0, 1], {0: 1, 1: 0}) == 1  # 0.3: miss
     assert p.select(key([0, 1, 2, 3, 41, 51, 61, 71, 81, 91], n=160), [0, 1], {0: 1, 1: 0}) == 0  # 0.4: hit
     # blocks 0-1 and a long tail (2 of 12 < 0.3): a miss, to the least loaded, which now holds 0-1 too
     assert p.select(key([0, 1] + list(range(500, 510)), n=192), [0, 1], {0: 1, 1: 0}) == 1
-    assert p.select(key([0, 1, 700], n=48), [0, 1], {0: 1, 1: 0}) == 1  # both hold 0-1: the last sent
+    assert p.select(key([0, 1, 700], n=48), [0, 1], {0: 0, 1: 0}) == 1  # both hold 0-1, equally loaded: the last sent
+    assert p.select(key([0, 1, 701], n=48), [0, 1], {0: 0, 1: 3}) == 0  # ... the less loaded, though sent it earlier
+    # worker 1 alone holds 0-1-60-61-62 (deepest), worker 0 holds 0-1 (2 of 6, above the threshold) and is
+    # idle: still 1
+    assert p.select(key([0, 1, 60, 61, 62] + list(range(800, 830)), n=560), [0, 1], {0: 1, 1: 0}) == 1  # a miss
+    assert p.select(key([0, 1, 60, 61, 62, 900], n=96), [0, 1], {0: 0, 1: 5}) == 1
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,14 @@ response ends), never the engines' queues.
 - `power_of_two`: two distinct random healthy workers, the one with the lower load (ties: the first).
   The router adds a load polled from the workers' `/load` every few seconds when a monitor feeds it;
   without one (the default) only its own in-flight count, as here.
-- `consistent_hash`: a ring of 160 virtual nodes per worker; the key is the session (`X-Session-ID`
-  header, the body's `user`, ...), else the request body itself. Here the session is the request's
-  tenant or the chosen prefix key, else the request's own text (unique: a spread like `random`). The ring
-  hash is blake2b, not the router's FurcHash: a different but equally uniform placement.
+- `consistent_hash`: a ring of 160 virtual nodes per worker the router lists (healthy or not: it
+  rebuilds the ring only when its worker list changes); the key is the session (`X-Session-ID` header,
+  the body's `user`, ...), else the request body itself. A key whose worker is unhealthy goes to the
+  first healthy worker, not the next one on the ring (`consistent_hash.rs`), so one replica down sends
+  all its sessions to one other. Here the session is the request's tenant or the chosen prefix key
+  (`tuner.fleet.load`; the real client sends it as `X-Session-ID`), else the request's own text (unique:
+  a spread like `random`). The ring hash is blake2b, not the router's FurcHash over the workers' URLs: a
+  different but equally uniform placement (which sessions share a replica differs run to run).
 - `cache_aware`: imbalanced when (max load - min load) > `balance_abs_threshold` (64) AND max load >
   min load x `balance_rel_threshold` (1.5): the least-loaded healthy worker (`load_imbalance`). Else the
   approximate radix tree of what each worker was sent: the deepest prefix match, and when the match rate
@@ -27,8 +31,9 @@ response ends), never the engines' queues.
   least-loaded worker, which this model does not do. Checked against the binary with stub workers that
   answer chosen token ids (2026-12-05): text that differs over identical tokens still hits; a match of
   exactly 3 in 10 tokens misses, 4 in 10 hits; a miss goes to the least-loaded worker (ties: the first in
-  the router's worker list, which is its registration order, not the command line's); of two workers
-  holding the matched prefix, the one sent it last wins (the tree's `last_tenant`). Here the tree holds
+  the router's worker list, which is its registration order, not the command line's); of the workers
+  holding the deepest match, the least loaded wins, even when another holds a shorter match above the
+  threshold and is idle (ties between holders: here the one sent it last, not established). Here the tree holds
   the prompt's 16-token block hashes, so a match is counted in whole blocks (at most 15 tokens short of
   the router's). Its eviction (2^25 tokens per worker every 120 s) is not modelled: a run here sends far less.
 """
@@ -153,12 +158,16 @@ class ConsistentHash(RoutingPolicy):
                             for i in range(VIRTUAL_NODES_PER_WORKER))
 
     def select(self, key: RouteKey, healthy: Sequence[int], loads: dict[int, int]) -> int:
-        workers = tuple(healthy)
-        if workers != self._workers:  # the router rebuilds its ring when its healthy set changes
+        workers = tuple(sorted(set(loads) | set(healthy)))  # the router's list: dead ones stay listed
+        if workers != self._workers:  # the router rebuilds its ring when its worker list changes
             self._rebuild(workers)
         h = _hash64(f"session:{key.session}" if key.session is not None else f"request:{key.index}")
         i = bisect.bisect_left(self._ring, (h, -1))
-        return self._ring[i % len(self._ring)][1]
+        owner = self._ring[i % len(self._ring)][1]
+        return owner if owner in healthy else healthy[0]  # an unhealthy owner: the first healthy worker
+
+    def forget(self, worker: int) -> None:
+        """A worker removed from the router's list: the ring is rebuilt without it at the next request."""
 
 
 @dataclass
@@ -169,15 +178,18 @@ class _Tree:
     nodes: dict[int, dict[int, int]] = field(default_factory=dict)
     clock: int = 0
 
-    def match(self, hashes: Sequence[int], workers: set[int]) -> tuple[int, int | None]:
-        depth, owner = 0, None
+    def match(self, hashes: Sequence[int], workers: set[int]) -> tuple[int, dict[int, int]]:
+        """How many leading blocks some live worker holds, and the live workers holding the deepest
+        (with when each was last sent it)."""
+        owners: dict[int, int] = {}
+        depth, owners = 0, {}
         for h in hashes:
             holders = self.nodes.get(h)
             live = {w: t for w, t in holders.items() if w in workers} if holders else None
             if not live:
                 break
-            depth, owner = depth + 1, max(live, key=live.__getitem__)
-        return depth, owner
+            depth, owners = depth + 1, live
+        return depth, owners
 
     def insert(self, hashes: Sequence[int], worker: int) -> None:
         self.clock += 1
@@ -208,10 +220,11 @@ class CacheAware(RoutingPolicy):
         if hi - lo > self.abs_threshold and hi > lo * self.rel_threshold:
             chosen, why = least, "load_imbalance"
         else:
-            depth, owner = self.tree.match(key.hashes, set(healthy))
+            depth, owners = self.tree.match(key.hashes, set(healthy))
             rate = depth * key.block_tokens / key.prompt_tokens if key.prompt_tokens else 0.0
-            if owner is not None and rate > self.cache_threshold:
-                chosen, why = owner, "prefix_hit"
+            if owners and rate > self.cache_threshold:
+                # of the workers holding the deepest match, the least loaded (ties: the one sent it last)
+                chosen, why = min(owners, key=lambda w: (loads.get(w, 0), -owners[w])), "prefix_hit"
             else:
                 chosen, why = least, "prefix_miss"
         self.decisions[why] += 1

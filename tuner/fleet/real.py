@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from tuner.engine import launcher
-from tuner.engine.base import LaunchFailure
+from tuner.engine.base import Engine, LaunchFailure
 from tuner.engine.http import HTTPServer
 from tuner.engine.sim_http import HOST, SimHTTPEngine
 from tuner.errors import UserError
@@ -95,17 +95,30 @@ class RealFleet:
 def start_fleet(gpu: str, model: str, knobs: Knobs, replicas: int, policy: str, *, run_dir: str | Path,
                 time_scale: float = 1.0, router: str | None = None, router_args: Sequence[str] = (),
                 startup_timeout_s: float = 60.0, scale_out: bool = True) -> RealFleet:
-    """N `tune sim serve` replicas with `knobs`, then the router over them with `policy`. On any failure
-    everything started so far is stopped before the error (a router that does not come up is a
-    `UserError` naming its log's last line). `scale_out`: the replicas run with `--enable-scale-out`, as
-    the router's cache_aware needs of vLLM 0.32 (`SCALE_OUT_FLAG`)."""
+    """N `tune sim serve` replicas with `knobs`, then the router over them with `policy` (see
+    `start_engine_fleet`). `scale_out`: the replicas run with `--enable-scale-out`, as the router's
+    cache_aware needs of vLLM 0.32 (`SCALE_OUT_FLAG`)."""
+    policies.check_policy(policy)
+    if replicas < 1:
+        raise UserError(f"must be >= 1, got {replicas}", field="--replicas")
+    router = router_binary(router)  # before anything is made
+    engine = SimHTTPEngine(gpu, model, time_scale=time_scale, run_dir=Path(run_dir) / "replicas",
+                           extra_args=[SCALE_OUT_FLAG] if scale_out else [])
+    return start_engine_fleet(engine, knobs, replicas, policy, run_dir=run_dir, router=router,
+                              router_args=router_args, startup_timeout_s=startup_timeout_s)
+
+
+def start_engine_fleet(engine: Engine, knobs: Knobs, replicas: int, policy: str, *, run_dir: str | Path,
+                       router: str | None = None, router_args: Sequence[str] = (),
+                       startup_timeout_s: float = 60.0) -> RealFleet:
+    """N launches of `engine` with `knobs` (the HTTP simulator, or `vllm serve`), then the router over
+    them with `policy`. On any failure everything started so far is stopped before the error (a router
+    that does not come up is a `UserError` naming its log's last line)."""
     policies.check_policy(policy)
     if replicas < 1:
         raise UserError(f"must be >= 1, got {replicas}", field="--replicas")
     binary = router_binary(router)
     run_dir = Path(run_dir)
-    engine = SimHTTPEngine(gpu, model, time_scale=time_scale, run_dir=run_dir / "replicas",
-                           extra_args=[SCALE_OUT_FLAG] if scale_out else [])
     fleet = RealFleet(replicas=[], router=None)
     try:
         for _ in range(replicas):
@@ -140,20 +153,23 @@ class RealRun:
 def run_real(fleet: RealFleet, requests: Sequence[WorkloadRequest], send_times: Sequence[float], *,
              offered_rate: float, stop_replica_at: float | None = None, time_scale: float = 1.0,
              request_timeout_s: float = 60.0, prometheus: str | None = None,
-             prometheus_margin_s: float = 3.0) -> RealRun:
+             prometheus_margin_s: float = 3.0, sessions: Sequence[str | None] | None = None) -> RealRun:
     """Send the load through the router, stop replica 0 at `stop_replica_at` schedule seconds if asked,
     and read every replica's metrics over the run: by scraping each /metrics before and after, or, with
     `prometheus` (the URL of a Prometheus that scrapes the replicas, as a fleet's monitoring does), as
     that server's series per replica (`instance="host:port"`), waiting `prometheus_margin_s` for the
     scrape that saw the last requests end. A stopped replica's window is read too from Prometheus (its
-    series end where it died); by scraping it has none."""
+    series end where it died); by scraping it has none. `sessions[i]`: request i's session id, sent as
+    the `X-Session-ID` header the router hashes (`tuner.fleet.load.fleet_requests` gives the virtual
+    fleet's, `key.session`)."""
     if prometheus is not None:
         return _run_prometheus(fleet, requests, send_times, offered_rate=offered_rate,
                                stop_replica_at=stop_replica_at, time_scale=time_scale,
-                               request_timeout_s=request_timeout_s, url=prometheus, margin_s=prometheus_margin_s)
+                               request_timeout_s=request_timeout_s, url=prometheus, margin_s=prometheus_margin_s,
+                               sessions=sessions)
     before = [scrape(s.base_url) for s in fleet.replicas]
     run = _send(fleet, requests, send_times, offered_rate=offered_rate, stop_replica_at=stop_replica_at,
-                time_scale=time_scale, request_timeout_s=request_timeout_s)
+                time_scale=time_scale, request_timeout_s=request_timeout_s, sessions=sessions)
     after: list[MetricsWindow | None] = []
     for i, s in enumerate(fleet.replicas):
         after.append(None if i in fleet.stopped else window(before[i], scrape(s.base_url)))
@@ -161,7 +177,8 @@ def run_real(fleet: RealFleet, requests: Sequence[WorkloadRequest], send_times: 
 
 
 def _send(fleet: RealFleet, requests: Sequence[WorkloadRequest], send_times: Sequence[float], *,
-          offered_rate: float, stop_replica_at: float | None, time_scale: float, request_timeout_s: float):
+          offered_rate: float, stop_replica_at: float | None, time_scale: float, request_timeout_s: float,
+          sessions: Sequence[str | None] | None = None):
     """The load through the router, with replica 0 stopped `stop_replica_at` (virtual) seconds in: the one
     send both metric sources (scraped windows, Prometheus) share."""
     timer = None
@@ -171,7 +188,8 @@ def _send(fleet: RealFleet, requests: Sequence[WorkloadRequest], send_times: Seq
         timer.start()
     try:
         return run_load_http(fleet.router_url, requests, send_times, offered_rate=offered_rate,
-                             model=fleet.replicas[0].model, metrics=False, request_timeout_s=request_timeout_s)
+                             model=fleet.replicas[0].model, metrics=False, request_timeout_s=request_timeout_s,
+                             sessions=sessions)
     finally:
         if timer is not None:
             timer.cancel()
@@ -179,14 +197,15 @@ def _send(fleet: RealFleet, requests: Sequence[WorkloadRequest], send_times: Seq
 
 def _run_prometheus(fleet: RealFleet, requests: Sequence[WorkloadRequest], send_times: Sequence[float], *,
                     offered_rate: float, stop_replica_at: float | None, time_scale: float,
-                    request_timeout_s: float, url: str, margin_s: float) -> RealRun:
+                    request_timeout_s: float, url: str, margin_s: float,
+                    sessions: Sequence[str | None] | None = None) -> RealRun:
     sources = [PrometheusSource(url, selector=f'instance="{HOST}:{s.process.port}"') for s in fleet.replicas]
     run = _send(fleet, requests, send_times, offered_rate=offered_rate, stop_replica_at=stop_replica_at,
-                time_scale=time_scale, request_timeout_s=request_timeout_s)
+                time_scale=time_scale, request_timeout_s=request_timeout_s, sessions=sessions)
     time.sleep(margin_s)
     # whole-second steps: Prometheus 2.x refuses a "0.5s" step (the source's default), "1s" parses
     return RealRun(run=run, replica_metrics=[src.window_for_run(run, step_s=1.0, margin_s=margin_s)
                                              for src in sources])
 
 
-__all__ = ["RealFleet", "RealRun", "start_fleet", "run_real", "router_binary", "ROUTER_ENV", "SCALE_OUT_FLAG"]
+__all__ = ["RealFleet", "RealRun", "start_fleet", "start_engine_fleet", "run_real", "router_binary", "ROUTER_ENV", "SCALE_OUT_FLAG"]

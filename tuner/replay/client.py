@@ -7,6 +7,10 @@ its prompt and then waits precisely (`schedule.sleep_until`) for its send time; 
 earlier request. A safety cap on requests in flight turns excess requests into errors (`"in-flight cap"`,
 with a warning on the run) instead of delaying the schedule.
 
+Sessions, on request (`sessions=[...]`, one id or None per request): a request's id goes out as the
+`X-Session-ID` header, the first key the vLLM Router's `consistent_hash` (and `cache_aware`'s session
+affinity) reads, so a router in front pins a session to one replica; None sends no header.
+
 Closed loop, on request (`max_concurrency=C`, `vllm bench serve --max-concurrency`): at most C requests
 are in flight; a request whose send time has come waits for a free slot (first come, first served), so
 the schedule still paces sends but never runs ahead of the server. With all send times 0 (rate inf) it
@@ -65,6 +69,8 @@ LEAD_S = 0.05
 START_DELAY_S = 0.1
 CAP_ERROR = "in-flight cap"
 CANCELLED = "cancelled"
+#: The header a request's session id travels in (the vLLM Router's first session key, `hash_key.rs`).
+SESSION_HEADER = "X-Session-ID"
 
 
 class _Runner:
@@ -75,9 +81,12 @@ class _Runner:
                  request_timeout_s: float, stall_timeout_s: float, max_in_flight: int, warmup_s: float,
                  cooldown_s: float, metrics: bool, sample_interval_s: float, progress: Progress | None,
                  prompt_salt: int | str | None, engine: str, stop_when: StopWhen | None = None,
-                 max_concurrency: int | None = None):
+                 max_concurrency: int | None = None, sessions: Sequence[str | None] | None = None):
         if len(requests) != len(send_times):
             raise ValueError(f"{len(requests)} requests but {len(send_times)} send times")
+        if sessions is not None and len(sessions) != len(requests):
+            raise ValueError(f"{len(requests)} requests but {len(sessions)} session ids")
+        self.sessions = list(sessions) if sessions is not None else None
         if not all(0.0 <= float(t) < float("inf") for t in send_times):
             raise ValueError("send times must be finite and >= 0")
         if api not in ("completions", "chat"):
@@ -139,14 +148,16 @@ class _Runner:
     async def _one(self, session, url: str, i: int, deadline: float) -> None:
         rec = self.records[i]
         body = self._body(i)
+        sid = self.sessions[i] if self.sessions is not None else None
+        headers = self.headers if sid is None else {**self.headers, SESSION_HEADER: sid}
         await sleep_until(deadline)
         if self._slots is None:
-            await self._send(session, url, body, rec)
+            await self._send(session, url, body, rec, headers)
             return
         async with self._slots:  # closed loop: wait for one of the C slots
-            await self._send(session, url, body, rec)
+            await self._send(session, url, body, rec, headers)
 
-    async def _send(self, session, url: str, body: bytes, rec: RequestRecord) -> None:
+    async def _send(self, session, url: str, body: bytes, rec: RequestRecord, headers: dict) -> None:
         self.sent += 1
         if self.in_flight >= self.max_in_flight:
             rec.sent_s = self.clock(time.monotonic())
@@ -158,7 +169,7 @@ class _Runner:
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:
-            await stream_request_aiohttp(session, url, body, self.headers, rec, self.clock,
+            await stream_request_aiohttp(session, url, body, headers, rec, self.clock,
                                          request_timeout_s=self.request_timeout_s * self.scale,
                                          stall_timeout_s=self.stall_timeout_s * self.scale)
         except Exception as e:  # one odd request must not end the run; it is simply not good
@@ -357,7 +368,7 @@ def _defaults(kw: dict) -> dict:
     out = dict(offered_rate=0.0, model=None, api="completions", api_key=None, request_timeout_s=120.0,
                stall_timeout_s=30.0, max_in_flight=2048, warmup_s=0.0, cooldown_s=0.0, metrics=True,
                sample_interval_s=0.5, progress=None, prompt_salt=None, engine="http", stop_when=None,
-               max_concurrency=None)
+               max_concurrency=None, sessions=None)
     unknown = set(kw) - set(out)
     if unknown:
         raise TypeError(f"unknown options: {sorted(unknown)}")
@@ -371,7 +382,8 @@ def run_load_http(base_url: str, requests: Sequence[WorkloadRequest], send_times
                   max_in_flight: int = 2048, warmup_s: float = 0, cooldown_s: float = 0,
                   metrics: bool = True, sample_interval_s: float = 0.5, progress: Progress | None = None,
                   prompt_salt: int | str | None = None, engine: str = "http",
-                  stop_when: StopWhen | None = None, max_concurrency: int | None = None) -> LoadRun:
+                  stop_when: StopWhen | None = None, max_concurrency: int | None = None,
+                  sessions: Sequence[str | None] | None = None) -> LoadRun:
     """Send `requests[i]` at `send_times[i]` seconds (open loop) to `base_url` and measure every one.
 
     `model=None` takes the first model of `/v1/models` (a request whose `lora` is set is sent with its
@@ -381,13 +393,14 @@ def run_load_http(base_url: str, requests: Sequence[WorkloadRequest], send_times
     histogram deltas) and its gauges sampled every `sample_interval_s` (0: not sampled). `progress(sent, done, ok)` is
     called about every 0.2 s. On Ctrl-C the partial run is returned with `interrupted=True`.
     `max_concurrency=C` makes it a closed loop of at most C requests in flight (see the module docstring).
+    `sessions[i]`: request i's session id, sent as `X-Session-ID` (None: no header).
     """
     runner = _Runner(base_url, requests, send_times, **_defaults(dict(
         offered_rate=offered_rate, model=model, api=api, api_key=api_key,
         request_timeout_s=request_timeout_s, stall_timeout_s=stall_timeout_s, max_in_flight=max_in_flight,
         warmup_s=warmup_s, cooldown_s=cooldown_s, metrics=metrics, sample_interval_s=sample_interval_s,
         progress=progress, prompt_salt=prompt_salt, engine=engine, stop_when=stop_when,
-        max_concurrency=max_concurrency)))
+        max_concurrency=max_concurrency, sessions=sessions)))
     try:
         return asyncio.run(runner.run())
     except (KeyboardInterrupt, asyncio.CancelledError):
