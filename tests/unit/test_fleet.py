@@ -186,4 +186,11 @@ def test_export_carries_n_args_policy_and_threshold(tmp_path):
     so = yaml.safe_load((tmp_path / "scaledobject.yaml").read_text())
     assert so["kind"] == "ScaledObject" and so["spec"]["minReplicaCount"] == 8
     assert "--policy round_robin" in (tmp_path / "router.txt").read_text() and len(files) == 3
+    assert "--enable-scale-out" not in spec["vllmConfig"]["extraArgs"]
     assert STACK_ROUTING["cache_aware"] == "prefixaware"
+    # cache_aware: the engines open the render endpoints the vLLM Router reads token ids from
+    v.policies = [PolicyResult(policy="cache_aware", verified_n=7)]
+    write_export(v, tmp_path / "ca")
+    spec = yaml.safe_load((tmp_path / "ca" / "values.yaml").read_text())["servingEngineSpec"]["modelSpec"][0]
+    assert "--enable-scale-out" in spec["vllmConfig"]["extraArgs"]
+    assert "--enable-scale-out" in (tmp_path / "ca" / "router.txt").read_text()

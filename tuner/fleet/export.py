@@ -4,7 +4,8 @@
 - `values.yaml` for the production stack's chart (github.com/vllm-project/production-stack, `helm/`):
   one `servingEngineSpec.modelSpec` entry with `replicaCount` = the verified N + 1 spare (the N-1 check
   shows the verified N alone does not survive a failure), `requestGPU` = tensor parallel size, the tuned
-  knobs as `vllmConfig.extraArgs` (their vLLM flags, `Knobs.flags`), `vllmConfig.tensorParallelSize`, and
+  knobs as `vllmConfig.extraArgs` (their vLLM flags, `Knobs.flags`; for cache_aware also
+  `--enable-scale-out`, whose render endpoints the vLLM Router reads token ids from), `vllmConfig.tensorParallelSize`, and
   `keda` (the chart renders its own ScaledObject from it) with the validated threshold; `routerSpec.
   routingLogic` is the stack's nearest to the verified policy: round_robin -> roundrobin, consistent_hash
   -> session, cache_aware -> prefixaware. The stack's prefixaware router is its own (no load-balance
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import yaml
 
+from tuner.fleet.policies import SCALE_OUT_FLAG
 from tuner.fleet.verify import FleetVerification
 from tuner.knobs import Knobs
 
@@ -53,10 +55,13 @@ def helm_values(v: FleetVerification) -> dict:
     name = _model_name(v)
     a = autoscaling(v)
     knobs = Knobs.stored(v.knobs)
+    args = [f for f in knobs.flags() if not f.startswith("--tensor-parallel-size")]
+    if policy == "cache_aware":  # the vLLM Router's cache_aware reads token ids from the render endpoints
+        args.append(SCALE_OUT_FLAG)
     spec = {"name": name, "repository": "vllm/vllm-openai", "tag": "latest", "modelURL": v.model or "",
             "replicaCount": n, "requestCPU": 8, "requestMemory": "32Gi", "requestGPU": v.tp,
             "vllmConfig": {"tensorParallelSize": v.tp,
-                           "extraArgs": [f for f in knobs.flags() if not f.startswith("--tensor-parallel-size")]},
+                           "extraArgs": args},
             "keda": {"enabled": True, "minReplicaCount": a["min"], "maxReplicaCount": a["max"],
                      "pollingInterval": a["polling"], "cooldownPeriod": a["cooldown"],
                      "triggers": [_trigger(name, a["threshold"])]}}
@@ -114,7 +119,10 @@ def write_export(v: FleetVerification, out: Path) -> list[Path]:
     so.write_text(head + yaml.safe_dump(scaled_object(v), sort_keys=False))
     n = v.chosen.verified_n + 1
     urls = " ".join(f"http://{_model_name(v)}-{i}:8000" for i in range(n))
-    router.write_text(f"vllm-router --policy {v.chosen.policy} --worker-urls {urls}\n")
+    note = (f"# the engines run with {SCALE_OUT_FLAG} (values.yaml): without it vLLM 0.32 refuses the render "
+            "endpoints and every cache_aware decision falls back to the least-loaded worker\n"
+            if v.chosen.policy == "cache_aware" else "")
+    router.write_text(f"{note}vllm-router --policy {v.chosen.policy} --worker-urls {urls}\n")
     return [values, so, router]
 
 

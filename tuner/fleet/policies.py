@@ -53,6 +53,10 @@ CACHE_THRESHOLD = 0.3
 BALANCE_ABS_THRESHOLD = 64
 BALANCE_REL_THRESHOLD = 1.5
 VIRTUAL_NODES_PER_WORKER = 160
+#: The `vllm serve` (0.32) flag that opens the render endpoints the router's cache_aware reads token ids
+#: from; without it every cache_aware decision is `missing_tokens` (`tuner.sim.tokenize` says how this was
+#: established). Real-router fleets and the export for cache_aware carry it.
+SCALE_OUT_FLAG = "--enable-scale-out"
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,4 +240,4 @@ class CacheAware(RoutingPolicy):
 
 
 __all__ = ["RouteKey", "RoutingPolicy", "register", "names", "create", "check_policy", "CACHE_THRESHOLD",
-           "BALANCE_ABS_THRESHOLD", "BALANCE_REL_THRESHOLD"]
+           "BALANCE_ABS_THRESHOLD", "BALANCE_REL_THRESHOLD", "SCALE_OUT_FLAG"]

@@ -34,10 +34,7 @@ from tuner.replay.record import LoadRun
 from tuner.workload.model import WorkloadRequest
 
 ROUTER_ENV = "TUNER_VLLM_ROUTER"
-#: The router's cache_aware (0.1.17) reads each prompt's token ids from the workers' render endpoints,
-#: which `vllm serve` 0.32 answers only with this flag; without it every decision falls back to the
-#: least-loaded worker with no prefix match (`tuner.sim.tokenize` says how this was established).
-SCALE_OUT_FLAG = "--enable-scale-out"
+SCALE_OUT_FLAG = policies.SCALE_OUT_FLAG
 
 
 def router_binary(given: str | None = None) -> str:
