@@ -108,15 +108,21 @@ def json_object(raw: bytes) -> dict:
     return body
 
 
+def served_model(body: dict, served: tuple[str, ...]) -> str:
+    """The request's `model` (default: the first served name), or vLLM's 404 for one it does not serve."""
+    model = body.get("model") or served[0]
+    if model not in served:
+        raise BadRequest(f"The model `{model}` does not exist.", status=404, err_type="NotFoundError",
+                         param="model")
+    return model
+
+
 def parse_request(raw: bytes, *, chat: bool, served: tuple[str, ...],
                   tokens: TokenCounter | None = None) -> ParsedRequest:
     """Validate a `/v1/completions` or `/v1/chat/completions` body; raise `BadRequest` as vLLM would."""
     tokens = tokens or RegexCounter()
     body = json_object(raw)
-    model = body.get("model") or served[0]
-    if model not in served:
-        raise BadRequest(f"The model `{model}` does not exist.", status=404, err_type="NotFoundError",
-                         param="model")
+    model = served_model(body, served)
     if _int_field(body, "n", 1) != 1:
         raise BadRequest("the simulator serves n=1 only", param="n")
     if chat:

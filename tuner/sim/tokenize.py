@@ -18,10 +18,9 @@ structure the replicas' prefix caches see.
 
 from __future__ import annotations
 
-import json
 import uuid
 
-from tuner.sim.protocol import BadRequest, parse_request, render_chat
+from tuner.sim.protocol import BadRequest, json_object, parse_request, render_chat, served_model
 from tuner.tokens import RegexCounter, TokenCounter
 
 #: vLLM's answer to a render endpoint on a server started without `--enable-scale-out`.
@@ -44,16 +43,8 @@ def tokenize_body(raw: bytes, *, served: tuple[str, ...], max_model_len: int,
                   tokens: TokenCounter | None = None) -> dict:
     """vLLM's `/tokenize` answer for a request body; raise `BadRequest` as vLLM would."""
     tokens = tokens or RegexCounter()
-    try:
-        body = json.loads(raw or b"{}")
-    except ValueError as e:
-        raise BadRequest(f"Invalid JSON in request body: {e}") from None
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    model = body.get("model") or served[0]
-    if model not in served:
-        raise BadRequest(f"The model `{model}` does not exist.", status=404, err_type="NotFoundError",
-                         param="model")
+    body = json_object(raw)
+    served_model(body, served)
     if "messages" in body:
         messages = body["messages"]
         if not isinstance(messages, list):
