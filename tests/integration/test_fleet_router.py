@@ -60,6 +60,21 @@ def test_router_spreads_the_load_reads_every_replica_and_survives_a_stopped_one(
     assert sum(r.ok for r in real.run.records) >= 0.6 * len(real.run.records)
 
 
+def test_consistent_hash_pins_each_session_sent_as_x_session_id_to_one_replica(tmp_path):
+    """The replay client's `sessions` go out as X-Session-ID, the router's first hash key: two sessions
+    reach at most two of three replicas, and each session's requests one replica."""
+    wl = synthesize("chat", 100, seed=6)
+    times = arrivals([(0.0, 4.0)], 5.0, seed=6)
+    reqs = draw(wl, len(times), seed=6)
+    sessions = [("alice", "bob")[i % 2] for i in range(len(times))]
+    with start_fleet("rtx4090", "qwen2.5-7b", Knobs(), 3, "consistent_hash", run_dir=tmp_path) as fleet:
+        real = run_real(fleet, reqs, times, offered_rate=4.0, sessions=sessions)
+    served = [m.counters.get(REQUEST_SUCCESS, 0.0) for m in real.replica_metrics if m]
+    assert sum(r.ok for r in real.run.records) == len(reqs) == sum(served)
+    assert sum(x > 0 for x in served) <= 2
+    assert all(x == 0 or x in (sessions.count("alice"), sessions.count("bob"), len(reqs)) for x in served)
+
+
 def test_a_router_that_will_not_start_is_one_error_and_leaves_nothing(tmp_path):
     with pytest.raises(UserError, match="the vLLM Router did not start"):
         start_fleet("rtx4090", "qwen2.5-7b", Knobs(), 1, "cache_aware", run_dir=tmp_path,
