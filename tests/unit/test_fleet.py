@@ -32,6 +32,18 @@ def test_registry_names_and_bad_name():
         policies.create("least_busy")
 
 
+def test_a_policy_without_select_cannot_be_created():
+    """`select` is the registry's abstract method: a policy class lacking it fails when it is made."""
+    class NoSelect(policies.RoutingPolicy):
+        pass
+
+    with pytest.raises(TypeError, match="select"):
+        NoSelect()
+    with pytest.raises(TypeError, match="select"):
+        policies.RoutingPolicy()
+    assert all(not getattr(type(policies.create(n)), "__abstractmethods__") for n in policies.names())
+
+
 def test_round_robin_cycles_over_healthy():
     p = policies.create("round_robin")
     assert [p.select(key(), [0, 1, 2], {}) for _ in range(6)] == [0, 1, 2, 0, 1, 2]

@@ -40,6 +40,7 @@ response ends), never the engines' queues.
 
 from __future__ import annotations
 
+import abc
 import bisect
 import hashlib
 import random
@@ -71,17 +72,19 @@ class RouteKey:
     index: int
 
 
-class RoutingPolicy:
+class RoutingPolicy(abc.ABC):
     """One policy of the router. `select` picks a worker id among `healthy` (never empty) given the
-    router's in-flight `loads` of every worker it lists; `forget` drops a worker that left the router."""
+    router's in-flight `loads` of every worker it lists; `forget` drops a worker that left the router.
+    `select` is abstract: a policy registered without one fails when it is created, not mid-run."""
 
     name: ClassVar[str] = ""
 
     def __init__(self, seed: int = 0):
         self.rng = random.Random(seed)
 
+    @abc.abstractmethod
     def select(self, key: RouteKey, healthy: Sequence[int], loads: dict[int, int]) -> int:
-        raise NotImplementedError
+        """The worker id (one of `healthy`) this request goes to."""
 
     def forget(self, worker: int) -> None:
         """A worker left the router (removed or scaled down)."""
