@@ -9,6 +9,7 @@ one is re-run, and a server orphaned by a SIGKILLed tool is found by its pidfile
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -148,7 +149,8 @@ def study_info(settings: RunSettings, workload: Workload, slo: SLO, space: Searc
         slo_sha256=file_sha256(settings.slo), slo=slo.model_dump(mode="json"), simulated=engine.simulated,
         search_space=space.model_dump(mode="json"), load=dataclasses.asdict(load) if load else {},
         created_unix=time.time(), tool_version=__version__, vllm_defaults=resolved_defaults(settings),
-        workload_lengths=_lengths(workload), host="" if engine.simulated else describe_host())
+        workload_lengths=_lengths(workload), host="" if engine.simulated else describe_host(),
+        cwd=os.getcwd())
 
 
 def prepare(settings: RunSettings, space: SearchSpace | None = None) -> tuple[Workload, SLO, SearchSpace]:
@@ -336,7 +338,9 @@ def run_worker(run_dir: Path, host: RunSettings, options: WorkerOptions) -> int:
     info = stored_info(study, run_dir)
     settings = info.settings.model_copy(update={
         "engine": host_engine(info.settings.engine, host.engine),
-        "outputs": info.settings.outputs.model_copy(update={"out": run_dir, "storage": url})})
+        "outputs": info.settings.outputs.model_copy(update={"out": run_dir, "storage": url}),
+        # a worker started in another directory reads the inputs the study was started with
+        **{k: info.input_path(v) for k in ("workload", "slo") if (v := getattr(info.settings, k)) is not None}})
     workload, slo, space = prepare(settings, SearchSpace(**info.search_space))
     workload = feasible_workload(settings, workload, slo, space, None)  # the requests the study scores
     engine = make_engine(settings, slo, space)

@@ -50,3 +50,30 @@ def test_bad_input_is_one_line_and_creates_nothing(tmp_path, args, expected):
 def test_a_folder_without_a_study_is_refused(tmp_path):
     assert_user_error(tune("plan", "--verify", tmp_path, cwd=ROOT), f"{tmp_path}: no study.db")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_verify_from_another_directory_reads_the_studys_own_workload(tmp_path):
+    """A study records its inputs as given (here relative to the directory it ran in): `tune plan --verify`
+    run from elsewhere reads them there, on the shipped study (recorded before the study kept its
+    directory: placed by its relative `--out`) and on a fresh one (`--out` absolute: by the recorded one)."""
+    import shutil
+
+    from tests.e2e.conftest import TUNE_FIX
+
+    proj, elsewhere = tmp_path / "proj", tmp_path / "elsewhere"
+    (proj / "inputs").mkdir(parents=True)
+    elsewhere.mkdir()
+    for name in ("tiny.jsonl", "tiny.slo.yaml"):
+        shutil.copy(TUNE_FIX / name, proj / "inputs" / name)
+    run = tmp_path / "run"
+    t = tune("--workload", "inputs/tiny.jsonl", "--slo", "inputs/tiny.slo.yaml", "--engine", "sim", "--gpu",
+             "rtx4090", "--model", "qwen2.5-7b", "--strategy", "guided", "--max-trials", "1", "--no-confirm",
+             "--requests-per-run", "300", "--out", run, cwd=proj)
+    assert t.returncode == 0, t.stderr[-2000:]
+    for study in (RUN, run):
+        out = tmp_path / f"fleet-{study.name}"
+        p = tune("plan", "--verify", study, "--peak-rate", "5", "--policy", "round_robin", "--surge-s", "20",
+                 "--cold-start-s", "20", "--fleet-out", out, cwd=elsewhere)
+        assert p.returncode == 0, p.stderr
+        assert "round_robin: plan N = " in p.stdout and (out / "fleet.json").is_file()
+    assert list(elsewhere.iterdir()) == []

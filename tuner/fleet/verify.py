@@ -119,7 +119,7 @@ def setup_from_run(run_dir: str, *, workload: str | None = None, seed: int = 0, 
         cfg = resolve(get_gpu(gpu), get_model(model), tuned.record.config)
     except LaunchFailure as e:
         raise UserError(f"the tuned configuration does not launch in the simulator: {e.message}", file=run_dir) from None
-    path = workload or str(info.settings.workload)
+    path = workload or str(info.input_path(str(info.settings.workload), run_dir))
     try:
         wl = load_workload(path)
     except FileNotFoundError:

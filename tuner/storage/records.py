@@ -7,6 +7,7 @@ hold the workload, SLO and engine. `tune report RUN_DIR` rebuilds everything fro
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -272,6 +273,26 @@ class StudyInfo(BaseModel):
     workload_lengths: dict | None = None
     #: The hardware a real engine ran on (`tuner.profiles.host.describe_host`); empty for the simulators.
     host: str = ""
+    #: The directory `tune` ran in: the settings' input paths are as given, so a relative one is relative
+    #: to it (`input_path`); "" in a study written before it was recorded.
+    cwd: str = ""
+
+    def input_path(self, path: str | Path, run_dir: str | Path | None = None) -> Path:
+        """A recorded input path (the workload, the SLO) as it reads from here. A relative one was relative
+        to the directory the study ran in: that directory as recorded (`cwd`), else as `run_dir` (this
+        study's directory as given now) places it, when the study's `--out` was relative too (a study
+        recorded before `cwd`, or a checkout that moved); else as recorded. So `tune plan --verify RUN`
+        run from another directory reads the study's own workload, not a missing file."""
+        p = Path(path)
+        if p.is_absolute():
+            return p
+        roots = [Path(self.cwd)] if self.cwd else []
+        out = self.settings.outputs.out
+        if run_dir is not None and out is not None and not out.is_absolute() and out.parts:
+            here = Path(run_dir).resolve()
+            if here.parts[-len(out.parts):] == out.parts:
+                roots.append(here.parents[len(out.parts) - 1])
+        return next((r / p for r in roots if (r / p).exists()), p)
 
     @model_validator(mode="before")
     @classmethod
