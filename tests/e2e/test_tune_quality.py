@@ -81,9 +81,11 @@ def test_a_server_without_prompt_logprobs_is_said_once_and_the_study_goes_on(tmp
 
 def test_the_gate_fails_a_configuration_whose_divergence_exceeds_the_bound(tmp_path: Path) -> None:
     out = tmp_path / "run"
+    # the quality verdicts are the subject, not the capacity: a coarse knee (precision 1.0: two runs) and
+    # 5 s load runs, which the gate's warm-up and SLO runs take over from the study (its `load`)
     p = tune("--workload", WORKLOAD, "--slo", QUALITY_SLO, "--engine", "sim-http", "--gpu", GPU, "--model", MODEL,
              "--search-space", SPACE, "--max-trials", "2", "--strategy", "guided", "--no-confirm", "--out", out,
-             *SIM_HTTP_LOAD, timeout=400)
+             *SIM_HTTP_LOAD, "--precision", "1.0", "--max-run-s", "5", timeout=400)
     assert p.returncode == 0, p.stderr
     assert "rejected for output quality: KL" in p.stdout + p.stderr   # the study rejects it ...
     md = (out / "report.md").read_text()
