@@ -106,6 +106,40 @@ def test_shares_of_a_several_knob_step_leave_one_knob_out_and_drop_the_ones_with
     assert sorted(dropped) == ["gpu_memory_utilization", "kv_cache_dtype", "max_num_seqs"]
 
 
+def test_simplify_predicts_the_chain_of_drops_up_front_with_the_one_at_a_time_result():
+    """`predict_many` gets the whole chain (every drop kept) in one call; a drop that is not kept sends
+    the rest back to one-at-a-time predictions, and the result is the same as without `predict_many`."""
+    def predict(knobs: dict, rate: float) -> float:
+        return 10.0 if knobs.get("max_num_batched_tokens") == 16384 else 8.0 + 0.1 * len(knobs)
+
+    step = predicted_step(predict, BASE, MAIN_JOB_BEST, floor=0.05)
+    batches: list[int] = []
+    singles: list[dict] = []
+
+    def many(asked):
+        batches.append(len(asked))
+        return [predict(k, r) for k, r in asked]
+
+    def one(knobs: dict, rate: float) -> float:
+        singles.append(knobs)
+        return predict(knobs, rate)
+
+    alone = simplify([(step, BASE, MAIN_JOB_BEST)], MAIN_JOB_BEST, predict, floor=0.05)
+    ahead = simplify([(step, BASE, MAIN_JOB_BEST)], MAIN_JOB_BEST, one, floor=0.05, predict_many=many)
+    assert ahead == alone
+    # the whole and one configuration per within-noise knob (max_num_batched_tokens is not one), at once;
+    # every drop is kept, so nothing is left to predict one at a time
+    assert batches == [4] and singles == []
+
+    def doubting(knobs: dict, rate: float) -> float:  # dropping gpu_memory_utilization costs 10%
+        return predict(knobs, rate) * (0.9 if "gpu_memory_utilization" not in knobs else 1.0)
+
+    alone = simplify([(step, BASE, MAIN_JOB_BEST)], MAIN_JOB_BEST, doubting, floor=0.05)
+    ahead = simplify([(step, BASE, MAIN_JOB_BEST)], MAIN_JOB_BEST, doubting, floor=0.05,
+                     predict_many=lambda asked: [doubting(k, r) for k, r in asked])
+    assert ahead == alone and "gpu_memory_utilization" in ahead[0]
+
+
 class _FakeRunner:
     """The trial runner as `attribute` uses it: stored records, evaluate (a launch), the study attribute."""
 

@@ -91,24 +91,47 @@ def _measure_shares(runner: TrialRunner, step: StepShares, before: TrialRecord, 
 
 
 def simplify(steps: list[tuple[StepShares, TrialRecord, TrialRecord]], final: TrialRecord,
-             predict: Callable[[dict, float], float | None] | None, floor: float) -> tuple[dict, list[str], float | None]:
+             predict: Callable[[dict, float], float | None] | None, floor: float,
+             predict_many: PredictMany | None = None) -> tuple[dict, list[str], float | None]:
     """The final configuration less the knobs within noise, smallest share first, each drop kept only
     while the twin (where there is one) predicts the simpler configuration within noise of the final.
-    A knob a later step set again is that step's to judge, not this one's."""
+    A knob a later step set again is that step's to judge, not this one's.
+
+    The drops are tried in a fixed order and each is usually kept, so the chain of configurations they
+    lead to (every drop kept) is predicted up front, side by side (`predict_many`); a drop that is not
+    kept makes the rest of the chain wrong, and those are predicted one at a time as before. The result
+    is the one-at-a-time result either way."""
     rate = final.capacity_rps or 1.0
-    whole = predict(final.knobs, rate) if predict else None
     cands = [(sh.measured_share_pct if sh.measured_share_pct is not None else sh.predicted_share_pct or 0.0,
               sh.knob, before) for step, before, after in steps for sh in step.knobs
              if sh.within_noise and final.knobs.get(sh.knob) == after.knobs.get(sh.knob)]
+    order = [(k, before) for _, k, before in sorted(cands, key=lambda c: c[0])]
+    ahead: dict[str, float | None] = {}
+    if predict and predict_many and order:
+        chain, knobs_ahead = [dict(final.knobs)], dict(final.knobs)
+        for k, before in order:
+            knobs_ahead = without(knobs_ahead, before.knobs, k)
+            chain.append(knobs_ahead)
+        ahead = {_config_key(c): p for c, p in zip(chain, predict_many([(c, rate) for c in chain]))}
+
+    def predicted(knobs: dict) -> float | None:
+        key = _config_key(knobs)
+        return ahead[key] if key in ahead else predict(knobs, rate) if predict else None
+
+    whole = predicted(final.knobs) if predict else None
     knobs, dropped, pred = dict(final.knobs), [], whole
-    for _, k, before in sorted(cands, key=lambda c: c[0]):
+    for k, before in order:
         trial = without(knobs, before.knobs, k)
-        p = predict(trial, rate) if predict else None
+        p = predicted(trial) if predict else None
         if predict and whole and (p is None or p * (1 + floor) < whole):
             continue  # together with the knobs already dropped, this one matters
         knobs, pred = trial, p
         dropped.append(k)
     return knobs, dropped, pred
+
+
+def _config_key(knobs: dict) -> str:
+    return Knobs.stored(knobs).key()
 
 
 def attribute(runner: TrialRunner, budget: Budget, outcome: Outcome, *, noise_floor: float,
@@ -143,7 +166,7 @@ def attribute(runner: TrialRunner, budget: Budget, outcome: Outcome, *, noise_fl
     final = chain[-1]
     # the joint check costs a prediction per knob; skipped where no launch would follow (`_confirm`)
     worth = not chain[0].capacity_rps or (final.capacity_rps or 0.0) > chain[0].capacity_rps * (1 + floor)
-    knobs, dropped, pred = simplify(steps, final, predict if worth else None, floor)
+    knobs, dropped, pred = simplify(steps, final, predict if worth else None, floor, predict_many)
     if dropped:
         log.simplification = _confirm(runner, budget, final, knobs, dropped, pred, chain[0], floor, say)
     runner.study.set_user_attr(ATTR, log.model_dump(mode="json"))
@@ -196,12 +219,20 @@ def attribute_study(runner: TrialRunner, budget: Budget, outcome: Outcome, twin=
     one: then only `--attribute`'s launches give shares)."""
     predict = predict_many = None
     if twin is not None and twin.fits:
-        def predict(knobs: dict, rate: float) -> float | None:
-            return twin.predict(runner.space.layout(Knobs.stored(knobs)), start_rate=rate).capacity_rps
+        # the twin is deterministic and its fit does not change here: a configuration predicted from the
+        # same start rate is predicted once (the step's configuration and its leave-one-outs come back
+        # in `simplify`)
+        memo: dict[tuple[str, float], float | None] = {}
 
         def predict_many(asked: list[tuple[dict, float]]) -> list[float | None]:
-            return [p.capacity_rps for p in
-                    twin.predict_many([(runner.space.layout(Knobs.stored(k)), rate) for k, rate in asked])]
+            keyed = [((runner.space.layout(Knobs.stored(k)), rate)) for k, rate in asked]
+            todo = list({(k.key(), rate): (k, rate) for k, rate in keyed if (k.key(), rate) not in memo}.items())
+            for (key, _), p in zip(todo, twin.predict_many([a for _, a in todo])):
+                memo[key] = p.capacity_rps
+            return [memo[(k.key(), rate)] for k, rate in keyed]
+
+        def predict(knobs: dict, rate: float) -> float | None:
+            return predict_many([(knobs, rate)])[0]
     return attribute(runner, budget, outcome, noise_floor=noise_floor, predict=predict,
                      fit_after=twin.after_trial if twin is not None else -1, verify=verify,
                      say=say or (lambda m: None), predict_many=predict_many)
