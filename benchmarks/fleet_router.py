@@ -15,17 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import time
 
-from tuner.fleet.load import SESSION_KEYS, arrivals, draw, fleet_requests
-from tuner.fleet.measure import FleetSetup, check, run_fleet
-from tuner.fleet.real import run_real, start_fleet
+from tuner.fleet.compare import compare
+from tuner.fleet.load import SESSION_KEYS
+from tuner.fleet.measure import FleetSetup
 from tuner.knobs import Knobs
-from tuner.metrics.window import PREFIX_HITS, PREFIX_QUERIES, REQUEST_SUCCESS
 from tuner.profiles.gpus import get_gpu
 from tuner.profiles.models import get_model
 from tuner.sim.config import resolve
-from tuner.slo import load_slo, score
+from tuner.slo import load_slo
 from tuner.workload.loader import load_workload
 
 GPU, MODEL = "rtx4090", "qwen2.5-7b"
@@ -51,41 +49,15 @@ def main() -> None:
                     "must scrape the replicas' ports; default: scrape each /metrics)")
     a = ap.parse_args()
     wl, slo = load_workload(a.workload), load_slo(a.slo)
-    times = arrivals([(0.0, a.rate)], a.duration, seed=1)
-    reqs = draw(wl, len(times), seed=1)
     setup = FleetSetup(cfg=resolve(get_gpu(GPU), get_model(MODEL), Knobs()), slo=slo, workload=wl, peak=a.rate, seed=1,
                        session=a.session_key)
-    sessions = [f.key.session for f in fleet_requests(wl, times, seed=1, session=a.session_key, drawn=reqs)]
     out = []
     for policy in a.policy or ["round_robin", "cache_aware"]:
-        vrun = run_fleet(setup, a.replicas, policy, [(0.0, a.rate)], a.duration)
-        v = check(setup, vrun, a.replicas, policy, a.rate, warmup_s=a.warmup)
-        t0 = time.time()
-        with start_fleet(GPU, MODEL, Knobs(), a.replicas, policy, run_dir=tempfile.mkdtemp(prefix="fleet-bench-"),
-                         time_scale=a.time_scale, scale_out=not a.no_scale_out) as fleet:
-            real = run_real(fleet, reqs, times, offered_rate=a.rate, time_scale=a.time_scale,
-                            prometheus=a.prometheus, sessions=sessions)
-            router_decisions = fleet.router_decisions()
-        wall = time.time() - t0
-        for r in real.run.records:
-            r.in_window = r.scheduled_s >= a.warmup
-        s = score(real.run.records, slo)
-        shares = [m.counters.get(REQUEST_SUCCESS, 0.0) if m else None for m in real.replica_metrics]
-        hits = [(m.counters.get(PREFIX_HITS, 0.0) / m.counters[PREFIX_QUERIES]) if m and m.counters.get(PREFIX_QUERIES)
-                else None for m in real.replica_metrics]
-        row = {"policy": policy, "workload": a.workload, "session_key": a.session_key, "rate": a.rate, "replicas": a.replicas, "requests": len(times), "wall_s": round(wall, 1),
-               "real": {"attainment": s.attainment, "p99_ttft_ms": s.metrics["ttft"].p99_ms,
-                        "p99_tpot_ms": s.metrics["tpot"].p99_ms, "served_per_replica": shares,
-                        "hit_rate_per_replica": hits, "errors": s.errors, "warnings": real.run.warnings[:3],
-                        "router_decisions": router_decisions},
-               "virtual": {"attainment": v.attainment, "p99_ttft_ms": v.p99_ttft_ms, "p99_tpot_ms": v.p99_tpot_ms,
-                           "served_per_replica": [r.routed for r in v.per_replica],
-                           "hit_rate_per_replica": [r.prefix_hit_rate for r in v.per_replica], "errors": v.errors,
-                           "decisions": v.decisions}}
-        rv, vv = row["real"], row["virtual"]
-        row["diff_attainment"] = abs(rv["attainment"] - vv["attainment"]) / max(vv["attainment"], 1e-9)
-        row["diff_p99_ttft"] = (abs(rv["p99_ttft_ms"] - vv["p99_ttft_ms"]) / vv["p99_ttft_ms"]
-                                if rv["p99_ttft_ms"] and vv["p99_ttft_ms"] else None)
+        c = compare(setup, GPU, MODEL, Knobs(), a.replicas, policy, duration_s=a.duration, time_scale=a.time_scale,
+                    warmup_s=a.warmup, run_dir=tempfile.mkdtemp(prefix="fleet-bench-"),
+                    scale_out=not a.no_scale_out, prometheus=a.prometheus)
+        row = {"workload": a.workload, "session_key": a.session_key, **c.model_dump(),
+               "diff_attainment": c.diff_attainment, "diff_p99_ttft": c.diff_p99_ttft}
         out.append(row)
         print(json.dumps(row, default=lambda x: round(x, 4) if isinstance(x, float) else x))
     if a.json:

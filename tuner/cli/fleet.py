@@ -8,15 +8,48 @@ Every input is checked before anything is created; the outputs are written once 
 from __future__ import annotations
 
 import math
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.errors import UserError
+
+MAX_REAL_S = 600.0      # schedule seconds of a real-router run: a short stated window, not a soak test
+MAX_TIME_SCALE = 100.0
+
+
+@dataclass
+class RealRouterOptions:
+    """`--real-router`: the verified fleet once more, in real time through the vLLM Router."""
+
+    duration_s: float
+    replicas: int | None
+    time_scale: float
+    stop_replica_at: float | None
+
+    def check(self, policies: list[str]) -> str:
+        """Every option, then the router binary itself (installed, answering, with each policy): the
+        binary's path."""
+        from tuner.fleet.compare import check_router
+
+        if not (math.isfinite(self.duration_s) and 0 < self.duration_s <= MAX_REAL_S):
+            raise UserError(f"must be in (0, {MAX_REAL_S:g}] seconds, got {self.duration_s}", field="--real-duration")
+        if self.replicas is not None and not 1 <= self.replicas <= 64:
+            raise UserError(f"must be in [1, 64] (real processes on this host), got {self.replicas}",
+                            field="--real-replicas")
+        if not (math.isfinite(self.time_scale) and 0 < self.time_scale <= MAX_TIME_SCALE):
+            raise UserError(f"must be in (0, {MAX_TIME_SCALE:g}], got {self.time_scale}", field="--time-scale")
+        t = self.stop_replica_at
+        if t is not None and not (math.isfinite(t) and 0 < t < self.duration_s):
+            raise UserError(f"must be inside the run, (0, {self.duration_s:g}) seconds, got {t}",
+                            field="--stop-replica-at")
+        return check_router(policies)
 
 
 def run_verify(run_dir: Path | None, *, policies: list[str], replicas: int | None, cold_start_s: float | None,
                surge_s: float, price: float | None, out: Path | None, session_key: str, arrivals: str,
                seed: int, workload: str | None, export: bool,
-               peak_rate: float | None = None) -> None:
+               peak_rate: float | None = None, real: RealRouterOptions | None = None) -> None:
     from tuner.fleet import policies as registry
     from tuner.fleet.export import write_export
     from tuner.fleet.render import lines, write
@@ -42,17 +75,53 @@ def run_verify(run_dir: Path | None, *, policies: list[str], replicas: int | Non
         raise UserError(f"must be a number > 0, got {peak_rate}", field="--peak-rate")
     if not (math.isfinite(surge_s) and 0 < surge_s <= 3600):
         raise UserError(f"must be in (0, 3600] seconds, got {surge_s}", field="--surge-s")
+    policies = policies or ["round_robin", "cache_aware"]
     storage_url(run_dir)  # a run directory of `tune`, checked before anything is created
     dest = check_out_dir(out if out is not None else run_dir / "fleet", "--fleet-out")
-    v = verify(str(run_dir), policy_names=policies or ["round_robin", "cache_aware"], workload=workload,
+    router = real.check(policies) if real is not None else None
+    v = verify(str(run_dir), policy_names=policies, workload=workload,
                seed=seed, session=session_key, arrivals=arrivals, cold_start_s=cold_start_s, price=price,
                surge_s=surge_s, start_n=replicas, peak_rate=peak_rate)
     for line in lines(v):
         print(line)
+    compared = (_real_runs(run_dir, v, real, router, workload=workload, seed=seed, session=session_key,
+                           arrivals=arrivals, peak_rate=peak_rate) if real is not None and router else [])
     files = write(v, dest)
+    if compared:
+        (dest / "fleet-real.json").write_text("[" + ",\n".join(c.model_dump_json(indent=2) for c in compared) + "]\n")
+        files.append(dest / "fleet-real.json")
     if export:
         files += write_export(v, dest)
     print("wrote " + ", ".join(str(f) for f in files))
 
 
-__all__ = ["run_verify"]
+def _real_runs(run_dir: Path, v, real: RealRouterOptions, router: str, **setup_args) -> list:
+    """Each policy's verified fleet through the real router (printed as it ends); its processes are all
+    stopped, and their logs dropped, before the next starts. A policy with no verified N and no
+    --real-replicas is skipped, said so."""
+    from tuner.fleet.compare import compare, line
+    from tuner.fleet.verify import setup_from_run
+    from tuner.storage.reader import load_study_data
+
+    setup, _, rec = setup_from_run(str(run_dir), **setup_args)
+    info = load_study_data(str(run_dir)).info
+    gpu, model = info.settings.engine.gpu, info.settings.engine.model
+    if not info.simulated:
+        print(f"real router: the study ran on {info.settings.engine.name}; the real-router run's replicas are "
+              "the HTTP simulator of its GPU and model profiles, not vLLM: it checks the router model, not "
+              "the engine")
+    out = []
+    for p in v.policies:
+        n = real.replicas or p.verified_n
+        if n is None:
+            print(f"real router {p.policy}: skipped (no verified N; give --real-replicas)")
+            continue
+        with tempfile.TemporaryDirectory(prefix="fleet-real-") as tmp:
+            c = compare(setup, gpu, model, rec.config, n, p.policy, duration_s=real.duration_s,
+                        time_scale=real.time_scale, stop_replica_at=real.stop_replica_at, run_dir=tmp, router=router)
+        print(line(c))
+        out.append(c)
+    return out
+
+
+__all__ = ["RealRouterOptions", "run_verify"]

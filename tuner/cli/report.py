@@ -78,18 +78,35 @@ def plan(run_dir: Optional[Path] = typer.Argument(None, help="Run directory (opt
                                      "ScaledObject and the vLLM Router's command line."),
          fleet_workload: Optional[str] = typer.Option(None, "--workload", help="--verify: the workload file "
                                                       "(default: the study's)."),
+         real_router: bool = typer.Option(False, "--real-router", help="--verify: then run each policy's "
+                                          "verified fleet in real time through the vLLM Router (the `fleet` "
+                                          "extra) in front of HTTP-simulator replicas; real beside virtual."),
+         real_duration: float = typer.Option(20.0, "--real-duration", help="--real-router: seconds of load "
+                                             "at the peak (schedule seconds; wall = this x --time-scale)."),
+         real_replicas: Optional[int] = typer.Option(None, "--real-replicas", help="--real-router: replicas "
+                                                     "(default: each policy's verified N)."),
+         time_scale: float = typer.Option(1.0, "--time-scale", help="--real-router: the simulated GPUs run "
+                                          "this many times slower, so a small host keeps up."),
+         stop_replica_at: Optional[float] = typer.Option(None, "--stop-replica-at", help="--real-router: "
+                                                         "stop replica 0 this many seconds into the run."),
          ) -> None:
     """Instances and GPUs for a peak rate: feasibility, memory gate, speed gate, N+1, cost.
 
     Exit code 1 when the SLO is infeasible on the hardware (a threshold below its single-stream floor, or
     requests longer than the model's context); 3 or 4 for a run that measured no capacity (as `tune`)."""
+    if real_router and not verify:
+        raise UserError("runs the verified fleet: give --verify too (tune plan --verify RUN --real-router)",
+                        field="--real-router")
     if verify:
-        from tuner.cli.fleet import run_verify
+        from tuner.cli.fleet import RealRouterOptions, run_verify
 
         return run_verify(run_dir, policies=policy, replicas=replicas, cold_start_s=cold_start_s,
                           surge_s=surge_s, price=price, out=fleet_out, session_key=session_key,
                           arrivals=arrivals, seed=0, workload=fleet_workload, export=export,
-                          peak_rate=peak_rate)
+                          peak_rate=peak_rate,
+                          real=RealRouterOptions(duration_s=real_duration, replicas=real_replicas,
+                                                 time_scale=time_scale, stop_replica_at=stop_replica_at)
+                          if real_router else None)
     from tuner.knobs import Knobs
     from tuner.plan import format_plan, make_plan, plan_from_run
     from tuner.search.space import knob_value_error
