@@ -110,6 +110,7 @@ def _real_runs(run_dir: Path, v, real: RealRouterOptions, router: str, **setup_a
         print(f"real router: the study ran on {info.settings.engine.name}; the real-router run's replicas are "
               "the HTTP simulator of its GPU and model profiles, not vLLM: it checks the router model, not "
               "the engine")
+    knobs = rec.config  # type: ignore[attr-defined]  # the tuned trial's record (setup_from_run types it loosely)
     out = []
     for p in v.policies:
         n = real.replicas or p.verified_n
@@ -117,7 +118,7 @@ def _real_runs(run_dir: Path, v, real: RealRouterOptions, router: str, **setup_a
             print(f"real router {p.policy}: skipped (no verified N; give --real-replicas)")
             continue
         with tempfile.TemporaryDirectory(prefix="fleet-real-") as tmp:
-            c = compare(setup, gpu, model, rec.config, n, p.policy, duration_s=real.duration_s,
+            c = compare(setup, gpu, model, knobs, n, p.policy, duration_s=real.duration_s,
                         time_scale=real.time_scale, stop_replica_at=real.stop_replica_at, run_dir=tmp, router=router)
         print(line(c))
         out.append(c)
