@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import uuid
 from pathlib import Path
@@ -60,11 +61,29 @@ def fake_router(tmp: Path, script: str) -> Path:
     return p
 
 
-def real_tune(tmp_path: Path, *args, router: Path | None = None):
+def as_a_vllm_study(tmp_path: Path) -> Path:
+    """The example study as if its trials had run on real vLLM (its stored info says so)."""
+    import optuna
+
+    from tuner.storage.reader import storage_url
+
+    run = tmp_path / "vllm-study"
+    run.mkdir()
+    for f in ("study.db", "study_name.txt"):
+        shutil.copy(RUN / f, run / f)
+    study = optuna.load_study(study_name=(run / "study_name.txt").read_text().strip(), storage=storage_url(run))
+    info = dict(study.user_attrs["info"])
+    info["simulated"], info["settings"] = False, {**info["settings"], "engine": {**info["settings"]["engine"],
+                                                                                 "name": "vllm"}}
+    study.set_user_attr("info", info)
+    return run
+
+
+def real_tune(tmp_path: Path, *args, router: Path | None = None, run: Path = RUN):
     marker = f"S39_MARK_{uuid.uuid4().hex}"
     env = tune_env(**{marker: "1"}, **({ROUTER_ENV: str(router)} if router else {}))
     (tmp_path / "short.jsonl").write_text(SHORT)
-    p = tune("plan", "--verify", RUN, "--peak-rate", "4", "--policy", "round_robin", "--surge-s", "10",
+    p = tune("plan", "--verify", run, "--peak-rate", "4", "--policy", "round_robin", "--surge-s", "10",
              "--cold-start-s", "5", "--workload", tmp_path / "short.jsonl", "--fleet-out", tmp_path / "fleet",
              "--real-router", *args, cwd=ROOT, env=env, timeout=300)
     return p, marker
@@ -72,8 +91,12 @@ def real_tune(tmp_path: Path, *args, router: Path | None = None):
 
 @pytest.mark.skipif(MISSING is not None, reason=f"{MISSING}")
 def test_the_verified_fleet_through_the_real_router(tmp_path):
-    p, marker = real_tune(tmp_path, "--real-replicas", "2", "--real-duration", "3", "--stop-replica-at", "2")
+    """On a study of real vLLM: the replicas are simulators, and the output says so before any number."""
+    p, marker = real_tune(tmp_path, "--real-replicas", "2", "--real-duration", "3", "--stop-replica-at", "2",
+                          run=as_a_vllm_study(tmp_path))
     assert p.returncode == 0, p.stderr
+    assert ("real router: the study ran on vllm; the real-router run's replicas are the HTTP simulator of its "
+            "GPU and model profiles, not vLLM") in p.stdout
     line = next(x for x in p.stdout.splitlines() if x.startswith("real router round_robin: 2 replicas"))
     assert "HTTP simulator" in line and "attainment real" in line and "p99 TTFT real" in line, line
     assert none_left(marker)
@@ -94,6 +117,7 @@ def test_a_router_that_dies_at_start_leaves_nothing(tmp_path):
                                    'echo "error: the router could not bind" >&2; exit 1\n')
     p, marker = real_tune(tmp_path, "--real-replicas", "2", "--real-duration", "2", router=router)
     assert_user_error(p, "--real-router: the vLLM Router did not start")
+    assert "not vLLM" not in p.stdout  # a simulated study: nothing to disclaim
     assert none_left(marker)
     assert not (tmp_path / "fleet").exists()
 
