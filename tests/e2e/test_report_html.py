@@ -105,3 +105,28 @@ def test_report_html_renders_offline_with_its_charts(tmp_path_factory, tmp_path)
     bare.write_text(re.sub(r"<img [^>]*>", "", text))
     render(bare, tmp_path / "bare", tmp_path / "bare.png")
     assert _tuned_pixels(img) > 500 and _tuned_pixels(_png(tmp_path / "bare.png")) < 20
+
+
+def test_fleet_timeline_renders_offline_in_the_browser(tmp_path):
+    """`tune plan --verify`'s fleet.html (issue 39: the autoscaling timeline in the report) opened in
+    Chromium: nothing fetched, and the inline timeline draws (the page without it has far less ink)."""
+    from tests.e2e.test_fleet_cli import RUN
+    from tests.e2e.test_workload_cli import tune
+
+    _chromium()  # skip before the study's fleet is simulated when there is no browser
+    out = tmp_path / "fleet"
+    p = tune("plan", "--verify", RUN, "--peak-rate", "5", "--policy", "round_robin", "--surge-s", "20",
+             "--cold-start-s", "20", "--fleet-out", out, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    text = (out / "fleet.html").read_text()
+    assert "<svg" in text and "<script" not in text.lower()
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "fleet-screenshot.png"
+    shot.unlink(missing_ok=True)
+    assert render(out / "fleet.html", tmp_path / "page", shot, size="1280,2400") == []
+    bare = tmp_path / "bare.html"
+    bare.write_text(re.sub(r"<svg.*</svg>", "", text, flags=re.S))
+    render(bare, tmp_path / "bare", tmp_path / "bare.png", size="1280,2400")
+    ink = (_png(shot) < 0.9).any(axis=2).sum()
+    bare_ink = (_png(tmp_path / "bare.png") < 0.9).any(axis=2).sum()
+    assert ink > bare_ink + 40_000, f"the timeline did not draw ({ink} inked pixels, {bare_ink} without it)"
