@@ -29,7 +29,10 @@ VLLM_ARGS = ["--vllm-python", str(VLLM_PYTHON), "--model", str(TINY_MODEL), "--v
 needs_vllm = [pytest.mark.slow, *real_vllm_marks]
 
 
-@pytest.mark.parametrize("engine", ["sim", "sim-http", pytest.param("vllm", marks=needs_vllm)])
+# sim-http in the slow tier (~47 s): the default run keeps its study path in the HTTP simulator's conformance
+# suite (tests/conformance/test_sim_http.py) and the sim-http studies of test_tune_signals and test_tune_quality
+@pytest.mark.parametrize("engine", ["sim", pytest.param("sim-http", marks=pytest.mark.slow),
+                                    pytest.param("vllm", marks=needs_vllm)])
 def test_the_same_study_runs_on_every_engine(tmp_path: Path, engine: str) -> None:
     out = tmp_path / "run"
     extra = VLLM_ARGS if engine == "vllm" else []

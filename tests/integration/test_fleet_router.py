@@ -44,6 +44,9 @@ def live_children() -> list[int]:
     return kids
 
 
+# ~39 s, the slow tier: the default run keeps the real router in front of simulator replicas with one
+# stopped mid-run in tests/e2e/test_fleet_real_cli.py::test_the_verified_fleet_through_the_real_router
+@pytest.mark.slow
 def test_router_spreads_the_load_reads_every_replica_and_survives_a_stopped_one(tmp_path):
     wl = synthesize("chat", 100, seed=3)
     times = arrivals([(0.0, 5.0)], 8.0, seed=3)
@@ -60,6 +63,9 @@ def test_router_spreads_the_load_reads_every_replica_and_survives_a_stopped_one(
     assert sum(r.ok for r in real.run.records) >= 0.6 * len(real.run.records)
 
 
+# ~25 s, the slow tier: the default run keeps the model's session rule (tests/unit/test_fleet.py's
+# consistent_hash tests) and the real router's start and refusal checks below
+@pytest.mark.slow
 def test_consistent_hash_pins_each_session_sent_as_x_session_id_to_one_replica(tmp_path):
     """The replay client's `sessions` go out as X-Session-ID, the router's first hash key: two sessions
     reach at most two of three replicas, and each session's requests one replica."""
