@@ -125,25 +125,42 @@ def read_runs() -> list[dict]:
     return [data] if isinstance(data, dict) else data
 
 
+def full_regeneration_s() -> int:
+    """`run_all.py --all`'s expected wall time on 2 cores: every part but the hand-recorded ones."""
+    return sum(p.expected_s for p in PARTS if p.kind != "record")
+
+
+def is_full(run: dict) -> bool:
+    """A run that regenerated every section a command can: `--all`, or `--long --real` without `--only`."""
+    words = run["command"].split()
+    return "--only" not in words and ("--all" in words or {"--long", "--real"} <= set(words))
+
+
 def _run_line(run: dict) -> str:
     cpu = f" ({run['cpu_s'] / 60:.1f} min of CPU)" if "cpu_s" in run else ""
     failed = [f"{n} (rc {rc})" for n, rc in run.get("failed", {}).items()]
-    return (f"{run['when']}, commit `{run['commit']}`, `{run['command']}`: {len(run['ran'])} sections in "
-            f"{run['wall_s'] / 60:.1f} min of wall time{cpu} on {run['host']}."
+    load = re.search(r"load average [\d.]+", run["host"])
+    return (f"{run['when']}, commit `{run['commit']}`, `{run['command']}`: {len(run['ran'])} section"
+            f"{'' if len(run['ran']) == 1 else 's'} in {run['wall_s'] / 60:.1f} min of wall time{cpu}"
+            + (f", {load.group(0)} at the start" if load else "") + "."
             + (f" **Failed, kept from their previous run:** {', '.join(failed)}." if failed else "")
             + (f" **Stopped before it ran** (kept from their previous run): {', '.join(run['stopped'])}."
                if run.get("stopped") else ""))
 
 
 def _runs_text(runs: list[dict]) -> list[str]:
-    """The last full regeneration (no --only) and any partial runs after it."""
-    full = [i for i, r in enumerate(runs) if "--only" not in r["command"]]
+    """The last full regeneration and the runs of some sections after it (all kept runs if none was full)."""
+    full = [i for i, r in enumerate(runs) if is_full(r)]
     start = full[-1] if full else 0
-    out = []
-    for i, run in enumerate(runs[start:], start=start):
-        label = ("Last full regeneration" if i in full else
-                 "Then, some sections again" if i > start else "A run of some sections")
-        out += [f"{label}: {_run_line(run)}", ""]
+    out = [f"Last full regeneration: {_run_line(runs[start])}", ""] if full else [
+        "No full regeneration (`run_all.py --all`) is among the kept runs; the sections come from these runs "
+        "of some of them (each section's own header says which):", ""]
+    partial = runs[start + 1:] if full else runs
+    if full and partial:
+        out += ["Then, some sections again:", ""]
+    out += [f"- {_run_line(run)}" for run in partial]
+    if runs:
+        out += ["", f"Host of the last run: {re.sub(r', load average.*', '', runs[-1]['host'])}.", ""]
     return out
 
 
@@ -158,9 +175,17 @@ def _status_table(parts: list[tuple[Part, PartFile]]) -> list[str]:
 
 def _regen(p: Part) -> str:
     if p.kind == "record":
-        return "by hand, as its command line says"
+        return "by hand, as the section's command line says (no one command reproduces it)"
     flag = {"sim": "", "long": " --long", "real": " --real"}[p.kind]
     return f"`run_all.py{flag}` (or `--only {p.name}`)"
+
+
+def _total(kind: str) -> int:
+    return round(sum(p.expected_s for p in PARTS if p.kind == kind) / 60)
+
+
+def _count(kind: str) -> int:
+    return sum(p.kind == kind for p in PARTS)
 
 
 def _anchor(title: str) -> str:
@@ -199,14 +224,17 @@ def assemble() -> str:
     md = ["# Benchmark results", "",
           "This page is assembled from one part per section (`benchmarks/results/sections/`), each written "
           "by one benchmark command; `benchmarks/_parts.py` lists them. Regenerate it with one command:", "",
-          "```", "python benchmarks/run_all.py            # the quick default: every `sim` section",
-          "python benchmarks/run_all.py --long     # and the long simulated ones (an hour or two)",
-          "python benchmarks/run_all.py --real     # and those on real vLLM (. .ci/env first)",
+          "```", f"python benchmarks/run_all.py --all      # the whole page: every section but the hand-recorded "
+          f"ones, ~{full_regeneration_s() / 3600:.1f} h on 2 cores (. .ci/env first)",
+          f"python benchmarks/run_all.py            # only the quick `sim` sections, ~{_total('sim')} min",
+          f"python benchmarks/run_all.py --long     # and the long simulated ones, ~{_total('long')} min more",
+          f"python benchmarks/run_all.py --real     # and those on real vLLM, ~{_total('real')} min more",
           "python benchmarks/run_all.py --assemble # rebuild this page from the parts, running nothing",
-          "```", ""]
+          "```", "",
+          f"`record` sections ({_count('record')}, the lab notebook's included) are studies of several hand-run "
+          "commands; each says how it was run and when it last was, and they are not part of `--all`.", ""]
     md += _runs_text(read_runs())
-    md += ["Every section says when it was measured, on which commit, by which command and in how long; "
-           "`record` sections are studies run by hand (real engines, paired timings) and say how.", ""]
+    md += ["Every section says when it was measured, on which commit, by which command and in how long.", ""]
     md += _status_table(parts) + [""]
     current = [(p, pf) for p, pf in parts if not p.notebook]
     for p, pf in current:

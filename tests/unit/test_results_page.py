@@ -91,3 +91,38 @@ def test_bad_invocations_exit_2_with_one_line_and_write_nothing(capsys, monkeypa
         err = capsys.readouterr().err.strip()
         assert message in err and len(err.splitlines()) == 1, err
     assert (BENCH / "RESULTS.md").stat().st_mtime_ns == before
+
+
+def test_all_selects_every_section_a_command_regenerates(monkeypatch) -> None:
+    """`run_all.py --all` is the one command for the whole page: every part but the hand-recorded ones, the
+    same as `--long --real`; its stated wall time is theirs."""
+    monkeypatch.setenv("TUNER_VLLM_PYTHON", "python")
+    monkeypatch.setenv("TUNER_TINY_MODEL", "model")
+
+    def names(argv: list[str]) -> list[str]:
+        ap_args = run_all.argparse.Namespace(only=None, long="--long" in argv, real="--real" in argv,
+                                             all="--all" in argv)
+        return [p.name for p in run_all.selected(ap_args)]
+
+    runnable = [p.name for p in PARTS if p.kind != "record"]
+    assert names(["--all"]) == names(["--long", "--real"]) == runnable
+    assert names([]) == [p.name for p in PARTS if p.kind == "sim"]
+    assert _page.full_regeneration_s() == sum(p.expected_s for p in PARTS if p.kind != "record")
+
+
+def test_a_full_regeneration_is_told_from_a_partial_one() -> None:
+    assert _page.is_full({"command": "python benchmarks/run_all.py --all"})
+    assert _page.is_full({"command": "python benchmarks/run_all.py --real --long --fresh"})
+    assert not _page.is_full({"command": "python benchmarks/run_all.py"})
+    assert not _page.is_full({"command": "python benchmarks/run_all.py --long"})
+    assert not _page.is_full({"command": "python benchmarks/run_all.py --all --only knee_search"})
+
+
+def test_main_job_speed_refuses_an_unknown_base_commit(capsys) -> None:
+    spec = importlib.util.spec_from_file_location("main_job_speed", BENCH / "main_job_speed.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--base", "no-such-commit-anywhere", "--runs", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--base: 'no-such-commit-anywhere' is not a commit" in err and len(err.splitlines()) == 1, err
+    assert mod.main(["--runs", "0"]) == 2
