@@ -89,6 +89,7 @@ def run_part(p: Part, fresh: bool) -> tuple[int, float]:
     out = proc.stdout.strip("\n")
     body = out if p.markdown else f"```\n{out}\n```"
     header["wall"] = f"{wall:.0f} s wall, {cpu:.0f} s CPU"
+    header["host"] += f", {os.getloadavg()[0]:.1f} at the end"  # what the run shared the host with
     part_path(p.name).write_text(format_part(header, body))
     print(out, file=sys.stderr)
     return 0, wall
