@@ -166,6 +166,14 @@ def verdicts(jobs: dict[str, list[dict]]) -> list[str]:
     return out
 
 
+def _knobs(key: str) -> str:
+    """A configuration's key (the knobs as JSON) as `name=value` pairs."""
+    try:
+        return " ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in json.loads(key).items())
+    except (ValueError, AttributeError):
+        return key
+
+
 def rank_table(ranks: dict[tuple[str, str], list[dict]], labels: list[str]) -> list[str]:
     out = ["| ranking | tree | configurations | wall s (median) | CPU s (median) | target | top-3 (predicted req/s) |",
            "|---|---|---|---|---|---|---|"]
@@ -179,7 +187,7 @@ def rank_table(ranks: dict[tuple[str, str], list[dict]], labels: list[str]) -> l
                 out.append(f"| {scenario} | {label} | - | - | - | {target:.0f} s | failed: {err} |")
                 continue
             tops[label] = [k for k, _ in ok[0]["top"]]
-            top = "; ".join(f"{k} ({c})" for k, c in ok[0]["top"])
+            top = "; ".join(f"{_knobs(k)} ({c})" for k, c in ok[0]["top"])
             out.append(f"| {scenario} | {label} | {ok[0]['configs']} | {_med(ok, 'wall'):.1f} | "
                        f"{_med(ok, 'cpu'):.1f} | {target:.0f} s | {top} |")
         if len(tops) == 2:
