@@ -91,6 +91,7 @@ def _env(tree: Path, **extra: str) -> dict[str, str]:
 
 def main_job(tree: Path, out: Path) -> dict:
     """One run of the README's main job from `tree`: wall and CPU seconds, its verdict and ranking time."""
+    load = os.getloadavg()[0]
     u0, s0 = _child_cpu()
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "tuner.cli", *MAIN_JOB, "--out", str(out)], cwd=tree,
@@ -102,7 +103,7 @@ def main_job(tree: Path, out: Path) -> dict:
         raise RuntimeError(f"the main job failed in {tree} (rc {proc.returncode}):\n{tail}")
     verdict = _VERDICT.search(proc.stdout)
     twin = _TWIN.search(proc.stdout)
-    return {"wall": wall, "user": u1 - u0, "sys": s1 - s0,
+    return {"wall": wall, "user": u1 - u0, "sys": s1 - s0, "load": load,
             "verdict": verdict.group(0).strip() if verdict else "(no recommendation line)",
             "twin": f"{twin.group(1)} in {twin.group(2)} s" if twin else "-"}
 
@@ -145,12 +146,13 @@ def _med(rows: list[dict], key: str) -> float:
 
 
 def job_table(jobs: dict[str, list[dict]]) -> list[str]:
-    out = ["| tree | wall s: min | median | max | user s (median) | sys s (median) | twin ranked |",
-           "|---|---|---|---|---|---|---|"]
+    out = ["| tree | wall s: min | median | max | user s (median) | sys s (median) | load average at the starts "
+           "| twin ranked |", "|---|---|---|---|---|---|---|---|"]
     for label, rows in jobs.items():
         walls = [r["wall"] for r in rows]
         out.append(f"| {label} | {min(walls):.1f} | {statistics.median(walls):.1f} | {max(walls):.1f} | "
                    f"{_med(rows, 'user'):.1f} | {_med(rows, 'sys'):.1f} | "
+                   f"{min(r['load'] for r in rows):.1f}-{max(r['load'] for r in rows):.1f} | "
                    f"{'; '.join(dict.fromkeys(r['twin'] for r in rows))} |")
     return out
 
@@ -159,7 +161,8 @@ def verdicts(jobs: dict[str, list[dict]]) -> list[str]:
     out = []
     for label, rows in jobs.items():
         seen = list(dict.fromkeys(r["verdict"] for r in rows))
-        runs = f"all {len(rows)} runs" if len(seen) == 1 else f"{len(seen)} different lines over {len(rows)} runs"
+        runs = (("the one run" if len(rows) == 1 else f"all {len(rows)} runs") if len(seen) == 1
+                else f"{len(seen)} different lines over {len(rows)} runs")
         out += [f"- {label}, {runs}: " + "; ".join(f"`{v}`" for v in seen)]
     a, b = (list(dict.fromkeys(r["verdict"] for r in rows)) for rows in jobs.values())
     out.append(f"- same recommendation on both trees: **{'yes' if a == b else 'no'}**")
@@ -197,6 +200,18 @@ def rank_table(ranks: dict[tuple[str, str], list[dict]], labels: list[str]) -> l
     return out
 
 
+def rank_verdict(ranks: dict[tuple[str, str], list[dict]], this: str) -> str:
+    parts = []
+    for scenario, target in RANKED:
+        ok = [r for r in ranks.get((scenario, this), []) if "error" not in r]
+        if not ok:
+            parts.append(f"{scenario} not measured")
+            continue
+        wall = _med(ok, "wall")
+        parts.append(f"{scenario} {wall:.1f} s (target {target:.0f} s: {'met' if wall <= target else 'not met'})")
+    return f"**The rankings on one core, this tree (median wall): {'; '.join(parts)}.**"
+
+
 def report(result: dict, labels: list[str], base: str, runs: int, rank_runs: int) -> str:
     jobs = result["jobs"]
     med = {label: statistics.median(r["wall"] for r in rows) for label, rows in jobs.items()}
@@ -210,7 +225,7 @@ def report(result: dict, labels: list[str], base: str, runs: int, rank_runs: int
           f"ratio {med[this] / med[before]:.2f}.**", ""]
     md += job_table(jobs) + ["", "Recommendations:"] + verdicts(jobs) + [""]
     if result["ranks"]:
-        md += ["The rankings on one core:", ""] + rank_table(result["ranks"], labels) + [""]
+        md += [rank_verdict(result["ranks"], this), ""] + rank_table(result["ranks"], labels) + [""]
     return "\n".join(md)
 
 
