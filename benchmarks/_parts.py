@@ -126,6 +126,11 @@ PARTS: tuple[Part, ...] = (
          "python benchmarks/fleet_policies.py; python benchmarks/fleet_router.py --rate 15 --duration 60 "
          "--time-scale 3 (the last needs the extra fleet: vllm-router)", expected_s=1200),
     # --- lab notebook: earlier code's measurements, kept for the record
+    Part("notebook_client_precision", "The client against the server's own histograms on a quiet host, the "
+         "launcher fix and the aiohttp transport (issue 33, lab notes)", "record",
+         how="python benchmarks/bench_vs_vllm_bench.py --engine vllm --rates ... --pairs 2 (also --setsid-client, "
+         "--hog 2), benchmarks/knee_run_vs_server.py, reference_capacity.py --fresh and tune --engine vllm "
+         "studies, on the code of that day", notebook=True),
     Part("notebook_issue33", "Issue 33's earlier studies against the reference (lab notes)", "record",
          how="as vllm_studies, on the code of that day", notebook=True),
     Part("notebook_issue16", "The parallel layout's first study (issue 16, lab notes)", "record",
