@@ -157,6 +157,12 @@ def block_hashes_from_ids(hash_ids: Sequence[int], hash_block_size: int, prompt_
     parent = 0
     n_full = prompt_tokens // block_size
     b = 0
+    if hash_block_size == block_size:  # one id a block (chat traces): `_id_chain`'s hash, without its memo's
+        for hid in hash_ids[:n_full]:  # 6-tuple key, which cost as much as the hash it saves
+            parent = hash((parent, (hid, 0)))
+            out.append(parent)
+        b = len(out)
+        hash_ids = ()
     for k, hid in enumerate(hash_ids):
         start = k * hash_block_size
         # full sim blocks that lie entirely inside id block k

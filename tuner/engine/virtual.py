@@ -20,7 +20,7 @@ from tuner.metrics.window import (GENERATION_TOKENS, LORA_DISK_LOADS, LORA_GPU_L
 from tuner.replay.record import RequestRecord
 from tuner.sim.config import ResolvedConfig
 from tuner.sim.costs import CostParams
-from tuner.sim.engine import EngineCore, Seq
+from tuner.sim.engine import EngineCore, Sampler, Seq
 from tuner.sim.vllm_metrics import (ITERATION_TOKENS_BUCKETS, REQUEST_LATENCY_BUCKETS,
                                     TTFT_BUCKETS)
 
@@ -91,7 +91,9 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
     i = 0
     samples: list[GaugeSample] = []
     lora, lora_samples = core.lora, []
-    next_sample = 0.0
+    sampler = Sampler(0.0, sample_interval_s)
+    # the fused decode steps take the gauge samples between their steps (not the LoRA ones: it stops there)
+    fused_sampler = sampler if lora is None else None
     it_tokens: list[int] = []
     pool = core.pool
     c0 = (core.preemptions, core.prefix_queries, core.prefix_hits, core.prompt_tokens,
@@ -124,18 +126,23 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
                 break
             now = max(now, t0 + requests[order[i]].arrival)
             continue
-        while next_sample <= rel:
-            samples.append(_gauge(next_sample, len(core.running), len(core.waiting), pool.usage))
+        while sampler.next_t <= rel:
+            samples.append(_gauge(sampler.next_t, len(core.running), len(core.waiting), pool.usage))
             if lora is not None:
-                lora_samples.append(LoraSample(t=next_sample, running=len(lora.running),
+                lora_samples.append(LoraSample(t=sampler.next_t, running=len(lora.running),
                                                waiting=lora.waiting_adapters(core.waiting), max_lora=lora.max_loras))
-            next_sample += sample_interval_s
+            sampler.next_t += sample_interval_s
         if rel > deadline and (i >= n or not max_concurrency):
             break
-        if FUSED_DECODE and not max_concurrency:  # plain decode steps up to the next arrival or sample, in one call
-            until = min(requests[order[i]].arrival if i < n else float("inf"), next_sample)
+        if FUSED_DECODE and not max_concurrency:  # plain decode steps up to the next arrival, in one call
+            until = requests[order[i]].arrival if i < n else float("inf")
+            if fused_sampler is None:  # ... or sample
+                until = min(until, sampler.next_t)
             at = core.step_idx
-            now = core.decode_steps(now, t0, until, deadline, it_tokens)
+            now = core.decode_steps(now, t0, until, deadline, it_tokens, fused_sampler)
+            if sampler.taken:
+                samples.extend(_gauge(*x) for x in sampler.taken)
+                sampler.taken.clear()
             if core.step_idx != at:
                 continue
         dur, finished = core.step(now)

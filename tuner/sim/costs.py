@@ -108,6 +108,19 @@ class CostModel:
         """TPOT at batch 1: the weights read once per token (REFERENCE.md: W / beta_eff)."""
         return self._weight_time
 
+    def decode_terms(self, n_decode: int) -> tuple[float, float, float, float, float]:
+        """`step_time` of a plain decode step (no prefill, width 1) split into what the batch size fixes and
+        what the context moves: (fixed, attention FLOP per context token, KV read per context token,
+        superlinear factor or 0, all-reduce seconds or 0). `EngineCore.decode_steps` runs millions of such
+        steps; `fixed + dec (x factor) (+ all-reduce)` repeats `step_time`'s operations in its order, so the
+        floats are the same (tests/unit/test_sim_engine_fast.py checks it)."""
+        gemm = self._gemm_floor + n_decode * self._gemm_per_token + n_decode * self._lm_head_per_token
+        linear = gemm if gemm > self._weight_time else self._weight_time
+        fixed = self._overhead + self._per_seq * n_decode + linear
+        factor = 1.0 + self._superlinear * n_decode if self._superlinear else 0.0
+        ar = self._ar_fixed + n_decode * self._ar_per_token if self._ar_fixed else 0.0
+        return fixed, self._attn_flop_per_pair, self._kv_read_per_token, factor, ar
+
     def step_time(self, prefill_tokens: int, prefill_pairs: float, prefill_kv_tokens: int,
                   n_decode: int, decode_ctx: int, n_logits: int, width: int = 1) -> float:
         """Seconds for one step.

@@ -69,6 +69,18 @@ class Seq:
     lora: int = -1  # the adapter's index in the server's `LoraSetup` (-1: the base model)
 
 
+@dataclass(slots=True, eq=False)
+class Sampler:
+    """The caller's gauge clock (run seconds): the next sample is due at `next_t`, then every `interval`.
+    `EngineCore.decode_steps` takes the samples that fall between its steps, as (t, running, waiting, KV
+    usage) in `taken`, so that a sample does not end a run of fused steps (a burst's drain samples every
+    10 ms: most of its steps)."""
+
+    next_t: float
+    interval: float
+    taken: list[tuple[float, int, int, float]] = field(default_factory=list)
+
+
 class EngineCore:
     def __init__(self, cfg: ResolvedConfig, cost_params: CostParams | None = None, *, noise: float = 0.0,
                  seed: int = 0, keep_step_times: bool = True):
@@ -268,20 +280,34 @@ class EngineCore:
         self.step_idx += g
         return dur, finished
 
-    def decode_steps(self, now: float, t0: float, until_rel: float, deadline_rel: float, it_tokens: list) -> float:
-        """Plain decode steps in a row, the same arithmetic as `step`, while nothing waits or prefills and
-        no request finishes or needs preempting (no speculation, no noise): most steps of a load run, at a
-        fraction of `step`'s cost. Stops after the step whose end (`- t0`) reaches `until_rel` or passes
-        `deadline_rel`, the caller's next event; each step's tokens go to `it_tokens`. Returns the clock
-        after the last step (`now` when none could run)."""
-        n_dec = self.n_dec
-        if self.waiting or self.prefilling or not n_dec or self.width != 1 or self.noise or not self.keep_step_times:
+    def decode_steps(self, now: float, t0: float, until_rel: float, deadline_rel: float, it_tokens: list,
+                     sampler: Sampler | None = None) -> float:
+        """Plain decode steps in a row, the same arithmetic as `step`, while no request prefills, none can be
+        admitted (nothing waits, or `max_num_seqs` run) and none needs preempting (no speculation, no
+        noise): most steps of a load run, at a fraction of `step`'s cost. Decodes that finish leave the
+        batch as in `step` (the open loop ignores `step`'s list of finished requests); with LoRA the run
+        stops before a finish instead (a finish changes the adapters' slots). Stops after the step whose
+        end (`- t0`) reaches `until_rel` or passes `deadline_rel`, the caller's next event, or after a
+        finish that frees a slot a waiting request could take; each step's tokens go to `it_tokens`, and
+        the gauge samples due after a step it goes on from to `sampler` (the state the caller would have
+        sampled: no arrival or admission comes between). Returns the clock after the last step (`now` when
+        none could run)."""
+        if self.prefilling or not self.n_dec or self.width != 1 or self.noise or not self.keep_step_times:
             return now
+        lora, waiting, max_seqs, running = self.lora, self.waiting, self.cfg.max_num_seqs, self.running
+        if waiting and (lora is not None or len(running) < max_seqs):
+            return now  # `step` admits (or, with LoRA, may skip by adapter)
         phase, pool, finish_at, B = self.phase, self.pool, self.finish_at, self.block
-        step_time, ends = self.cost.step_time, self.step_end
-        lora_s = self.lora.compute_time(n_dec) if self.lora is not None else 0.0  # no adapter enters
+        ends, finished = self.step_end, []
         t = self.step_idx
-        while t not in finish_at:
+        n_dec = 0
+        while True:
+            if n_dec != self.n_dec:  # the batch's fixed costs, again after a finish (`CostModel.decode_terms`)
+                n_dec = self.n_dec
+                fixed, attn_pp, kv_pp, factor, ar = self.cost.decode_terms(n_dec)
+                lora_s = lora.compute_time(n_dec) if lora is not None else 0.0  # no adapter enters
+            if lora is not None and t in finish_at:
+                break
             need = phase[(-t) % B]
             if need:
                 if need <= pool.free_anon:
@@ -290,17 +316,38 @@ class EngineCore:
                     pool.take(need)
                 else:
                     break  # a preemption: `step` does it
-            now = now + step_time(0, 0.0, 0, n_dec, self.dec_ctx + n_dec, n_dec, 1) + lora_s
+            ctx = self.dec_ctx + n_dec
+            # `CostModel.step_time(0, 0.0, 0, n_dec, ctx, n_dec, 1)`, inlined in its order (same floats)
+            dc, dm = ctx * attn_pp, ctx * kv_pp
+            dec = dc if dc > dm else dm
+            if factor:
+                dec *= factor
+            dur = fixed + dec
+            if ar:
+                dur += ar
+            now = now + dur + lora_s
             ends.append(now)
             self.last_step_tokens = n_dec
             self.generation_tokens += n_dec
-            self.dec_ctx += n_dec
+            self.dec_ctx = ctx
+            it_tokens.append(n_dec)
+            due = finish_at.pop(t, None)
+            for seq, epoch in due or ():  # decodes that produced their last token (as in `step`)
+                if epoch == seq.epoch and seq.decoding:
+                    self._stop_decoding(seq, seq.c0 + (t - seq.t0 + 1), t + 1)
+                    self._finish(seq, now, finished)
             t += 1
             self.step_idx = t
-            it_tokens.append(n_dec)
             rel = now - t0
-            if rel >= until_rel or rel > deadline_rel:
+            if rel >= until_rel or rel > deadline_rel or not self.n_dec:
                 break
+            if due and waiting and len(running) < max_seqs:
+                break  # a slot is free: the next step admits
+            if sampler is not None and sampler.next_t <= rel:
+                usage = pool.usage
+                while sampler.next_t <= rel:
+                    sampler.taken.append((sampler.next_t, len(running), len(waiting), usage))
+                    sampler.next_t += sampler.interval
         return now
 
     def _accepted_now(self, t: int) -> int:
