@@ -329,6 +329,10 @@ def score(records: Iterable[RequestRecord], slo: SLO, window: float | None = Non
     causes: dict[str, int] = {}
     texts: dict[str, int] = {}
     n_good = errors = fallback = 0
+    # a request without a cause is a complete, full-length response (`r.ok and not r.truncated`): the ones
+    # the percentiles are over, each metric's value read once (`_value_ms`: the properties' arithmetic)
+    finished: list[RequestRecord] = []
+    values: dict[str, list[float]] = {"ttft": [], "tpot": [], "e2el": []}
     for r in recs:
         cause = r.cause
         if cause is not None:
@@ -337,10 +341,15 @@ def score(records: Iterable[RequestRecord], slo: SLO, window: float | None = Non
             if r.error:
                 texts[r.error[:300]] = texts.get(r.error[:300], 0) + 1
             continue
-        bad = _is_bad(r)
+        finished.append(r)
+        got = {}
+        for m, vals in values.items():
+            v = got[m] = _value_ms(r, m)
+            if v is not None:
+                vals.append(v)
         ratio = 0.0   # the request's worst (`request_ratio`)
         for i, (m, limit) in enumerate(limits):
-            v = None if bad else _value_ms(r, m)
+            v = got[m] if m in got else _value_ms(r, m)
             x = math.inf if v is None else v / limit
             if x > 1.0:
                 violations[m] += 1
@@ -349,14 +358,9 @@ def score(records: Iterable[RequestRecord], slo: SLO, window: float | None = Non
         if has_itl:
             fallback += _per_request_ms(r, "itl")[1]
         n_good += ratio <= 1.0
-    finished = [r for r in recs if r.ok and not r.truncated]
-    values: dict[str, list[float]] = {}
-    for m in METRICS:
-        if m == "itl":
-            gaps = [np.diff(r.token_times) for r in finished if r.token_times and len(r.token_times) > 1]
-            values[m] = (np.concatenate(gaps) * 1000.0).tolist() if gaps else []
-        else:
-            values[m] = [getattr(r, m) * 1000.0 for r in finished if getattr(r, m) is not None]
+    gaps = [np.diff(r.token_times) for r in finished if r.token_times and len(r.token_times) > 1]
+    values["itl"] = (np.concatenate(gaps) * 1000.0).tolist() if gaps else []
+    values = {m: values[m] for m in METRICS}
     metrics = {}
     for m, vals in values.items():
         if vals:

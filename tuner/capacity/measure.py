@@ -263,8 +263,9 @@ def _goodput_bench(runs: list[LoadRun], slo: SLO) -> float | None:
     every request the run sent, warm-up and cool-down included."""
     good = dur = 0.0
     for run in runs:
-        good += count_good(sent_records(run.records), slo)
-        dur += run_span(run.records)
+        sent = sent_records(run.records)  # `run_span` of the sent records is the run's (it filters the same way)
+        good += count_good(sent, slo)
+        dur += run_span(sent)
     return good / dur if dur > 0 else None
 
 

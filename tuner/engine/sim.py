@@ -25,7 +25,7 @@ from tuner.sim.lora import LoraSetup
 from tuner.sim.engine import EngineCore
 from tuner.tokens import (RegexCounter, TokenCounter, block_hashes, block_hashes_from_ids,
                               token_counter_for)
-from tuner.engine.virtual import SimRequest, merge_replicas, run_virtual
+from tuner.engine.virtual import SimRequest, gc_paused, merge_replicas, run_virtual
 from tuner.workload.model import WorkloadRequest
 from tuner.workload.prompts import request_text
 
@@ -69,6 +69,7 @@ class SimServer(Server):
             hit = self._shapes[id(req)] = (req, n, h)
         return hit[1], hit[2]
 
+    @gc_paused  # the request shapes and records too (`tuner.engine.virtual.gc_paused`)
     def run_load(self, requests: Sequence[WorkloadRequest], send_times: Sequence[float], *,
                  offered_rate: float, request_timeout_s: float = 120.0, warmup_s: float = 0.0,
                  cooldown_s: float = 0.0, token_times: bool | None = None,

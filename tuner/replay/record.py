@@ -6,6 +6,8 @@ never know which engine measured them. Times are seconds relative to the start o
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from pydantic import BaseModel, Field
 
 from tuner.metrics.window import MetricsWindow
@@ -99,6 +101,7 @@ ERROR_CAUSES: tuple[tuple[str, tuple[str, ...]], ...] = (
 TOOL_CAUSES = frozenset({"cut", "cancelled", "not_sent"})
 
 
+@lru_cache(maxsize=4096)  # a load run's few distinct error texts, asked for once per request per look
 def error_cause(error: str) -> str:
     """The cause of a failed request, from its error text (vLLM's messages and the client's own)."""
     low = error.lower()
