@@ -1,7 +1,7 @@
 """The twin's whole-space ranking: its time, and its agreement with the reference ranking.
 
 The ranking (`tuner.twin.predict.rank_space`: every configuration screened, the best `REFINE` predicted
-carefully) runs on the simulator's fast paths: plain decode steps in a row (`EngineCore.decode_steps`) and
+carefully) runs on the simulator's fast paths: plain decode steps in a row (`tuner.sim.fused.decode_steps`) and
 independent predictions side by side on the usable cores (`tuner.twin.workers`). Both are meant to change
 no number. For each scenario (benchmarks/_scenarios.py, the twin at its nominal parameters, as before its
 first fit) this ranks the space on the reference path (one `step` call a step, one process) and on the

@@ -1,4 +1,4 @@
-"""The simulator's fast paths change no number: fused decode steps (`EngineCore.decode_steps`, across
+"""The simulator's fast paths change no number: fused decode steps (`tuner.sim.fused.decode_steps`, across
 finishes, saturated waits and gauge samples) against one `step` call a step, and the inlined decode cost
 against `CostModel.step_time`."""
 

@@ -22,12 +22,13 @@ from tuner.metrics.window import (GENERATION_TOKENS, LORA_DISK_LOADS, LORA_GPU_L
 from tuner.replay.record import RequestRecord
 from tuner.sim.config import ResolvedConfig
 from tuner.sim.costs import CostParams
-from tuner.sim.engine import EngineCore, Sampler, Seq
+from tuner.sim.engine import EngineCore, Seq
+from tuner.sim.fused import Sampler, decode_steps
 from tuner.sim.vllm_metrics import (ITERATION_TOKENS_BUCKETS, REQUEST_LATENCY_BUCKETS,
                                     TTFT_BUCKETS)
 
 
-#: Plain decode steps run in a row by `EngineCore.decode_steps` (False: one `step` call each, the reference
+#: Plain decode steps run in a row by `tuner.sim.fused.decode_steps` (False: one `step` call each, the reference
 #: path `benchmarks/twin_rank_exact.py` compares against: the same numbers, slower).
 FUSED_DECODE = True
 
@@ -165,7 +166,7 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
             if fused_sampler is None:  # ... or sample
                 until = min(until, sampler.next_t)
             at = core.step_idx
-            now = core.decode_steps(now, t0, until, deadline, it_tokens, fused_sampler)
+            now = decode_steps(core, now, t0, until, deadline, it_tokens, fused_sampler)
             if sampler.taken:
                 samples.extend(_gauge(*x) for x in sampler.taken)
                 sampler.taken.clear()

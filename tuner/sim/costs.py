@@ -111,7 +111,7 @@ class CostModel:
     def decode_terms(self, n_decode: int) -> tuple[float, float, float, float, float]:
         """`step_time` of a plain decode step (no prefill, width 1) split into what the batch size fixes and
         what the context moves: (fixed, attention FLOP per context token, KV read per context token,
-        superlinear factor or 0, all-reduce seconds or 0). `EngineCore.decode_steps` runs millions of such
+        superlinear factor or 0, all-reduce seconds or 0). `tuner.sim.fused.decode_steps` runs millions of such
         steps; `fixed + dec (x factor) (+ all-reduce)` repeats `step_time`'s operations in its order, so the
         floats are the same (tests/unit/test_sim_engine_fast.py checks it)."""
         gemm = self._gemm_floor + n_decode * self._gemm_per_token + n_decode * self._lm_head_per_token

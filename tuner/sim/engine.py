@@ -28,57 +28,16 @@ import math
 import random
 from collections import deque
 from itertools import filterfalse
-from dataclasses import dataclass, field
 
 from tuner.sim.config import ResolvedConfig
 from tuner.sim.costs import CostModel, CostParams
 from tuner.sim.kvcache import BlockPool
 from tuner.sim.lora import AdapterSlots
+from tuner.sim.seq import Seq
 from tuner.speculative import acceptance_of, expected_tokens
 
 
-@dataclass(slots=True, eq=False)
-class Seq:
-    """One request inside the engine. Times are on the caller's clock; `steps` lists the engine steps
-    that emitted its tokens as flat (first_step, count) pairs."""
-
-    rid: int
-    arrival: float
-    prompt_len: int
-    output_len: int
-    hashes: list[int]
-    produced: int = 0
-    computed: int = 0
-    target: int = 0
-    held: list[int] = field(default_factory=list)
-    n_blocks: int = 0
-    decoding: bool = False
-    t0: int = 0
-    c0: int = 0
-    key: int = 0
-    epoch: int = 0
-    first_scheduled: float | None = None
-    first_token: float | None = None
-    prefill_done: float | None = None
-    finish: float | None = None
-    steps: list[int] = field(default_factory=list)
-    preemptions: int = 0
-    cached_tokens: int = 0
-    error: str | None = None
-    payload: object = None
-    lora: int = -1  # the adapter's index in the server's `LoraSetup` (-1: the base model)
-
-
-@dataclass(slots=True, eq=False)
-class Sampler:
-    """The caller's gauge clock (run seconds): the next sample is due at `next_t`, then every `interval`.
-    `EngineCore.decode_steps` takes the samples that fall between its steps, as (t, running, waiting, KV
-    usage) in `taken`, so that a sample does not end a run of fused steps (a burst's drain samples every
-    10 ms: most of its steps)."""
-
-    next_t: float
-    interval: float
-    taken: list[tuple[float, int, int, float]] = field(default_factory=list)
+__all__ = ["EngineCore", "Seq"]
 
 
 class EngineCore:
@@ -279,76 +238,6 @@ class EngineCore:
             self._land_chunk(seq, n, t + g - 1, end, finished, events)
         self.step_idx += g
         return dur, finished
-
-    def decode_steps(self, now: float, t0: float, until_rel: float, deadline_rel: float, it_tokens: list,
-                     sampler: Sampler | None = None) -> float:
-        """Plain decode steps in a row, the same arithmetic as `step`, while no request prefills, none can be
-        admitted (nothing waits, or `max_num_seqs` run) and none needs preempting (no speculation, no
-        noise): most steps of a load run, at a fraction of `step`'s cost. Decodes that finish leave the
-        batch as in `step` (the open loop ignores `step`'s list of finished requests); with LoRA the run
-        stops before a finish instead (a finish changes the adapters' slots). Stops after the step whose
-        end (`- t0`) reaches `until_rel` or passes `deadline_rel`, the caller's next event, or after a
-        finish that frees a slot a waiting request could take; each step's tokens go to `it_tokens`, and
-        the gauge samples due after a step it goes on from to `sampler` (the state the caller would have
-        sampled: no arrival or admission comes between). Returns the clock after the last step (`now` when
-        none could run)."""
-        if self.prefilling or not self.n_dec or self.width != 1 or self.noise or not self.keep_step_times:
-            return now
-        lora, waiting, max_seqs, running = self.lora, self.waiting, self.cfg.max_num_seqs, self.running
-        if waiting and (lora is not None or len(running) < max_seqs):
-            return now  # `step` admits (or, with LoRA, may skip by adapter)
-        phase, pool, finish_at, B = self.phase, self.pool, self.finish_at, self.block
-        ends, finished = self.step_end, []
-        t = self.step_idx
-        n_dec = 0
-        while True:
-            if n_dec != self.n_dec:  # the batch's fixed costs, again after a finish (`CostModel.decode_terms`)
-                n_dec = self.n_dec
-                fixed, attn_pp, kv_pp, factor, ar = self.cost.decode_terms(n_dec)
-                lora_s = lora.compute_time(n_dec) if lora is not None else 0.0  # no adapter enters
-            if lora is not None and t in finish_at:
-                break
-            need = phase[(-t) % B]
-            if need:
-                if need <= pool.free_anon:
-                    pool.free_anon -= need
-                elif need <= pool.free_anon + len(pool.cached_free):
-                    pool.take(need)
-                else:
-                    break  # a preemption: `step` does it
-            ctx = self.dec_ctx + n_dec
-            # `CostModel.step_time(0, 0.0, 0, n_dec, ctx, n_dec, 1)`, inlined in its order (same floats)
-            dc, dm = ctx * attn_pp, ctx * kv_pp
-            dec = dc if dc > dm else dm
-            if factor:
-                dec *= factor
-            dur = fixed + dec
-            if ar:
-                dur += ar
-            now = now + dur + lora_s
-            ends.append(now)
-            self.last_step_tokens = n_dec
-            self.generation_tokens += n_dec
-            self.dec_ctx = ctx
-            it_tokens.append(n_dec)
-            due = finish_at.pop(t, None)
-            for seq, epoch in due or ():  # decodes that produced their last token (as in `step`)
-                if epoch == seq.epoch and seq.decoding:
-                    self._stop_decoding(seq, seq.c0 + (t - seq.t0 + 1), t + 1)
-                    self._finish(seq, now, finished)
-            t += 1
-            self.step_idx = t
-            rel = now - t0
-            if rel >= until_rel or rel > deadline_rel or not self.n_dec:
-                break
-            if due and waiting and len(running) < max_seqs:
-                break  # a slot is free: the next step admits
-            if sampler is not None and sampler.next_t <= rel:
-                usage = pool.usage
-                while sampler.next_t <= rel:
-                    sampler.taken.append((sampler.next_t, len(running), len(waiting), usage))
-                    sampler.next_t += sampler.interval
-        return now
 
     def _accepted_now(self, t: int) -> int:
         """Tokens every decode emits this speculative step: the carried expectation's whole part, at
