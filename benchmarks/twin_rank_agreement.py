@@ -1,0 +1,73 @@
+"""The twin's ranking (a screen of every configuration, the best few predicted carefully) against the full
+ranking (every configuration predicted carefully): does the cheap first pass keep the top?
+
+`tuner.twin.predict.rank_space` screens the whole space (`SCREEN`: 300 requests a run, a 10% bracket, no
+re-measurement) and predicts only the best `REFINE` again carefully (`FULL`). The full ranking predicts
+every other configuration carefully too, each from its own screened capacity, as the refine does, so the
+configurations both predicted carefully carry the same number. For each scenario (benchmarks/_scenarios.py,
+the twin at its nominal parameters, as before its first fit) this prints the top-1 and the top-3 of both,
+their agreement, and what the twin's top-1 is worth in the full ranking (its careful capacity over the
+full ranking's best).
+
+Run (about 10 minutes of CPU on two cores):
+    python benchmarks/twin_rank_agreement.py [--scenarios ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import load_settings  # noqa: E402
+from _scenarios import SCENARIOS  # noqa: E402
+
+from tuner.knobs import Knobs  # noqa: E402
+from tuner.twin.twin import Twin  # noqa: E402
+
+
+def one(sc) -> dict:
+    workload, slo = sc.workload(), sc.slo()
+    twin = Twin.build(sc.gpu, sc.model, workload, slo, load_settings(sc), seed=0)
+    choices = {k: list(dict.fromkeys(sc.space.knobs[k].values)) for k in sc.space.knobs}
+    t0 = time.perf_counter()
+    ranking = twin.rank(choices, lambda k: sc.space.allows(k, {}) is None, extra=[Knobs()])
+    rank_s = time.perf_counter() - t0
+    careful = {p.key: p.capacity_rps or 0.0 for p in ranking.predictions if not p.screened}
+    todo = [p for p in ranking.predictions if p.screened]
+    t0 = time.perf_counter()
+    for p, full in zip(todo, twin.predict_many([(p.config, p.capacity_rps or 1.0) for p in todo])):
+        careful[p.key] = full.capacity_rps or 0.0
+    full_s = time.perf_counter() - t0
+    approx = [p.key for p in ranking.predictions if p.capacity_rps]
+    exact = sorted(careful, key=lambda k: -careful[k])
+    best = careful[exact[0]] if exact else 0.0
+    return {"configs": len(ranking.predictions), "rank_s": rank_s, "full_s": full_s,
+            "top1": bool(approx and exact and approx[0] == exact[0]),
+            "top3": len(set(approx[:3]) & set(exact[:3])),
+            "worth": careful.get(approx[0], 0.0) / best if approx and best else 0.0,
+            "approx1": approx[0] if approx else None, "exact1": exact[0] if exact else None,
+            "exact_of_approx_top3": [exact.index(k) + 1 for k in approx[:3]]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenarios", nargs="+", default=[s.name for s in SCENARIOS])
+    a = ap.parse_args(argv)
+    print(f"{'scenario':18} {'configs':>7} {'rank s':>7} {'full s':>7}  top-1  top-3  "
+          f"top-1 worth  full ranks of the twin's top-3")
+    for sc in [s for s in SCENARIOS if s.name in a.scenarios]:
+        r = one(sc)
+        print(f"{sc.name:18} {r['configs']:7d} {r['rank_s']:7.1f} {r['full_s']:7.1f}  "
+              f"{'same' if r['top1'] else 'DIFF':5}  {r['top3']}/3    {r['worth']:9.1%}  {r['exact_of_approx_top3']}",
+              flush=True)
+        if not r["top1"]:
+            print(f"    twin's top-1 {r['approx1']}; full ranking's {r['exact1']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
