@@ -80,7 +80,8 @@ class SizedSearch(KneeSearch):
     steady-state rule's three p99 E2E latencies (about 75 s): it was dropped and run again at 800 at every
     point of the search, a fifth of a careful prediction's requests (issue 36). The first lengthening
     says what the next runs at or above nearly that rate need, so they are sized for it up front; the
-    rules that judge a run are the knee search's own."""
+    rules that judge a run are the knee search's own. Careful predictions only: sized the same way, the
+    screens' values moved TPE's path through the main job's space, and its top-1 (2026-12-05)."""
 
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
@@ -121,8 +122,9 @@ def predict(params: TwinParams, gpu, model, knobs: Knobs, workload: Workload, sl
                           params_after_trial=after_trial)
     cs = params.capacity_scale   # the twin's rates are the launches' over this (`TwinParams`)
     with server:
-        r = SizedSearch(server, workload, slo, twin_load(load, fidelity), fidelity.knee,
-                        max_num_seqs=server.cfg.max_num_seqs).run(start_rate / cs)
+        search = SizedSearch if fidelity.careful else KneeSearch   # a screen's runs stay as they were
+        r = search(server, workload, slo, twin_load(load, fidelity), fidelity.knee,
+                   max_num_seqs=server.cfg.max_num_seqs).run(start_rate / cs)
     passing = next((p for p in r.points if p.rate == r.capacity), None)
     d = diagnose(r.fail_summary, r.fail_digest or r.pass_digest, passing)
     curve = [(round(p.rate * cs, 4), None if p.badness is None else round(p.badness, 4))
