@@ -264,36 +264,3 @@ def test_a_fit_gain_under_the_minimum_is_kept_but_is_not_progress():
     assert not progress(0.1778, 0.1813)   # the main job's refit: 1.9% after trial 22 (2026-12-05)
     assert not progress(0.19, 0.1813)
 
-
-class _Counting:
-    """A knee search that counts the runs it lengthened (each one a dropped shorter run)."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.lengthened = 0
-
-    def _longer(self, load, rate, most):
-        longer = super()._longer(load, rate, most)
-        self.lengthened += longer is not None
-        return longer
-
-
-def test_a_careful_twin_search_sizes_its_runs_near_the_knee_up_front(chat):
-    """In the twin a 400-request careful run near the chat knee is too short for the steady-state rule:
-    the plain knee search drops it and runs 800 at every point, the twin's search only at its first."""
-    from tuner.capacity.knee import KneeSearch
-    from tuner.twin.predict import FULL, SizedSearch, twin_load
-
-    wl, slo = chat
-    caps, counts = [], []
-    for cls in (KneeSearch, SizedSearch):
-        search_cls = type("C", (_Counting, cls), {})
-        server = TwinEngine(GPU, MODEL, nominal()).launch(Knobs())
-        with server:
-            s = search_cls(server, wl, slo, twin_load(LoadSettings(seed=0)), FULL.knee,
-                           max_num_seqs=server.cfg.max_num_seqs)
-            r = s.run(8.0)
-        caps.append(r.capacity)
-        counts.append(s.lengthened)
-    assert counts[0] >= 4 and counts[1] <= 2, counts
-    assert caps[1] == pytest.approx(caps[0], rel=FULL.precision)

@@ -58,7 +58,8 @@ PATIENCE_GENERATIONS = 3
 #: ... and a gain of less than this share of the best loss is not progress for that count (it is still
 #: kept as the best). In the main job (2026-12-05) the first fit's last gain was 1.4% (trial 75 of 81) and
 #: the refit's only one 1.9% (trial 22): counted as progress they kept the refit going to 48 trials; not
-#: counted, it stops after 28 with the same best, and the first fit after 77 with the same best.
+#: counted, the refit stops after 28 trials (261 launch replays instead of 441) with the same parameters to
+#: the last digit, and the first fit still runs its 80.
 PATIENCE_MIN_GAIN = 0.03
 
 

@@ -16,8 +16,8 @@ from typing import Callable, Iterable
 import optuna
 from tuner.sim.lora import LoraSetup
 from tuner.storage.optuna_study import scratch_study
-from tuner.capacity.knee import KneeSearch, KneeSettings
-from tuner.capacity.measure import LoadSettings, Measurement
+from tuner.capacity.knee import KneeSettings, find_capacity
+from tuner.capacity.measure import LoadSettings
 from tuner.diagnose import diagnose
 from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs
@@ -66,42 +66,6 @@ GRID_LIMIT = 160   # spaces up to this many configurations are predicted exhaust
 TPE_BATCH = 2
 
 
-#: A run at a rate at least this share of one that had to be lengthened starts at the lengthened size
-#: (`SizedSearch`): the run's span is its requests over the rate, the rule wants a few p99 E2E latencies,
-#: and near the knee the latencies hardly fall with the rate. At three quarters of the chat knee a
-#: 400-request run was long enough again (p99 E2E falls from about 25 s to 19 s there).
-SIZED_FROM = 0.75
-
-
-class SizedSearch(KneeSearch):
-    """The knee search, whose runs near a rate that needed a longer run start at that length.
-
-    In the twin a careful run near the knee (400 requests, 57 s of chat at 7 req/s) is shorter than the
-    steady-state rule's three p99 E2E latencies (about 75 s): it was dropped and run again at 800 at every
-    point of the search, a fifth of a careful prediction's requests (issue 36). The first lengthening
-    says what the next runs at or above nearly that rate need, so they are sized for it up front; the
-    rules that judge a run are the knee search's own. Careful predictions only: sized the same way, the
-    screens' values moved TPE's path through the main job's space, and its top-1 (2026-12-05)."""
-
-    def __init__(self, *a, **kw) -> None:
-        super().__init__(*a, **kw)
-        self._needed: list[tuple[float, int]] = []   # (rate, requests a run there was lengthened to)
-
-    def _longer(self, load: LoadSettings, rate: float, most: int) -> LoadSettings | None:
-        longer = super()._longer(load, rate, most)
-        if longer is not None:
-            self._needed.append((rate, longer.requests))
-        return longer
-
-    def evaluate(self, rate: float, *, sequential: bool | None = None, requests: int | None = None
-                 ) -> Measurement:
-        if requests is None and rate < self.knee.saturation_rate:
-            need = max((n for r, n in self._needed if rate >= SIZED_FROM * r), default=0)
-            if need > self.load.requests:
-                requests = need
-        return super().evaluate(rate, sequential=sequential, requests=requests)
-
-
 def twin_load(load: LoadSettings, fidelity: Fidelity = FULL) -> LoadSettings:
     """The study's arrival process and seed, in virtual time; whole runs (the twin is deterministic and
     judging a run once is cheaper than the sequential test's many looks)."""
@@ -122,9 +86,8 @@ def predict(params: TwinParams, gpu, model, knobs: Knobs, workload: Workload, sl
                           params_after_trial=after_trial)
     cs = params.capacity_scale   # the twin's rates are the launches' over this (`TwinParams`)
     with server:
-        search = SizedSearch if fidelity.careful else KneeSearch   # a screen's runs stay as they were
-        r = search(server, workload, slo, twin_load(load, fidelity), fidelity.knee,
-                   max_num_seqs=server.cfg.max_num_seqs).run(start_rate / cs)
+        r = find_capacity(server, workload, slo, start_rate=start_rate / cs, load=twin_load(load, fidelity),
+                          knee=fidelity.knee, max_num_seqs=server.cfg.max_num_seqs)
     passing = next((p for p in r.points if p.rate == r.capacity), None)
     d = diagnose(r.fail_summary, r.fail_digest or r.pass_digest, passing)
     curve = [(round(p.rate * cs, 4), None if p.badness is None else round(p.badness, 4))
