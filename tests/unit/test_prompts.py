@@ -1,4 +1,3 @@
-import time
 
 import pytest
 
@@ -78,15 +77,16 @@ def test_given_text_and_messages_win():
     assert len(m) == 1 and m[0]["role"] == "user" and count_tokens(m[0]["content"]) == 20
 
 
-def test_render_is_fast_after_warmup():
+def test_render_reuses_its_id_blocks_after_warmup():
+    """The hot path's cache, not a stopwatch (a timed assert fails on a busy host; the replay client's
+    speed is benchmarks/replay_precision.py's): after the first render of a 32k-token prompt of 32 trace
+    blocks, rendering it again under other indices draws no block's words again."""
+    from tuner.workload import prompts
+
     req = _req(32768, list(range(32)))
     render_prompt(req, 0)
-    t = time.perf_counter()
-    for i in range(1, 11):
-        render_prompt(req, i)
-    assert (time.perf_counter() - t) / 10 < 0.010
-    plain = _req(32768)
-    t = time.perf_counter()
-    for i in range(10):
-        render_prompt(plain, i)
-    assert (time.perf_counter() - t) / 10 < 0.010
+    before = prompts._id_block.cache_info()
+    texts = {render_prompt(req, i) for i in range(1, 11)}
+    after = prompts._id_block.cache_info()
+    assert after.misses == before.misses and after.hits > before.hits
+    assert len(texts) == 10   # the indices still make each prompt's unshared tail its own
