@@ -65,6 +65,8 @@ PARTS: tuple[Part, ...] = (
          markdown=True, timing=True),
     Part("twin_rank_speed", "Twin ranking speed", "sim",
          ("benchmarks/twin_rank_speed.py", "--screens", "300"), expected_s=120, timing=True),
+    Part("twin_rank_agreement", "The twin's ranking against the full careful ranking (issue 36, item 1)", "long",
+         ("benchmarks/twin_rank_agreement.py",), expected_s=600),
     # --- search and capacity measurement on the simulator
     Part("search_efficiency", "Search cost and quality (issue 7)", "long",
          ("benchmarks/search_efficiency.py", "--seeds", "10"), expected_s=2830, fresh_args=("--fresh",)),
