@@ -146,6 +146,10 @@ PARTS: tuple[Part, ...] = (
          notebook=True),
     Part("notebook_issue11", "Measurement on a real engine and in steady state (issue 11, lab notes)",
          "record", how="the commands named in each paragraph", notebook=True),
+    Part("notebook_twin_hidden_truth", "The twin against hidden-truth engines, ten seeds and the capacity anchor "
+         "(issue 15, lab notes)", "record", how="python benchmarks/twin_fit_start.py --seeds 3 --starts launch; "
+         "python benchmarks/twin_hidden_truth.py --seeds 10 --strategies twin --jobs 2, on the code of that day",
+         notebook=True),
     Part("notebook_issue15", "The self-calibrating twin (issue 15, lab notes)", "record",
          how="the commands named in each paragraph", notebook=True),
 )
