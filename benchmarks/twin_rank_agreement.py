@@ -29,13 +29,30 @@ from tuner.knobs import Knobs  # noqa: E402
 from tuner.twin.twin import Twin  # noqa: E402
 
 
+SCREENED: dict[str, float] = {}
+
+
+def _record_screens() -> None:
+    """Every screen's capacity, by configuration: the screened ranking `rank_space` hands to its rerank (the
+    ranking it returns keeps only the careful number of the configurations it predicted again)."""
+    import tuner.twin.predict as pm
+    real = pm.rerank
+
+    def spy(params, gpu, model, previous, *a, **kw):
+        SCREENED.update({p.key: p.capacity_rps or 0.0 for p in previous.predictions})
+        return real(params, gpu, model, previous, *a, **kw)
+    pm.rerank = spy
+
+
 def one(sc) -> dict:
+    SCREENED.clear()
     workload, slo = sc.workload(), sc.slo()
     twin = Twin.build(sc.gpu, sc.model, workload, slo, load_settings(sc), seed=0)
     choices = {k: list(dict.fromkeys(sc.space.knobs[k].values)) for k in sc.space.knobs}
     t0 = time.perf_counter()
     ranking = twin.rank(choices, lambda k: sc.space.allows(k, {}) is None, extra=[Knobs()])
     rank_s = time.perf_counter() - t0
+    screens = dict(SCREENED)
     careful = {p.key: p.capacity_rps or 0.0 for p in ranking.predictions if not p.screened}
     todo = [p for p in ranking.predictions if p.screened]
     t0 = time.perf_counter()
@@ -44,19 +61,27 @@ def one(sc) -> dict:
     full_s = time.perf_counter() - t0
     approx = [p.key for p in ranking.predictions if p.capacity_rps]
     exact = sorted(careful, key=lambda k: -careful[k])
+    screen_order = sorted((p for p in ranking.predictions if p.screened or p.key in careful),
+                          key=lambda p: -(screens.get(p.key) or 0.0))
+    screen_keys = [p.key for p in screen_order]
     best = careful[exact[0]] if exact else 0.0
     return {"configs": len(ranking.predictions), "rank_s": rank_s, "full_s": full_s,
             "top1": bool(approx and exact and approx[0] == exact[0]),
             "top3": len(set(approx[:3]) & set(exact[:3])),
             "worth": careful.get(approx[0], 0.0) / best if approx and best else 0.0,
             "approx1": approx[0] if approx else None, "exact1": exact[0] if exact else None,
-            "exact_of_approx_top3": [exact.index(k) + 1 for k in approx[:3]]}
+            "exact_of_approx_top3": [exact.index(k) + 1 for k in approx[:3]],
+            "worth3": [careful.get(k, 0.0) / best if best else 0.0 for k in approx[:3]],
+            "full3_worth": [careful[k] / best if best else 0.0 for k in exact[:3]],
+            "screen_ranks_of_full3": [screen_keys.index(k) + 1 if k in screen_keys else None for k in exact[:3]],
+            "within_precision": sum(1 for k in exact if best and careful[k] >= best / 1.03)}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenarios", nargs="+", default=[s.name for s in SCENARIOS])
     a = ap.parse_args(argv)
+    _record_screens()
     print(f"{'scenario':18} {'configs':>7} {'rank s':>7} {'full s':>7}  top-1  top-3  "
           f"top-1 worth  full ranks of the twin's top-3")
     for sc in [s for s in SCENARIOS if s.name in a.scenarios]:
@@ -64,6 +89,9 @@ def main(argv=None) -> int:
         print(f"{sc.name:18} {r['configs']:7d} {r['rank_s']:7.1f} {r['full_s']:7.1f}  "
               f"{'same' if r['top1'] else 'DIFF':5}  {r['top3']}/3    {r['worth']:9.1%}  {r['exact_of_approx_top3']}",
               flush=True)
+        print(f"    twin's top-3 worth {[f'{w:.1%}' for w in r['worth3']]}; full top-3 worth "
+              f"{[f'{w:.1%}' for w in r['full3_worth']]}; their screen ranks {r['screen_ranks_of_full3']}; "
+              f"configurations within 3% of the best: {r['within_precision']}", flush=True)
         if not r["top1"]:
             print(f"    twin's top-1 {r['approx1']}; full ranking's {r['exact1']}", flush=True)
     return 0

@@ -43,7 +43,7 @@ class Fidelity:
     @property
     def knee(self) -> KneeSettings:
         if self.careful:
-            return KneeSettings(precision=self.precision)
+            return KneeSettings(precision=self.precision, virtual_burst=True)
         return KneeSettings(precision=self.precision, remeasure=0, lengthen_band=0.0)
 
 
@@ -75,26 +75,92 @@ def twin_load(load: LoadSettings, fidelity: Fidelity = FULL) -> LoadSettings:
                         request_timeout_s=load.request_timeout_s)
 
 
-def predict(params: TwinParams, gpu, model, knobs: Knobs, workload: Workload, slo: SLO, load: LoadSettings,
-            *, start_rate: float = 1.0, after_trial: int = -1, fidelity: Fidelity = FULL,
-            shapes: dict | None = None, lora: LoraSetup | None = None) -> Prediction:
+def _search(params: TwinParams, gpu, model, knobs: Knobs, workload: Workload, slo: SLO, load: LoadSettings,
+            start_rate: float, after_trial: int, fidelity: Fidelity, shapes: dict | None,
+            lora: LoraSetup | None) -> tuple[Prediction, bool]:
+    """The knee search on the twin, in the twin's own rates (`capacity_scale` not applied), and whether its
+    start rate went unused (it opened with the rate-inf burst, which failed: the search then starts from
+    the burst's throughput, so the prediction is a function of the parameters and `knobs` alone)."""
     engine = TwinEngine(gpu, model, params, token_times="itl" in slo.thresholds, shapes=shapes, lora=lora)
     try:
         server = engine.launch(knobs)
     except LaunchFailure as e:
         return Prediction(knobs=knobs.set_only(), launch_failure=f"{e.kind}: {e.message[:200]}",
-                          params_after_trial=after_trial)
+                          params_after_trial=after_trial), True
     cs = params.capacity_scale   # the twin's rates are the launches' over this (`TwinParams`)
+    knee = fidelity.knee
     with server:
         r = find_capacity(server, workload, slo, start_rate=start_rate / cs, load=twin_load(load, fidelity),
-                          knee=fidelity.knee, max_num_seqs=server.cfg.max_num_seqs)
+                          knee=knee, max_num_seqs=server.cfg.max_num_seqs)
     passing = next((p for p in r.points if p.rate == r.capacity), None)
     d = diagnose(r.fail_summary, r.fail_digest or r.pass_digest, passing)
-    curve = [(round(p.rate * cs, 4), None if p.badness is None else round(p.badness, 4))
-             for p in sorted(r.points, key=lambda p: p.rate) if p.rate < 1e5]
-    return Prediction(knobs=knobs.set_only(), capacity_rps=r.capacity and r.capacity * cs,
-                      binding=d.kind if d else None,
-                      curve=curve, params_after_trial=after_trial, screened=fidelity != FULL)
+    curve = [(p.rate, p.badness) for p in sorted(r.points, key=lambda p: p.rate) if p.rate < 1e5]
+    first = r.points[0] if r.points else None
+    start_free = first is not None and first.rate >= knee.saturation_rate and not first.passed
+    return Prediction(knobs=knobs.set_only(), capacity_rps=r.capacity, binding=d.kind if d else None,
+                      curve=curve, params_after_trial=after_trial, screened=fidelity != FULL), start_free
+
+
+def _on_scale(raw: Prediction, cs: float) -> Prediction:
+    """A prediction in the twin's rates put on the launches' scale (`TwinParams.capacity_scale`)."""
+    if raw.launch_failure is not None:
+        return raw
+    return raw.model_copy(update={
+        "capacity_rps": raw.capacity_rps and raw.capacity_rps * cs,
+        "curve": [(round(x * cs, 4), None if y is None else round(y, 4)) for x, y in raw.curve]})
+
+
+def predict(params: TwinParams, gpu, model, knobs: Knobs, workload: Workload, slo: SLO, load: LoadSettings,
+            *, start_rate: float = 1.0, after_trial: int = -1, fidelity: Fidelity = FULL,
+            shapes: dict | None = None, lora: LoraSetup | None = None) -> Prediction:
+    raw, _ = _search(params, gpu, model, knobs, workload, slo, load, start_rate, after_trial, fidelity, shapes, lora)
+    return _on_scale(raw, params.capacity_scale)
+
+
+class Memo:
+    """Careful predictions already made, by fit and configuration. A careful knee search opens with the
+    rate-inf burst (`KneeSettings.virtual_burst`), so where that burst fails, as it does wherever the SLO
+    can be missed at all, the prediction depends on the twin's parameters and the configuration alone,
+    not on the start rate it was asked from: the ranking's refine, the rerank after a refit, the anchors
+    of `capacity_scale` and the attribution's predictions ask for the same ones, and each is searched once.
+    Kept in the twin's own rates, so a change of `capacity_scale` alone (the last step of every fit) keeps
+    them. Before the burst, the careful prediction started where its caller said (the screen's capacity,
+    the incumbent's, the last one's), and moved up to 4% with that start alone (2026-12-05)."""
+
+    def __init__(self) -> None:
+        self._raw: dict[tuple[str, str], Prediction] = {}
+
+    @staticmethod
+    def _key(params: TwinParams, knobs: Knobs) -> tuple[str, str]:
+        return params.model_copy(update={"capacity_scale": 1.0}).model_dump_json(), knobs.key()
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    def predict_many(self, params: TwinParams, gpu, model, asked: list[tuple[Knobs, float]], workload: Workload,
+                     slo: SLO, load: LoadSettings, *, after_trial: int = -1, shapes: dict | None = None,
+                     lora: LoraSetup | None = None) -> list[Prediction]:
+        """`predict(knobs, start_rate)` (careful) of each, in order: those made before read back, the rest
+        searched side by side (`tuner.twin.workers`) and kept where their start went unused."""
+        keys = [self._key(params, k) for k, _ in asked]
+        todo: dict[tuple[str, str], tuple[Knobs, float]] = {}
+        for key, item in zip(keys, asked):
+            if key not in self._raw:
+                todo.setdefault(key, item)
+
+        def one(item: tuple[Knobs, float]) -> tuple[Prediction, bool]:
+            return _search(params, gpu, model, item[0], workload, slo, load, item[1], after_trial, FULL,
+                           shapes, lora)
+
+        made: dict[tuple[str, str], Prediction] = {}
+        with Workers(one, n=1 if len(todo) < 2 else None) as workers:
+            for key, (raw, start_free) in zip(todo, workers.map(list(todo.values()))):
+                made[key] = raw
+                if start_free:
+                    self._raw[key] = raw
+        cs = params.capacity_scale
+        return [_on_scale((made.get(key) or self._raw[key]).model_copy(update={"params_after_trial": after_trial}),
+                          cs) for key in keys]
 
 
 def _ordered(preds: list[Prediction]) -> list[Prediction]:
@@ -131,7 +197,7 @@ def rank_space(params: TwinParams, gpu, model, choices: dict[str, list], allowed
                workload: Workload, slo: SLO, load: LoadSettings, *, after_trial: int = -1,
                start_rate: float = 1.0, extra: Iterable[Knobs] = (), budget: int = GRID_LIMIT,
                seed: int = 0, canonical: Callable[[Knobs], Knobs] = lambda k: k,
-               shapes: dict | None = None, lora: LoraSetup | None = None) -> Ranking:
+               shapes: dict | None = None, lora: LoraSetup | None = None, memo: Memo | None = None) -> Ranking:
     """Every configuration of the space (`choices`: each knob's values; `allowed`: its constraints),
     plus `extra` (vLLM's defaults), predicted and ranked; `canonical` maps a configuration to its one
     name (vLLM's default value written out is the default), so none is predicted twice.
@@ -186,7 +252,7 @@ def rank_space(params: TwinParams, gpu, model, choices: dict[str, list], allowed
             _sample(choices, allowed, canonical, budget, seed, out, workers, lambda: last, keep)
     screened = Ranking(after_trial=after_trial, predictions=_ordered(list(out.values())), method=method)
     ranked = rerank(params, gpu, model, screened, workload, slo, load, top=REFINE, after_trial=after_trial,
-                    start_rate=start_rate, shapes=shapes, lora=lora, always=extra)
+                    start_rate=start_rate, shapes=shapes, lora=lora, always=extra, memo=memo)
     return ranked.model_copy(update={"wall_s": round(time.perf_counter() - t0, 3)})
 
 
@@ -222,31 +288,27 @@ def _sample(choices: dict[str, list], allowed: Callable[[Knobs], bool], canonica
 
 def rerank(params: TwinParams, gpu, model, previous: Ranking, workload: Workload, slo: SLO,
            load: LoadSettings, *, top: int, after_trial: int, start_rate: float = 1.0,
-           always: Iterable[Knobs] = (), shapes: dict | None = None, lora: LoraSetup | None = None) -> Ranking:
+           always: Iterable[Knobs] = (), shapes: dict | None = None, lora: LoraSetup | None = None,
+           memo: Memo | None = None) -> Ranking:
     """After a refit: the previous ranking's `top` configurations (and `always`) predicted again; the rest
     keep their older predictions, scaled by the median change of those predicted again (a refit moves
     the numbers more than the order), marked stale by their `params_after_trial`. `freshen` predicts a
     stale one again before it is used."""
     t0 = time.perf_counter()
     head = [p.config for p in previous.predictions[:top]] + list(always)
-    fresh: dict[str, Prediction] = {}
-    ratios = []
     old = {p.key: p for p in previous.predictions}
     todo: dict[str, Knobs] = {}
     for k in head:
         todo.setdefault(k.key(), k)
-
-    def one(item: tuple[str, Knobs]) -> Prediction:
-        o = old.get(item[0])
-        return predict(params, gpu, model, item[1], workload, slo, load,
-                       start_rate=(o and o.capacity_rps) or start_rate, after_trial=after_trial, shapes=shapes, lora=lora)
-
-    with Workers(one) as workers:  # independent knee searches: side by side
-        for key, p in zip(todo, workers.map(list(todo.items()))):
-            o = old.get(key)
-            fresh[p.key] = p
-            if o is not None and o.capacity_rps and p.capacity_rps:
-                ratios.append(p.capacity_rps / o.capacity_rps)
+    asked = [(k, (old[key].capacity_rps if key in old else None) or start_rate) for key, k in todo.items()]
+    fresh: dict[str, Prediction] = {}
+    ratios = []
+    for key, p in zip(todo, (memo or Memo()).predict_many(params, gpu, model, asked, workload, slo, load,
+                                                         after_trial=after_trial, shapes=shapes, lora=lora)):
+        o = old.get(key)
+        fresh[p.key] = p
+        if o is not None and o.capacity_rps and p.capacity_rps:
+            ratios.append(p.capacity_rps / o.capacity_rps)
     scale = statistics.median(ratios) if ratios else 1.0
     rest = [p.model_copy(update={"capacity_rps": p.capacity_rps and p.capacity_rps * scale})
             for p in previous.predictions if p.key not in fresh]
@@ -256,13 +318,14 @@ def rerank(params: TwinParams, gpu, model, previous: Ranking, workload: Workload
 
 def freshen(params: TwinParams, gpu, model, ranking: Ranking, workload: Workload, slo: SLO,
             load: LoadSettings, *, skip: Callable[[Prediction], bool], start_rate: float = 1.0,
-            shapes: dict | None = None, lora: LoraSetup | None = None) -> Ranking:
+            shapes: dict | None = None, lora: LoraSetup | None = None, memo: Memo | None = None) -> Ranking:
     """Predict stale entries again until the best entry not skipped is fresh (at most the whole list)."""
     preds = list(ranking.predictions)
+    memo = memo or Memo()
     while True:
         top = next((p for p in preds if p.capacity_rps and not skip(p)), None)
         if top is None or (top.params_after_trial == ranking.after_trial and not top.screened):
             return ranking.model_copy(update={"predictions": preds})
-        p = predict(params, gpu, model, top.config, workload, slo, load,
-                    start_rate=top.capacity_rps or start_rate, after_trial=ranking.after_trial, shapes=shapes, lora=lora)
+        p, = memo.predict_many(params, gpu, model, [(top.config, top.capacity_rps or start_rate)], workload, slo,
+                               load, after_trial=ranking.after_trial, shapes=shapes, lora=lora)
         preds = _ordered([p if q.key == p.key else q for q in preds])

@@ -20,8 +20,7 @@ from tuner.storage.twin import FitResult, Prediction, Ranking, TwinParams
 from tuner.twin.fit import FitContext, Observation, fit
 from tuner.twin.params import nominal
 from tuner.twin.anchor import capacity_scale, scaled_slo, slo_scale
-from tuner.twin.predict import FULL, freshen, predict, rank_space, rerank, twin_load
-from tuner.twin.workers import Workers
+from tuner.twin.predict import FULL, Memo, freshen, rank_space, rerank, twin_load
 from tuner.workload.model import Workload
 
 FIT_TRIALS = 80   # simulated replays of every launch in the first fit (CMA-ES over six parameters)
@@ -44,6 +43,8 @@ class Twin:
     shapes: dict = field(default_factory=dict, repr=False)
     #: the LoRA adapters the engine serves (`tuner.sim.lora.LoraSetup`; None: LoRA off)
     lora: LoraSetup | None = None
+    #: careful predictions already made, by fit and configuration (`tuner.twin.predict.Memo`)
+    memo: Memo = field(default_factory=Memo, repr=False)
 
     @classmethod
     def build(cls, gpu: str | GPUProfile, model: str | ModelProfile, workload: Workload, slo: SLO,
@@ -70,8 +71,8 @@ class Twin:
         scale = slo_scale(self.gpu, self.model, res.params, anchors, self.workload, self.slo,
                           twin_load(self.load), FULL.knee, shapes=self.shapes, lora=self.lora)
         self.fits.append(res.model_copy(update={"params": res.params.model_copy(update={"slo_scale": scale})}))
-        with Workers(lambda a: self.predict(a[0], start_rate=a[1]).capacity_rps) as workers:  # side by side
-            predicted = iter(workers.map(anchors))   # capacity_scale asks for each anchor once, in order
+        # capacity_scale asks for each anchor once, in order; the rerank and the attribution read them back
+        predicted = iter(p.capacity_rps for p in self.predict_many(anchors))
         cap = capacity_scale(anchors, lambda k, rate: next(predicted))
         res = self.fits[-1]
         self.fits[-1] = res = res.model_copy(update={"params": res.params.model_copy(update={"capacity_scale": cap})})
@@ -87,26 +88,27 @@ class Twin:
         return self.fits[-1].after_trial if self.fits else -1
 
     def predict(self, knobs: Knobs, start_rate: float = 1.0) -> Prediction:
-        return predict(self.params, self.gpu, self.model, knobs, self.workload, self.judged_slo, self.load,
-                       start_rate=start_rate, after_trial=self.after_trial, shapes=self.shapes, lora=self.lora)
+        return self.predict_many([(knobs, start_rate)])[0]
 
     def predict_many(self, asked: list[tuple[Knobs, float]]) -> list[Prediction]:
-        """`predict(knobs, start_rate)` of each, side by side (`tuner.twin.workers`), in order."""
-        with Workers(lambda a: self.predict(a[0], start_rate=a[1])) as workers:
-            return workers.map(asked)
+        """`predict(knobs, start_rate)` of each, side by side (`tuner.twin.workers`), in order; each made once
+        per fit (`Memo`)."""
+        return self.memo.predict_many(self.params, self.gpu, self.model, list(asked), self.workload,
+                                      self.judged_slo, self.load, after_trial=self.after_trial,
+                                      shapes=self.shapes, lora=self.lora)
 
     def rank(self, choices: dict[str, list], allowed: Callable[[Knobs], bool], *,
              extra: Iterable[Knobs] = (), start_rate: float = 1.0,
              canonical: Callable[[Knobs], Knobs] = lambda k: k) -> Ranking:
         return rank_space(self.params, self.gpu, self.model, choices, allowed, self.workload, self.judged_slo,
                           self.load, after_trial=self.after_trial, start_rate=start_rate, extra=extra,
-                          seed=self.seed, canonical=canonical, shapes=self.shapes, lora=self.lora)
+                          seed=self.seed, canonical=canonical, shapes=self.shapes, lora=self.lora, memo=self.memo)
 
     def rerank(self, previous: Ranking, *, always: Iterable[Knobs] = (), start_rate: float = 1.0) -> Ranking:
         return rerank(self.params, self.gpu, self.model, previous, self.workload, self.judged_slo, self.load,
                       top=RERANK_TOP, after_trial=self.after_trial, start_rate=start_rate, always=always,
-                      shapes=self.shapes, lora=self.lora)
+                      shapes=self.shapes, lora=self.lora, memo=self.memo)
 
     def freshen(self, ranking: Ranking, skip: Callable[[Prediction], bool], start_rate: float = 1.0) -> Ranking:
         return freshen(self.params, self.gpu, self.model, ranking, self.workload, self.judged_slo, self.load,
-                       skip=skip, start_rate=start_rate, shapes=self.shapes, lora=self.lora)
+                       skip=skip, start_rate=start_rate, shapes=self.shapes, lora=self.lora, memo=self.memo)
