@@ -252,3 +252,25 @@ def test_the_saturation_probe_is_not_a_point_of_the_knee(run, rep):
     if probes:  # the search sent the whole run at once: its throughput is the engine's ceiling
         assert rep.baseline.saturation_rps == probes[0].throughput_rps
         assert len(rep.baseline.knee) == len({r.rate for r in stored}) - 1
+
+
+def test_a_knob_a_step_set_back_to_its_default_is_in_a_recommendation_that_leaves_it_there(rep):
+    """A later step may return a knob to vLLM's default (512 sequences, then the default again): where the
+    recommendation leaves it at the default too, the knob table says the change is in it, and a step's
+    value the recommendation does not carry is not."""
+    from tuner.report.render import to_markdown
+    from tuner.storage.select import KnobRow, KnobStep
+
+    tuned = rep.tuned.model_copy(update={"trial": 7, "knobs": {"kv_cache_dtype": "fp8"}})
+    trials = [t for t in rep.trials if t.number not in (6, 7)] + [
+        t.model_copy(update={"number": n, "knobs": k}) for t, (n, k) in zip(
+            rep.trials[:2], ((6, {"max_num_seqs": 512, "kv_cache_dtype": "fp8"}), (7, {"kv_cache_dtype": "fp8"})))]
+    steps = [KnobStep(trial=6, knobs_changed=["max_num_seqs"], change="max_num_seqs: default (256) -> 512",
+                      before_rps=7.0, after_rps=7.5, gain_rps=0.5, gain_pct=7.1,
+                      rows=[KnobRow(knob="max_num_seqs", change="max_num_seqs: default (256) -> 512", share_pct=7.1)]),
+             KnobStep(trial=7, knobs_changed=["max_num_seqs"], change="max_num_seqs: 512 -> default (256)",
+                      before_rps=7.5, after_rps=7.6, gain_rps=0.1, gain_pct=1.3,
+                      rows=[KnobRow(knob="max_num_seqs", change="max_num_seqs: 512 -> default (256)", share_pct=1.3)])]
+    md = to_markdown(rep.model_copy(update={"tuned": tuned, "trials": trials, "attribution": steps}), set())
+    rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if "| max_num_seqs |" in line}
+    assert "| no |" in rows["6"] and "| yes |" in rows["7"], rows

@@ -110,8 +110,8 @@ def _attribution(rep: Report, figures: set[str] = frozenset()) -> list[Block]:
     for s in rep.attribution:
         total = f"{_n(s.before_rps)} -> {_n(s.after_rps)} ({_pct(s.gain_pct)})"
         for i, r in enumerate(s.rows):
-            value = knobs_of.get(s.trial, {}).get(r.knob)
-            kept = "yes" if value is not None and rep.tuned.knobs.get(r.knob) == value else "no"
+            value = knobs_of.get(s.trial, {}).get(r.knob)  # None: the step set it back to vLLM's default
+            kept = "yes" if rep.tuned.knobs.get(r.knob) == value else "no"
             if kept == "no" and r.within_noise:
                 kept = "no (within noise)"
             rows.append([str(s.trial), r.knob, r.change, _share(r),
