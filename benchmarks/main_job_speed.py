@@ -37,6 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MAIN_JOB = ("--workload", "workloads/chat.jsonl", "--slo", "workloads/chat.slo.yaml", "--gpu", "rtx4090",
             "--model", "qwen2.5-7b")
+MAX_RUNS = 20  # per tree: 20 main jobs on each tree are already ~30 minutes on 2 cores
 RANKED = (("chat-rtx4090", 10.0), ("rag32k-h100", 20.0))  # scenario, target seconds on one core
 MAIN_JOB_TARGET_S = 30.0
 _VERDICT = re.compile(r"^(recommended \(trial|keep vLLM's defaults).*$", re.M)
@@ -236,8 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rank-runs", type=int, default=1, help="one-core rankings per scenario and tree (default 1)")
     ap.add_argument("--no-rank", action="store_true", help="skip the one-core rankings")
     a = ap.parse_args(argv)
-    if a.runs < 1 or a.rank_runs < 1:
-        print("main_job_speed.py: --runs and --rank-runs must be at least 1", file=sys.stderr)
+    if not (1 <= a.runs <= MAX_RUNS and 1 <= a.rank_runs <= MAX_RUNS):  # 99999999 runs would run for ever
+        print(f"main_job_speed.py: --runs and --rank-runs must be 1 to {MAX_RUNS}", file=sys.stderr)
         return 2
     rev = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{a.base}^{{commit}}"], cwd=ROOT,
                          capture_output=True, text=True)

@@ -236,7 +236,8 @@ def _value_ms(r: RequestRecord, metric: str) -> float | None:
     return _per_request_ms(r, metric)[0]
 
 
-def _limits(slo: SLO) -> list[tuple[str, float]]:
+def threshold_limits(slo: SLO) -> list[tuple[str, float]]:
+    """(metric, max ms) of each threshold: the SLO read once for judging many requests (`worst_ratio`)."""
     return [(m, t.max_ms) for m, t in slo.thresholds.items()]
 
 
@@ -253,14 +254,15 @@ def request_ratios(r: RequestRecord, slo: SLO) -> dict[str, float]:
     search, the score, the gate and the report all judge requests through this function."""
     bad = _is_bad(r)
     out = {}
-    for m, limit in _limits(slo):
+    for m, limit in threshold_limits(slo):
         v = None if bad else _value_ms(r, m)
         out[m] = math.inf if v is None else v / limit
     return out
 
 
-def _worst(r: RequestRecord, limits: list[tuple[str, float]]) -> float:
-    """`max(request_ratios(r, slo).values(), default=0.0)` given `_limits(slo)`, without the dict."""
+def worst_ratio(r: RequestRecord, limits: list[tuple[str, float]]) -> float:
+    """`max(request_ratios(r, slo).values(), default=0.0)` given `threshold_limits(slo)`, without the dict: the
+    per-request check of a whole run (`tuner.capacity.verdict`) reads the SLO once, not once a request."""
     if not limits:
         return 0.0
     if _is_bad(r):
@@ -276,13 +278,13 @@ def _worst(r: RequestRecord, limits: list[tuple[str, float]]) -> float:
 
 def request_ratio(r: RequestRecord, slo: SLO) -> float:
     """The request's worst ratio over the thresholds (`request_ratios`); good exactly when <= 1."""
-    return _worst(r, _limits(slo))
+    return worst_ratio(r, threshold_limits(slo))
 
 
 def worst_ratios(records: Iterable[RequestRecord], slo: SLO) -> list[float]:
     """`request_ratio` of each record (the SLO read once)."""
-    limits = _limits(slo)
-    return [_worst(r, limits) for r in records]
+    limits = threshold_limits(slo)
+    return [worst_ratio(r, limits) for r in records]
 
 
 def is_good(r: RequestRecord, slo: SLO) -> bool:
@@ -323,7 +325,7 @@ def score(records: Iterable[RequestRecord], slo: SLO, window: float | None = Non
         raise UserError(f"must be > 0 seconds, got {window}", field="window")
     window_s = window if window is not None else _default_window(recs)
     th = slo.thresholds
-    limits = _limits(slo)
+    limits = threshold_limits(slo)
     has_itl = "itl" in th
     violations = {m: 0 for m in th}
     causes: dict[str, int] = {}

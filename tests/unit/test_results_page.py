@@ -126,3 +126,6 @@ def test_main_job_speed_refuses_an_unknown_base_commit(capsys) -> None:
     err = capsys.readouterr().err.strip()
     assert "--base: 'no-such-commit-anywhere' is not a commit" in err and len(err.splitlines()) == 1, err
     assert mod.main(["--runs", "0"]) == 2
+    capsys.readouterr()
+    assert mod.main(["--runs", "99999999"]) == 2 and mod.main(["--rank-runs", "-1"]) == 2
+    assert "must be 1 to 20" in capsys.readouterr().err

@@ -30,7 +30,7 @@ from typing import Sequence
 import numpy as np
 
 from tuner.replay.record import RequestRecord
-from tuner.slo import SLO, Z95, _limits, _worst, wilson_interval
+from tuner.slo import SLO, Z95, threshold_limits, wilson_interval, worst_ratio
 
 Z_STOP = 2.5758293035489  # 99% two-sided: the stopping rule looks many times
 
@@ -115,7 +115,7 @@ class RunTable:
         end, ratio = np.full(n, np.inf), np.full(n, np.nan)
         err, e2e = np.zeros(n, dtype=bool), np.zeros(n)
         win = np.zeros(n, dtype=bool)
-        limits = _limits(slo)  # `request_ratio(r, slo)` is `_worst(r, limits)`: the SLO read once, not per request
+        limits = threshold_limits(slo)  # `request_ratio(r, slo)` is `worst_ratio(r, limits)`: the SLO read once, not per request
         for i, r in enumerate(records):
             if r.sent_s is None:
                 continue
@@ -129,7 +129,7 @@ class RunTable:
                     e = r.finish_s if r.ok else (None if r.error is None else r.sent_s)
                 if e is None:
                     continue
-                hit = (e, _worst(r, limits), r.cause is not None,
+                hit = (e, worst_ratio(r, limits), r.cause is not None,
                        r.e2el if r.ok and r.e2el is not None else 0.0)
                 if cache is not None and r.end_s is not None:  # final only once end_s is set
                     cache[i] = hit
