@@ -272,8 +272,8 @@ class EngineCore:
                 break
             if n_hit:
                 held = seq.hashes[:n_hit]
-                pool.ref(held, from_free)
-                seq.held = list(held)
+                seq.pieces = pool.ref(held, from_free)
+                seq.held = held
             pool.take(new_blocks)
             seq.n_blocks = n_hit + new_blocks
             seq.computed = hit_tokens
@@ -348,8 +348,9 @@ class EngineCore:
 
     def _release(self, seq: Seq, computed: int) -> None:
         n_blocks = seq.n_blocks if not seq.decoding else -(-computed // self.block)
-        self.pool.release(seq.held, n_blocks - len(seq.held))
+        self.pool.release(seq.held, n_blocks - len(seq.held), seq.pieces)
         seq.held = []
+        seq.pieces = 0
         seq.n_blocks = 0
         if self.running.pop(seq.rid, None) is not None and self.lora is not None and seq.lora >= 0:
             self.lora.released(seq.lora)

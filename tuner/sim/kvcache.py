@@ -6,28 +6,55 @@ hash once computed; when its last user finishes it becomes free-but-cached, and 
 same prefix takes it back instead of recomputing it. Allocation takes anonymous blocks first, then evicts
 the least recently freed cached block.
 
-A 32k-token prompt is 2,000 blocks, and every admission, first token and finish touches each of them:
-finding the cached prefix and taking references run in C (`takewhile`, `filter`, Counter's
-`_count_elements`, all lazy, so a hash listed twice is handled as the one-at-a-time loop would), not in
-a Python loop per block. On the RAG space those loops were most of the twin's ranking time.
+A 32k-token prompt is 2,000 blocks, and on the RAG space nine in ten of them are a prefix other running
+requests hold too: one reference more or less on each of them, a block at a time, was most of the twin's
+ranking time. So a request's matched prefix is held in *pieces* of `PIECE` aligned blocks: a piece that
+another running request already holds takes one reference on the piece (after comparing its blocks,
+which for the shared prefix are the same objects), not one on each block, and only a piece's first holder
+and its last pay per block. `cached_used[h]` counts a block's own references plus one per held piece it
+lies in, so it is in use exactly when the block-at-a-time pool's count would be, and a piece's blocks
+leave for the free list in the order that pool frees them (tests/unit/test_sim_kvcache_pieces.py keeps
+the two in step). What is still done per block (finding the cached prefix, freeing, evicting) runs in C
+(`takewhile`, `map`, `compress`, Counter's `_count_elements`), lazily where a hash listed twice must be
+handled as the one-at-a-time loop would.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, _count_elements  # type: ignore[attr-defined]
-from itertools import islice, takewhile
+from collections import _count_elements, deque  # type: ignore[attr-defined]
+from itertools import compress, islice, repeat, takewhile
+from operator import not_
 from typing import Sequence
+
+#: Blocks in one piece of a held prefix (1,024 tokens at vLLM's 16-token blocks): a RAG prompt's shared
+#: corpus is twenty-odd pieces; what is left past a prompt's last whole piece is held block by block.
+PIECE = 64
+
+
+def _consume(it) -> None:
+    deque(it, maxlen=0)
 
 
 class BlockPool:
-    __slots__ = ("num_blocks", "caching", "free_anon", "cached_free", "cached_used")
+    __slots__ = ("num_blocks", "caching", "free_anon", "cached_free", "cached_used", "pieces", "piece",
+                 "_lru", "_stamp", "_entries")
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True):
+    def __init__(self, num_blocks: int, enable_caching: bool = True, piece: int = PIECE):
         self.num_blocks = num_blocks
         self.caching = enable_caching
         self.free_anon = num_blocks
-        self.cached_free: OrderedDict[int, None] = OrderedDict()
+        #: free-but-cached blocks: hash -> the stamp of the release that freed it last. Their LRU order is
+        #: `_lru`: one [stamp, blocks, next] run per release, oldest first, whose entries still count where
+        #: the block's stamp is the run's (a block taken back and freed again counts in its later run).
+        #: A plain dict and a deque of lists, not an OrderedDict: a fifth of the cost a block
+        self.cached_free: dict[int, int] = {}
+        self._lru: deque[list] = deque()
+        self._stamp = 0
+        self._entries = 0  # entries in `_lru` from each run's next, stale ones included
         self.cached_used: dict[int, int] = {}
+        #: held pieces, by their last block's hash: [holders, the piece's blocks]
+        self.pieces: dict[int, list] = {}
+        self.piece = piece
 
     @property
     def num_free(self) -> int:
@@ -38,33 +65,63 @@ class BlockPool:
         """vllm:kv_cache_usage_perc: the fraction of blocks in use (free cached blocks count as free)."""
         return 1.0 - self.num_free / self.num_blocks
 
+    def _held_pieces(self, hashes: Sequence[int], end: int) -> int:
+        """How many blocks of `hashes[:end]` lie in whole pieces that running requests hold, from the
+        first block on (each of those blocks is in use)."""
+        pieces, W = self.pieces, self.piece
+        n = 0
+        while n + W <= end:
+            e = pieces.get(hashes[n + W - 1])
+            if e is None or e[1] != hashes[n:n + W]:  # the same objects for a shared prefix: a pointer compare
+                break
+            n += W
+        return n
+
     def match(self, hashes: Sequence[int], max_blocks: int) -> tuple[int, int]:
         """Length of the cached prefix of `hashes` (at most `max_blocks`), and how many of those blocks
         sit in the free list (taking them reduces the free count)."""
         if not self.caching or max_blocks <= 0:
             return 0, 0
         used, free = self.cached_used, self.cached_free
-        hs = hashes[:max_blocks]
-        n = len(list(takewhile(used.__contains__, hs)))  # the prefix in use by others, in C
+        end = min(max_blocks, len(hashes))
+        n = self._held_pieces(hashes, end)
+        rest = hashes[n:end]
+        k = len(list(takewhile(used.__contains__, rest)))  # blocks in use by others, in C
         from_free = 0
-        for h in islice(hs, n, None):  # then blocks in use or free-but-cached, to the first miss
-            if h in used:
-                n += 1
-            elif h in free:
-                n += 1
-                from_free += 1
-            else:
+        while k < len(rest):  # then alternately free-but-cached and in-use runs, to the first miss
+            f = len(list(takewhile(free.__contains__, islice(rest, k, None))))
+            if not f:
                 break
-        return n, from_free
+            from_free += f
+            k += f
+            k += len(list(takewhile(used.__contains__, islice(rest, k, None))))
+        return n + k, from_free
 
-    def ref(self, hashes: Sequence[int], from_free: int | None = None) -> None:
-        """Take a reference on cached blocks found by `match` (`from_free`: how many of them sit in the
-        free list, as `match` said; 0 skips looking there)."""
-        used, free = self.cached_used, self.cached_free
-        if from_free != 0:
-            for h in filter(free.__contains__, hashes):
-                del free[h]
-        _count_elements(used, hashes)  # used[h] = used.get(h, 0) + 1 for each, in C
+    def ref(self, hashes: Sequence[int], from_free: int | None = None) -> int:
+        """Take a reference on the cached blocks `hashes` found by `match` (`from_free`: how many of them
+        sit in the free list, as `match` said; 0 skips looking there). Returns how many whole pieces
+        from the first block on the caller now holds: pass it back to `release`."""
+        used, free, pieces, W = self.cached_used, self.cached_free, self.pieces, self.piece
+        n = len(hashes)
+        p = 0
+        while p + W <= n:  # pieces others hold: one reference more on each piece
+            e = pieces.get(hashes[p + W - 1])
+            if e is None or e[1] != hashes[p:p + W]:
+                break
+            e[0] += 1
+            p += W
+        rest = hashes[p:] if p else hashes
+        if from_free != 0:  # (lazy: a hash listed twice is taken out once)
+            _consume(map(free.__delitem__, filter(free.__contains__, rest)))
+        _count_elements(used, rest)  # used[h] = used.get(h, 0) + 1 for each, in C
+        q = p
+        while q + W <= n:  # the rest's whole pieces: held as pieces from now on (their blocks counted once)
+            key = hashes[q + W - 1]
+            if key in pieces:  # a different piece with this last hash: the rest stays block by block
+                break
+            pieces[key] = [1, hashes[q:q + W]]
+            q += W
+        return q // W
 
     def take(self, n: int) -> bool:
         """Allocate `n` fresh blocks, evicting cached ones if needed. False (and nothing taken) if short."""
@@ -75,10 +132,49 @@ class BlockPool:
             return False
         n -= self.free_anon
         self.free_anon = 0
-        pop = self.cached_free.popitem
-        for _ in range(n):
-            pop(last=False)
+        self._evict(n)
         return True
+
+    def _evict(self, n: int) -> None:
+        """Evict the `n` least recently freed cached blocks (there are that many)."""
+        free, lru = self.cached_free, self._lru
+        while n:
+            run = lru[0]
+            stamp, blocks, i = run
+            seg = blocks[i:i + n]  # at most n entries: every current one among them goes
+            current = list(map(stamp.__eq__, map(free.get, seg, repeat(-1))))
+            _consume(map(free.__delitem__, compress(seg, current)))
+            n -= current.count(True)
+            self._entries -= len(seg)
+            run[2] = i = i + len(seg)
+            if i >= len(blocks):
+                lru.popleft()
+
+    def _append_free(self, blocks: list[int]) -> None:
+        """`blocks` (none listed twice, none free) go to the LRU tail, in order."""
+        self._stamp = stamp = self._stamp + 1
+        self.cached_free.update(zip(blocks, repeat(stamp)))
+        self._lru.append([stamp, blocks, 0])
+        self._entries += len(blocks)
+        if self._entries > 2 * len(self.cached_free) + 4096:  # mostly taken back: keep memory bounded
+            self._compact()
+
+    def _compact(self) -> None:
+        """One run of the current entries, in LRU order (a block's current entry is its only one)."""
+        free = self.cached_free
+        order = [h for stamp, blocks, i in self._lru for h in islice(blocks, i, None) if free.get(h) == stamp]
+        self._lru.clear()
+        self._entries = 0
+        if order:
+            self._stamp = stamp = self._stamp + 1
+            free.update(zip(order, repeat(stamp)))
+            self._lru.append([stamp, order, 0])
+            self._entries = len(order)
+
+    def lru_order(self) -> list[int]:
+        """The free-but-cached blocks, least recently freed first (the order eviction takes them)."""
+        free = self.cached_free
+        return [h for stamp, blocks, i in self._lru for h in islice(blocks, i, None) if free.get(h) == stamp]
 
     def register(self, h: int) -> bool:
         """A freshly computed anonymous block now holds prefix `h`: cache it. False if `h` was cached
@@ -88,19 +184,52 @@ class BlockPool:
         self.cached_used[h] = 1
         return True
 
-    def release(self, hashes: Sequence[int], n_anon: int) -> None:
-        """Free a request's blocks: cached ones go to the LRU tail in reverse order (so a prompt's tail
-        blocks are evicted before its head, as in vLLM), anonymous ones back to the free count."""
-        used, free = self.cached_used, self.cached_free
-        for h in reversed(hashes):
-            c = used[h] - 1
-            if c:
-                used[h] = c
-            else:
-                del used[h]
-                free[h] = None
+    def release(self, hashes: Sequence[int], n_anon: int, pieces: int = 0) -> None:
+        """Free a request's blocks (`pieces`: as `ref` returned): cached ones go to the LRU tail in
+        reverse order (so a prompt's tail blocks are evicted before its head, as in vLLM), anonymous
+        ones back to the free count."""
+        cut = pieces * self.piece
+        self._drop(hashes[cut:][::-1])
+        held, W = self.pieces, self.piece
+        for j in range(pieces - 1, -1, -1):
+            key = hashes[(j + 1) * W - 1]
+            e = held[key]
+            e[0] -= 1
+            if not e[0]:  # its last holder: its blocks lose the piece's reference
+                del held[key]
+                self._drop(e[1][::-1])
         self.free_anon += n_anon
+
+    def _drop(self, blocks: list[int]) -> None:
+        """One reference less on each of `blocks`, in order; a block left with none goes to the LRU tail."""
+        if not blocks:
+            return
+        used = self.cached_used
+        counts = list(map(used.__getitem__, blocks))
+        if max(counts) == 1:  # every block freed (none listed twice: that would count 2)
+            _consume(map(used.__delitem__, blocks))
+            self._append_free(blocks)
+            return
+        stay = list(map((1).__lt__, counts))
+        kept = list(compress(blocks, stay))
+        if len(set(kept)) != len(kept):  # a block listed twice: one at a time, as the order matters
+            freed = []
+            for h in blocks:
+                c = used[h] - 1
+                if c:
+                    used[h] = c
+                else:
+                    del used[h]
+                    freed.append(h)
+        else:
+            freed = list(compress(blocks, map(not_, stay)))
+            _consume(map(used.__delitem__, freed))
+            used.update(zip(kept, map((-1).__add__, compress(counts, stay))))
+        if freed:
+            self._append_free(freed)
 
     def reset_prefix_cache(self) -> None:
         self.free_anon += len(self.cached_free)
         self.cached_free.clear()
+        self._lru.clear()
+        self._entries = 0

@@ -1,0 +1,244 @@
+"""The KV pool's held pieces and run-wise LRU (`tuner.sim.kvcache.BlockPool`) against the block-at-a-time pool
+they replaced: the same blocks in use, the same free-but-cached blocks in the same LRU order, the same
+prefix matches and free counts after every operation, and the same load runs through the engine."""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from itertools import filterfalse
+
+import pytest
+
+import tuner.sim.engine as engine_mod
+from tuner.engine.virtual import SimRequest, run_virtual
+from tuner.knobs import Knobs
+from tuner.profiles.gpus import get_gpu
+from tuner.profiles.models import get_model
+from tuner.sim.config import resolve
+from tuner.sim.kvcache import BlockPool
+from tuner.tokens import block_hashes_from_ids
+
+
+class ReferencePool:
+    """vLLM's prefix-caching pool one block at a time: a reference count per block, one OrderedDict LRU."""
+
+    def __init__(self, num_blocks: int, enable_caching: bool = True):
+        self.num_blocks = num_blocks
+        self.caching = enable_caching
+        self.free_anon = num_blocks
+        self.cached_free: OrderedDict[int, None] = OrderedDict()
+        self.cached_used: dict[int, int] = {}
+
+    @property
+    def num_free(self) -> int:
+        return self.free_anon + len(self.cached_free)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.num_free / self.num_blocks
+
+    def match(self, hashes, max_blocks):
+        if not self.caching or max_blocks <= 0:
+            return 0, 0
+        n = from_free = 0
+        for h in hashes[:max_blocks]:
+            if h in self.cached_used:
+                n += 1
+            elif h in self.cached_free:
+                n += 1
+                from_free += 1
+            else:
+                break
+        return n, from_free
+
+    def ref(self, hashes, from_free=None):
+        for h in hashes:
+            self.cached_free.pop(h, None)
+            self.cached_used[h] = self.cached_used.get(h, 0) + 1
+        return 0
+
+    def take(self, n):
+        if n > self.num_free:
+            return False
+        anon = min(n, self.free_anon)
+        self.free_anon -= anon
+        for _ in range(n - anon):
+            self.cached_free.popitem(last=False)
+        return True
+
+    def release(self, hashes, n_anon, pieces=0):
+        for h in reversed(hashes):
+            c = self.cached_used[h] - 1
+            if c:
+                self.cached_used[h] = c
+            else:
+                del self.cached_used[h]
+                self.cached_free[h] = None
+        self.free_anon += n_anon
+
+    def reset_prefix_cache(self):
+        self.free_anon += len(self.cached_free)
+        self.cached_free.clear()
+
+    def lru_order(self):
+        return list(self.cached_free)
+
+
+class Holder:
+    """A request's view of one pool: its prompt's hashes, the blocks it holds, as the engine keeps them."""
+
+    def __init__(self, hashes):
+        self.hashes, self.held, self.pieces, self.n_blocks, self.landed = hashes, [], 0, 0, False
+
+
+def _chains(rng: random.Random, trunk: int, n: int, dup: bool) -> list[list[int]]:
+    """Prompts sharing a trunk's prefix (cut at random lengths), with private tails; `dup`: a few hashes
+    listed twice in a prompt, and pieces whose last hash is another piece's (what a collision would do)."""
+    base = [rng.getrandbits(60) for _ in range(trunk)]
+    out = []
+    for i in range(n):
+        cut = rng.choice([trunk, trunk, trunk, rng.randint(0, trunk)])
+        tail = [rng.getrandbits(60) for _ in range(rng.randint(0, 3 * trunk // 4))]
+        h = base[:cut] + tail
+        if dup and h and rng.random() < 0.3:
+            j = rng.randrange(len(h))
+            h.insert(rng.randrange(j, len(h) + 1), h[j])  # the same hash twice in one prompt
+        if dup and len(h) > 8 and rng.random() < 0.2:
+            h[rng.randrange(len(h))] = base[min(len(base) - 1, rng.randrange(trunk))] if base else 1
+        out.append(h)
+    if dup:  # prompts that only agree past their first blocks
+        out += [[rng.getrandbits(60)] + base[1:] for _ in range(3)]
+    return out
+
+
+def _land(pool, h: Holder) -> None:
+    """The engine's chunk landing (`EngineCore._land_chunk`): a prompt's uncached blocks registered."""
+    used, free = pool.cached_used, pool.cached_free
+    fresh = dict.fromkeys(filterfalse(free.__contains__, filterfalse(used.__contains__, h.hashes[len(h.held):])), 1)
+    used.update(fresh)
+    h.held.extend(fresh)
+    h.landed = True
+
+
+def _same(fast: BlockPool, ref: ReferencePool) -> None:
+    assert set(fast.cached_used) == set(ref.cached_used)
+    assert fast.lru_order() == ref.lru_order()
+    assert (fast.free_anon, fast.num_free) == (ref.free_anon, ref.num_free)
+    # a block's count: its own references plus one a held piece that contains it
+    expected = dict(ref.cached_used)
+    for holders, blocks in fast.pieces.values():
+        for b in blocks:
+            expected[b] -= holders - 1
+    assert fast.cached_used == expected
+
+
+@pytest.mark.parametrize("piece,trunk,blocks,holders,dup", [
+    (4, 40, 400, 12, False),     # many holders of a shared trunk, roomy pool
+    (4, 40, 120, 12, False),     # tight: evictions, admissions refused
+    (8, 30, 90, 6, True),        # hashes listed twice, colliding piece keys
+    (64, 300, 900, 5, False),    # the shipped piece size, RAG-like prompts
+    (3, 10, 40, 20, True),       # tiny pieces, a crowded small pool
+])
+def test_pieces_and_runs_keep_the_block_at_a_time_pool(piece, trunk, blocks, holders, dup):
+    for seed in range(4):
+        rng = random.Random(seed)
+        fast, ref = BlockPool(blocks, piece=piece), ReferencePool(blocks)
+        chains = _chains(rng, trunk, 25, dup)
+        live: list[tuple[Holder, Holder]] = []
+        for _ in range(600):
+            op = rng.random()
+            if op < 0.35 and len(live) < holders:  # admit: match, reference the hit, take the rest
+                hashes = rng.choice(chains)
+                hf, hr = Holder(hashes), Holder(hashes)
+                limit = rng.choice([len(hashes), max(0, len(hashes) - 1), len(hashes) + 5])
+                m = fast.match(hashes, limit)
+                assert m == ref.match(hashes, limit)
+                need = len(hashes) - m[0] + rng.randint(0, 3)
+                if need + m[1] > ref.num_free:
+                    continue
+                hf.held, hr.held = hashes[:m[0]], hashes[:m[0]]
+                hf.pieces = fast.ref(hf.held, m[1] if rng.random() < 0.5 else None)
+                ref.ref(hr.held, m[1])
+                assert fast.take(need) and ref.take(need)
+                hf.n_blocks = hr.n_blocks = m[0] + need
+                live.append((hf, hr))
+            elif op < 0.55 and live:  # land a prefill: its fresh blocks registered
+                hf, hr = rng.choice(live)
+                if not hf.landed:
+                    _land(fast, hf)
+                    _land(ref, hr)
+                    assert hf.held == hr.held
+            elif op < 0.65 and live:  # a decode grows: one block more (or a refused one)
+                hf, hr = rng.choice(live)
+                k = rng.randint(1, 4)
+                ok = fast.take(k)
+                assert ok == ref.take(k)
+                if ok:
+                    hf.n_blocks += k
+                    hr.n_blocks += k
+            elif op < 0.97 and live:  # finish or be preempted: everything back
+                hf, hr = live.pop(rng.randrange(len(live)))
+                fast.release(hf.held, hf.n_blocks - len(hf.held), hf.pieces)
+                ref.release(hr.held, hr.n_blocks - len(hr.held))
+            elif op >= 0.97:
+                fast.reset_prefix_cache()
+                ref.reset_prefix_cache()
+            _same(fast, ref)
+        for hf, hr in live:
+            fast.release(hf.held, hf.n_blocks - len(hf.held), hf.pieces)
+            ref.release(hr.held, hr.n_blocks - len(hr.held))
+        _same(fast, ref)
+        assert not fast.cached_used and not fast.pieces and fast.num_free == blocks
+
+
+def test_the_lru_stays_bounded_when_blocks_are_taken_back_and_freed_again():
+    pool = BlockPool(10_000, piece=4)
+    hashes = list(range(1, 201))
+    for _ in range(500):  # the same prompt admitted and finished again and again: no eviction ever
+        n, ff = pool.match(hashes, len(hashes))
+        held = hashes[:n]
+        pieces = pool.ref(held, ff)
+        pool.take(len(hashes) - n)
+        h = Holder(hashes)
+        h.held = held
+        _land(pool, h)
+        pool.release(h.held, len(hashes) - len(h.held), pieces)
+    assert pool.lru_order() == hashes[::-1]
+    assert pool._entries <= 2 * len(pool.cached_free) + 4096
+
+
+def _rag_requests(n: int, rate: float, seed: int) -> list[SimRequest]:
+    """RAG-like prompts: one shared corpus (ids of 256 tokens), a private question, arrivals at `rate`."""
+    rng = random.Random(seed)
+    out, t = [], 0.0
+    for i in range(n):
+        t += rng.expovariate(rate)
+        corpus = rng.choice([30, 30, 30, 12])
+        p = corpus * 256 + rng.randint(100, 3000)
+        ids = list(range(100_000, 100_000 + corpus)) + [10_000_000 + 10 * i + k for k in range(3)]
+        out.append(SimRequest(t, p, rng.randint(20, 300), block_hashes_from_ids(ids, 256, p, unique=i)))
+    return out
+
+
+def _dump(run) -> tuple:
+    pool = run.engine.pool
+    return ([r.model_dump() for r in run.records], run.metrics.model_dump(), run.duration_s, run.steps,
+            sorted(pool.cached_used), pool.lru_order(), pool.free_anon)
+
+
+@pytest.mark.parametrize("knobs,rate", [
+    (Knobs(max_model_len=16384), 4.0),                                        # roomy: the corpus stays cached
+    (Knobs(max_model_len=16384, gpu_memory_utilization=0.25), 6.0),           # KV-bound: evictions, preemptions
+    (Knobs(max_model_len=16384, max_num_batched_tokens=2048, gpu_memory_utilization=0.3), 8.0),  # chunks
+    (Knobs(max_model_len=16384, enable_prefix_caching=False, gpu_memory_utilization=0.3), 4.0),
+])
+def test_load_runs_are_the_block_at_a_time_pools(monkeypatch, knobs, rate):
+    cfg = resolve(get_gpu("h100"), get_model("llama-3.1-8b"), knobs)
+    reqs = _rag_requests(150, rate, seed=5)
+    kw = dict(request_timeout_s=60.0, sample_interval_s=0.05)
+    fast = _dump(run_virtual(cfg, reqs, **kw))
+    monkeypatch.setattr(engine_mod, "BlockPool", ReferencePool)
+    reference = _dump(run_virtual(cfg, reqs, **kw))
+    assert fast == reference
+    assert fast[1]["counters"]["request_success"] > 0
