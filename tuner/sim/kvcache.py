@@ -29,6 +29,9 @@ from typing import Sequence
 #: Blocks in one piece of a held prefix (1,024 tokens at vLLM's 16-token blocks): a RAG prompt's shared
 #: corpus is twenty-odd pieces; what is left past a prompt's last whole piece is held block by block.
 PIECE = 64
+#: The LRU's runs are compacted when their entries pass 4x the free-but-cached blocks plus this many (a
+#: block taken back leaves its entry behind until eviction reaches it or a compaction drops it).
+LRU_SLACK = 65536
 
 
 def _consume(it) -> None:
@@ -156,20 +159,19 @@ class BlockPool:
         self.cached_free.update(zip(blocks, repeat(stamp)))
         self._lru.append([stamp, blocks, 0])
         self._entries += len(blocks)
-        if self._entries > 2 * len(self.cached_free) + 4096:  # mostly taken back: keep memory bounded
+        if self._entries > 4 * len(self.cached_free) + LRU_SLACK:  # mostly taken back: keep memory bounded
             self._compact()
 
     def _compact(self) -> None:
-        """One run of the current entries, in LRU order (a block's current entry is its only one)."""
-        free = self.cached_free
-        order = [h for stamp, blocks, i in self._lru for h in islice(blocks, i, None) if free.get(h) == stamp]
-        self._lru.clear()
-        self._entries = 0
-        if order:
-            self._stamp = stamp = self._stamp + 1
-            free.update(zip(order, repeat(stamp)))
-            self._lru.append([stamp, order, 0])
-            self._entries = len(order)
+        """Each run keeps only its current entries (its stamp and its order stay); empty runs go."""
+        free, runs = self.cached_free, []
+        for stamp, blocks, i in self._lru:
+            seg = blocks[i:]
+            kept = list(compress(seg, map(stamp.__eq__, map(free.get, seg, repeat(-1)))))
+            if kept:
+                runs.append([stamp, kept, 0])
+        self._lru = deque(runs)
+        self._entries = sum(len(r[1]) for r in runs)
 
     def lru_order(self) -> list[int]:
         """The free-but-cached blocks, least recently freed first (the order eviction takes them)."""
