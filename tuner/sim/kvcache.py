@@ -40,20 +40,23 @@ def _consume(it) -> None:
 
 class BlockPool:
     __slots__ = ("num_blocks", "caching", "free_anon", "cached_free", "cached_used", "pieces", "piece",
-                 "_lru", "_stamp", "_entries")
+                 "_lru", "_stamp", "_entries", "_taken")
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, piece: int = PIECE):
         self.num_blocks = num_blocks
         self.caching = enable_caching
         self.free_anon = num_blocks
         #: free-but-cached blocks: hash -> the stamp of the release that freed it last. Their LRU order is
-        #: `_lru`: one [stamp, blocks, next] run per release, oldest first, whose entries still count where
-        #: the block's stamp is the run's (a block taken back and freed again counts in its later run).
-        #: A plain dict and a deque of lists, not an OrderedDict: a fifth of the cost a block
+        #: `_lru`: one [stamp, blocks, next, live] run per release, oldest first, whose entries are current
+        #: where the block's stamp is the run's (a block taken back leaves a stale entry; freed again, it
+        #: counts in its later run); `live` counts the current ones from `next` on, less the blocks taken
+        #: back since, counted by stamp in `_taken`. A plain dict and a deque of lists, not an
+        #: OrderedDict: a fifth of the cost a block, and a run that was all taken back is skipped whole.
         self.cached_free: dict[int, int] = {}
         self._lru: deque[list] = deque()
         self._stamp = 0
         self._entries = 0  # entries in `_lru` from each run's next, stale ones included
+        self._taken: dict[int, int] = {}
         self.cached_used: dict[int, int] = {}
         #: held pieces, by their last block's hash: [holders, the piece's blocks]
         self.pieces: dict[int, list] = {}
@@ -114,8 +117,8 @@ class BlockPool:
             e[0] += 1
             p += W
         rest = hashes[p:] if p else hashes
-        if from_free != 0:  # (lazy: a hash listed twice is taken out once)
-            _consume(map(free.__delitem__, filter(free.__contains__, rest)))
+        if from_free != 0:  # out of the free list, counted by run (lazy: a hash listed twice is taken once)
+            _count_elements(self._taken, map(free.pop, filter(free.__contains__, rest)))
         _count_elements(used, rest)  # used[h] = used.get(h, 0) + 1 for each, in C
         q = p
         while q + W <= n:  # the rest's whole pieces: held as pieces from now on (their blocks counted once)
@@ -140,43 +143,60 @@ class BlockPool:
 
     def _evict(self, n: int) -> None:
         """Evict the `n` least recently freed cached blocks (there are that many)."""
-        free, lru = self.cached_free, self._lru
+        free, lru, taken = self.cached_free, self._lru, self._taken
         while n:
             run = lru[0]
-            stamp, blocks, i = run
-            seg = blocks[i:i + n]  # at most n entries: every current one among them goes
-            current = list(map(stamp.__eq__, map(free.get, seg, repeat(-1))))
-            _consume(map(free.__delitem__, compress(seg, current)))
-            n -= current.count(True)
-            self._entries -= len(seg)
-            run[2] = i = i + len(seg)
-            if i >= len(blocks):
+            stamp, blocks, i, live = run
+            if stamp in taken:
+                run[3] = live = live - taken.pop(stamp)
+            rest = len(blocks) - i
+            if live <= n:  # the whole run goes (nothing to evict in one that was all taken back)
+                if live:
+                    seg = blocks[i:] if i else blocks
+                    _consume(map(free.__delitem__, compress(seg, map(stamp.__eq__, map(free.get, seg, repeat(-1))))))
+                    n -= live
+                self._entries -= rest
                 lru.popleft()
+                continue
+            stale = rest - live
+            seg = blocks[i:i + n + stale]  # holds at least n current entries
+            if stale:
+                current = list(map(stamp.__eq__, map(free.get, seg, repeat(-1))))
+                cut = list(compress(range(len(seg)), current))[n - 1] + 1
+                seg = seg[:cut]
+                _consume(map(free.__delitem__, compress(seg, current)))
+            else:
+                _consume(map(free.__delitem__, seg))
+            self._entries -= len(seg)
+            run[2] = i + len(seg)
+            run[3] = live - n
+            return
 
     def _append_free(self, blocks: list[int]) -> None:
         """`blocks` (none listed twice, none free) go to the LRU tail, in order."""
         self._stamp = stamp = self._stamp + 1
         self.cached_free.update(zip(blocks, repeat(stamp)))
-        self._lru.append([stamp, blocks, 0])
+        self._lru.append([stamp, blocks, 0, len(blocks)])
         self._entries += len(blocks)
         if self._entries > 4 * len(self.cached_free) + LRU_SLACK:  # mostly taken back: keep memory bounded
             self._compact()
 
     def _compact(self) -> None:
         """Each run keeps only its current entries (its stamp and its order stay); empty runs go."""
-        free, runs = self.cached_free, []
-        for stamp, blocks, i in self._lru:
+        free, taken, runs = self.cached_free, self._taken, []
+        for stamp, blocks, i, live in self._lru:
+            taken.pop(stamp, None)
             seg = blocks[i:]
             kept = list(compress(seg, map(stamp.__eq__, map(free.get, seg, repeat(-1)))))
             if kept:
-                runs.append([stamp, kept, 0])
+                runs.append([stamp, kept, 0, len(kept)])
         self._lru = deque(runs)
         self._entries = sum(len(r[1]) for r in runs)
 
     def lru_order(self) -> list[int]:
         """The free-but-cached blocks, least recently freed first (the order eviction takes them)."""
         free = self.cached_free
-        return [h for stamp, blocks, i in self._lru for h in islice(blocks, i, None) if free.get(h) == stamp]
+        return [h for stamp, blocks, i, _ in self._lru for h in islice(blocks, i, None) if free.get(h) == stamp]
 
     def register(self, h: int) -> bool:
         """A freshly computed anonymous block now holds prefix `h`: cache it. False if `h` was cached
@@ -235,3 +255,4 @@ class BlockPool:
         self.cached_free.clear()
         self._lru.clear()
         self._entries = 0
+        self._taken.clear()
