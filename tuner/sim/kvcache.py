@@ -227,14 +227,12 @@ class BlockPool:
         if not blocks:
             return
         used = self.cached_used
-        counts = list(map(used.__getitem__, blocks))
+        counts = list(map(used.pop, blocks, repeat(0)))  # out of `used`, in C (a block listed twice: 0)
         if max(counts) == 1:  # every block freed (none listed twice: that would count 2)
-            _consume(map(used.__delitem__, blocks))
             self._append_free(blocks)
             return
-        stay = list(map((1).__lt__, counts))
-        kept = list(compress(blocks, stay))
-        if len(set(kept)) != len(kept):  # a block listed twice: one at a time, as the order matters
+        if 0 in counts:  # a block listed twice: back as they were, then one at a time, as the order matters
+            used.update(zip(blocks[::-1], counts[::-1]))
             freed = []
             for h in blocks:
                 c = used[h] - 1
@@ -244,9 +242,9 @@ class BlockPool:
                     del used[h]
                     freed.append(h)
         else:
+            stay = list(map((1).__lt__, counts))
             freed = list(compress(blocks, map(not_, stay)))
-            _consume(map(used.__delitem__, freed))
-            used.update(zip(kept, map((-1).__add__, compress(counts, stay))))
+            used.update(zip(compress(blocks, stay), map((-1).__add__, compress(counts, stay))))
         if freed:
             self._append_free(freed)
 
