@@ -29,6 +29,9 @@ from typing import Sequence
 #: Blocks in one piece of a held prefix (1,024 tokens at vLLM's 16-token blocks): a RAG prompt's shared
 #: corpus is twenty-odd pieces; what is left past a prompt's last whole piece is held block by block.
 PIECE = 64
+#: Lists of blocks at most this long are freed in a plain loop: the C passes cost more than they save
+#: on a chat prompt's few dozen blocks.
+SHORT = 48
 #: The LRU's runs are compacted when their entries pass 4x the free-but-cached blocks plus this many (a
 #: block taken back leaves its entry behind until eviction reaches it or a compaction drops it).
 LRU_SLACK = 65536
@@ -90,7 +93,7 @@ class BlockPool:
             return 0, 0
         used, free = self.cached_used, self.cached_free
         end = min(max_blocks, len(hashes))
-        n = self._held_pieces(hashes, end)
+        n = self._held_pieces(hashes, end) if end >= self.piece and self.pieces else 0
         rest = hashes[n:end]
         k = len(list(takewhile(used.__contains__, rest)))  # blocks in use by others, in C
         from_free = 0
@@ -138,7 +141,28 @@ class BlockPool:
             return False
         n -= self.free_anon
         self.free_anon = 0
-        self._evict(n)
+        run = self._lru[0]  # the common case, inlined: the oldest run holds the n blocks to evict
+        stamp, blocks, i, live = run
+        if stamp in self._taken:
+            run[3] = live = live - self._taken.pop(stamp)
+        stale = len(blocks) - i - live
+        if n >= live or stale > SHORT:
+            self._evict(n)
+            return True
+        free = self.cached_free
+        if not stale:
+            _consume(map(free.__delitem__, blocks[i:i + n]))
+            j = i + n
+        else:  # a few blocks taken back lie among them: walk past them
+            j, k, get = i, n, free.get
+            while k:
+                h = blocks[j]
+                j += 1
+                if get(h) == stamp:
+                    del free[h]
+                    k -= 1
+        run[2], run[3] = j, live - n
+        self._entries -= j - i
         return True
 
     def _evict(self, n: int) -> None:
@@ -210,9 +234,31 @@ class BlockPool:
         """Free a request's blocks (`pieces`: as `ref` returned): cached ones go to the LRU tail in
         reverse order (so a prompt's tail blocks are evicted before its head, as in vLLM), anonymous
         ones back to the free count."""
-        cut = pieces * self.piece
-        self._drop(hashes[cut:][::-1])
-        held, W = self.pieces, self.piece
+        self.free_anon += n_anon
+        if not pieces:
+            if len(hashes) > SHORT:
+                self._drop(hashes[::-1])
+                return
+            used, free = self.cached_used, self.cached_free  # a chat prompt: `_drop` in a plain loop, inlined
+            self._stamp = stamp = self._stamp + 1
+            freed = []
+            for h in reversed(hashes):
+                c = used[h] - 1
+                if c:
+                    used[h] = c
+                else:
+                    del used[h]
+                    free[h] = stamp
+                    freed.append(h)
+            if freed:
+                self._lru.append([stamp, freed, 0, len(freed)])
+                self._entries += len(freed)
+                if self._entries > 4 * len(free) + LRU_SLACK:
+                    self._compact()
+            return
+        W = self.piece
+        self._drop(hashes[:pieces * W - 1:-1])
+        held = self.pieces
         for j in range(pieces - 1, -1, -1):
             key = hashes[(j + 1) * W - 1]
             e = held[key]
@@ -220,13 +266,22 @@ class BlockPool:
             if not e[0]:  # its last holder: its blocks lose the piece's reference
                 del held[key]
                 self._drop(e[1][::-1])
-        self.free_anon += n_anon
 
     def _drop(self, blocks: list[int]) -> None:
         """One reference less on each of `blocks`, in order; a block left with none goes to the LRU tail."""
-        if not blocks:
-            return
         used = self.cached_used
+        if len(blocks) <= SHORT:
+            freed = []
+            for h in blocks:
+                c = used[h] - 1
+                if c:
+                    used[h] = c
+                else:
+                    del used[h]
+                    freed.append(h)
+            if freed:
+                self._append_free(freed)
+            return
         counts = list(map(used.pop, blocks, repeat(0)))  # out of `used`, in C (a block listed twice: 0)
         if max(counts) == 1:  # every block freed (none listed twice: that would count 2)
             self._append_free(blocks)
