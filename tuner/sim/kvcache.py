@@ -14,16 +14,18 @@ which for the shared prefix are the same objects), not one on each block, and on
 and its last pay per block. `cached_used[h]` counts a block's own references plus one per held piece it
 lies in, so it is in use exactly when the block-at-a-time pool's count would be, and a piece's blocks
 leave for the free list in the order that pool frees them (tests/unit/test_sim_kvcache_pieces.py keeps
-the two in step). What is still done per block (finding the cached prefix, freeing, evicting) runs in C
-(`takewhile`, `map`, `compress`, Counter's `_count_elements`), lazily where a hash listed twice must be
-handled as the one-at-a-time loop would.
+the two in step). The free list is a plain dict and a deque of runs in LRU order, not an OrderedDict (a
+block in and out of an OrderedDict cost five times as much). What is still done per block (finding the
+cached prefix, freeing, evicting) runs in C (`takewhile`, `map`, `compress`, Counter's
+`_count_elements`), lazily where a hash listed twice must be handled as the one-at-a-time loop would;
+short lists (a chat prompt's) in plain loops, where C passes cost more than they save.
 """
 
 from __future__ import annotations
 
 from collections import _count_elements, deque  # type: ignore[attr-defined]
-from itertools import compress, islice, repeat, takewhile
-from operator import not_
+from itertools import compress, count, islice, repeat, takewhile
+from operator import eq, not_
 from typing import Sequence
 
 #: Blocks in one piece of a held prefix (1,024 tokens at vLLM's 16-token blocks): a RAG prompt's shared
@@ -49,11 +51,12 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.caching = enable_caching
         self.free_anon = num_blocks
-        #: free-but-cached blocks: hash -> the stamp of the release that freed it last. Their LRU order is
-        #: `_lru`: one [stamp, blocks, next, live] run per release, oldest first, whose entries are current
-        #: where the block's stamp is the run's (a block taken back leaves a stale entry; freed again, it
-        #: counts in its later run); `live` counts the current ones from `next` on, less the blocks taken
-        #: back since, counted by stamp in `_taken`. A plain dict and a deque of lists, not an
+        #: free-but-cached blocks: hash -> its entry's stamp, (run << 32) + its place in the run. Their LRU
+        #: order is `_lru`: [run, blocks, next, live] runs, oldest first (one a release; short releases
+        #: share the newest run), whose entries are current where the block's stamp is the entry's (a
+        #: block taken back leaves a stale entry; freed again, it counts at its later place); `live`
+        #: counts the current ones from `next` on, less the blocks taken back since, counted by run in
+        #: `_taken`. A plain dict and a deque of lists, not an
         #: OrderedDict: a fifth of the cost a block, and a run that was all taken back is skipped whole.
         self.cached_free: dict[int, int] = {}
         self._lru: deque[list] = deque()
@@ -121,7 +124,7 @@ class BlockPool:
             p += W
         rest = hashes[p:] if p else hashes
         if from_free != 0:  # out of the free list, counted by run (lazy: a hash listed twice is taken once)
-            _count_elements(self._taken, map(free.pop, filter(free.__contains__, rest)))
+            _count_elements(self._taken, map((32).__rrshift__, map(free.pop, filter(free.__contains__, rest))))
         _count_elements(used, rest)  # used[h] = used.get(h, 0) + 1 for each, in C
         q = p
         while q + W <= n:  # the rest's whole pieces: held as pieces from now on (their blocks counted once)
@@ -142,9 +145,9 @@ class BlockPool:
         n -= self.free_anon
         self.free_anon = 0
         run = self._lru[0]  # the common case, inlined: the oldest run holds the n blocks to evict
-        stamp, blocks, i, live = run
-        if stamp in self._taken:
-            run[3] = live = live - self._taken.pop(stamp)
+        rid, blocks, i, live = run
+        if rid in self._taken:
+            run[3] = live = live - self._taken.pop(rid)
         stale = len(blocks) - i - live
         if n >= live or stale > SHORT:
             self._evict(n)
@@ -154,13 +157,14 @@ class BlockPool:
             _consume(map(free.__delitem__, blocks[i:i + n]))
             j = i + n
         else:  # a few blocks taken back lie among them: walk past them
-            j, k, get = i, n, free.get
+            j, k, get, stamp = i, n, free.get, (rid << 32) + i
             while k:
                 h = blocks[j]
-                j += 1
                 if get(h) == stamp:
                     del free[h]
                     k -= 1
+                j += 1
+                stamp += 1
         run[2], run[3] = j, live - n
         self._entries -= j - i
         return True
@@ -170,14 +174,14 @@ class BlockPool:
         free, lru, taken = self.cached_free, self._lru, self._taken
         while n:
             run = lru[0]
-            stamp, blocks, i, live = run
-            if stamp in taken:
-                run[3] = live = live - taken.pop(stamp)
+            rid, blocks, i, live = run
+            if rid in taken:
+                run[3] = live = live - taken.pop(rid)
             rest = len(blocks) - i
             if live <= n:  # the whole run goes (nothing to evict in one that was all taken back)
                 if live:
                     seg = blocks[i:] if i else blocks
-                    _consume(map(free.__delitem__, compress(seg, map(stamp.__eq__, map(free.get, seg, repeat(-1))))))
+                    _consume(map(free.__delitem__, compress(seg, self._current(rid, seg, i))))
                     n -= live
                 self._entries -= rest
                 lru.popleft()
@@ -185,7 +189,7 @@ class BlockPool:
             stale = rest - live
             seg = blocks[i:i + n + stale]  # holds at least n current entries
             if stale:
-                current = list(map(stamp.__eq__, map(free.get, seg, repeat(-1))))
+                current = list(self._current(rid, seg, i))
                 cut = list(compress(range(len(seg)), current))[n - 1] + 1
                 seg = seg[:cut]
                 _consume(map(free.__delitem__, compress(seg, current)))
@@ -196,31 +200,44 @@ class BlockPool:
             run[3] = live - n
             return
 
+    def _current(self, rid: int, seg: list[int], at: int):
+        """Whether each entry of `seg` (run `rid`'s entries from place `at` on) is current, lazily, in C."""
+        return map(eq, map(self.cached_free.get, seg, repeat(-1)), count((rid << 32) + at))
+
     def _append_free(self, blocks: list[int]) -> None:
-        """`blocks` (none listed twice, none free) go to the LRU tail, in order."""
-        self._stamp = stamp = self._stamp + 1
-        self.cached_free.update(zip(blocks, repeat(stamp)))
-        self._lru.append([stamp, blocks, 0, len(blocks)])
+        """`blocks` (none listed twice, none free) go to the LRU tail, in order: a run of their own, or
+        when short the newest run's end (a chat release's blocks, one run each, cost more to evict)."""
+        lru = self._lru
+        if len(blocks) <= SHORT and lru and len(lru[-1][1]) < 4096:
+            run = lru[-1]
+            at = len(run[1])
+            self.cached_free.update(zip(blocks, count((run[0] << 32) + at)))
+            run[1].extend(blocks)
+            run[3] += len(blocks)
+        else:
+            self._stamp = rid = self._stamp + 1
+            self.cached_free.update(zip(blocks, count(rid << 32)))
+            lru.append([rid, blocks, 0, len(blocks)])
         self._entries += len(blocks)
         if self._entries > 4 * len(self.cached_free) + LRU_SLACK:  # mostly taken back: keep memory bounded
             self._compact()
 
     def _compact(self) -> None:
-        """Each run keeps only its current entries (its stamp and its order stay); empty runs go."""
+        """Each run keeps only its current entries, in order, renumbered; empty runs go."""
         free, taken, runs = self.cached_free, self._taken, []
-        for stamp, blocks, i, live in self._lru:
-            taken.pop(stamp, None)
-            seg = blocks[i:]
-            kept = list(compress(seg, map(stamp.__eq__, map(free.get, seg, repeat(-1)))))
+        for rid, blocks, i, _ in self._lru:
+            taken.pop(rid, None)
+            kept = list(compress(blocks[i:], self._current(rid, blocks[i:], i)))
             if kept:
-                runs.append([stamp, kept, 0, len(kept)])
+                free.update(zip(kept, count(rid << 32)))
+                runs.append([rid, kept, 0, len(kept)])
         self._lru = deque(runs)
         self._entries = sum(len(r[1]) for r in runs)
 
     def lru_order(self) -> list[int]:
         """The free-but-cached blocks, least recently freed first (the order eviction takes them)."""
-        free = self.cached_free
-        return [h for stamp, blocks, i, _ in self._lru for h in islice(blocks, i, None) if free.get(h) == stamp]
+        return [h for rid, blocks, i, _ in self._lru
+                for h in compress(blocks[i:], self._current(rid, blocks[i:], i))]
 
     def register(self, h: int) -> bool:
         """A freshly computed anonymous block now holds prefix `h`: cache it. False if `h` was cached
@@ -239,8 +256,7 @@ class BlockPool:
             if len(hashes) > SHORT:
                 self._drop(hashes[::-1])
                 return
-            used, free = self.cached_used, self.cached_free  # a chat prompt: `_drop` in a plain loop, inlined
-            self._stamp = stamp = self._stamp + 1
+            used = self.cached_used  # a chat prompt: `_drop` in a plain loop, inlined
             freed = []
             for h in reversed(hashes):
                 c = used[h] - 1
@@ -248,13 +264,9 @@ class BlockPool:
                     used[h] = c
                 else:
                     del used[h]
-                    free[h] = stamp
                     freed.append(h)
             if freed:
-                self._lru.append([stamp, freed, 0, len(freed)])
-                self._entries += len(freed)
-                if self._entries > 4 * len(free) + LRU_SLACK:
-                    self._compact()
+                self._append_free(freed)
             return
         W = self.piece
         self._drop(hashes[:pieces * W - 1:-1])
