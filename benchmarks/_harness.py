@@ -75,11 +75,12 @@ def true_capacity(sc, knobs: Knobs, workload, slo, memo: dict) -> float:
 def _code_digest() -> str:
     """The ground truth is only as current as the code that measured it: the simulator, the profiles, the
     workload and SLO readers and the knee search all go into the cache key (a cache computed before a
-    knee-search change once made a stale optimum look unreachable)."""
+    knee-search change once made a stale optimum look unreachable; the whole capacity package counts, as
+    the knee's fit in `knee_fit.py` and its settings' defaults in `knee_model.py` moved the truths too)."""
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     for sub in ("tuner/sim", "tuner/profiles", "tuner/workload", "tuner/replay", "tuner/engine/sim.py",
-                "tuner/capacity/knee.py", "tuner/capacity/measure.py", "tuner/capacity/verdict.py", "tuner/slo.py",
+                "tuner/capacity", "tuner/slo.py",
                 "tuner/knobs.py"):
         path = root / sub
         for f in sorted(path.rglob("*") if path.is_dir() else [path]):

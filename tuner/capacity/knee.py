@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 from tuner.engine.base import Server
 from tuner.capacity.explain import causes, fail_words, no_rate_line
-from tuner.capacity.knee_fit import intercept_of, knee_estimate
+from tuner.capacity.knee_fit import OWN_SPAN, intercept_of, knee_estimate
 from tuner.capacity.knee_model import KneeResult, KneeSettings
 from tuner.capacity.lora import by_popularity
 from tuner.capacity.measure import (CLIENT_BOUND_RERUNS, LoadSettings, Measured, Measurement, digest,
@@ -211,8 +211,10 @@ class KneeSearch:
         burst = self._probe.throughput_rps if self._probe is not None else None
         lo, hi = self.result.capacity, self.result.upper
         center = math.sqrt(lo * hi) if lo and hi else (lo or hi)
+        # a climb (passes only) fits its own line from two points on (`knee_fit.OWN_SPAN`)
+        climb = hi is None and all(q.passed for q in self.result.points if q.rate < self.knee.saturation_rate)
         return knee_estimate(self.result.points, self.knee.saturation_rate, burst_rps=burst,
-                             intercept=self.prior_intercept, center=center)
+                             intercept=self.prior_intercept, center=center, own_span=1.0 if climb else OWN_SPAN)
 
     def _requests_fail(self, s: LoadRunSummary) -> bool:
         """Nearly every request of a run at a finite rate failed for the server's own reasons. Timeouts

@@ -11,7 +11,10 @@ Every point with a finite badness contributes (the rate-inf burst's throughput i
 how close it is to the bracket's middle, where the line bends least from the truth; a fail past the cliff
 (infinite badness, a growing queue) only bounds the knee (`tuner.capacity.knee` bisects there). With only one point near the knee the intercept `A` sets the slope: it is the incumbent's, when
 the search races one (a study's configurations share a workload and an SLO, so their curves differ
-mostly in scale), or `DEFAULT_INTERCEPT` (the simulator's four scenarios read 2.1-2.4).
+mostly in scale), or `DEFAULT_INTERCEPT` (the simulator's four scenarios read 2.1-2.4). Those two
+pseudo-points (the intercept at rate 0, the burst at its throughput) stand in for what the points cannot
+say; points that span a doubling of the rate or more say it themselves and are fitted alone (`OWN_SPAN`),
+and so do a climb's passes (`tuner.capacity.knee` passes `own_span=1`: two are enough there).
 """
 
 from __future__ import annotations
@@ -34,6 +37,16 @@ BURST_WEIGHT = 0.1
 #: by the knee (a climb's seven passes at 1 / badness 10-15 put the knee at the fail above it)
 MAX_RECIPROCAL = 4.0
 FLOOR_WEIGHT = 0.05  # every point counts a little, however far from the knee
+#: Points whose rates span at least this factor are fitted alone, without the intercept's and the burst's
+#: pseudo-points. Those sit at the ends of the rate axis, where a weight of 0.1 still out-levers the
+#: points, and their queue model (1 / badness falling linearly to 0 at the burst's throughput) is not
+#: every engine's: under a strict TPOT SLO an idle engine is at badness 0.8 (1 / badness 1.25, not the
+#: default 2.2) and the curve stays flat to a cliff at 10.6 req/s, below a burst that served 16. With the
+#: pseudo-points a climb from 1 req/s crept 1.2x a run (every fitted knee just above the last pass, where
+#: the points' own line put it at 11 req/s) and ran out of runs at 8.1 req/s without a fail. Points near
+#: the knee only (a race, a burst's start) span less, and keep the pseudo-points' regularisation; a climb
+#: (passes only, no fail yet) fits its own from two points on, its next rate capped at twice the last
+OWN_SPAN = 2.0
 #: Points within about this log-distance of the bracket's middle count most (the line is a chord of a
 #: curve that bends towards saturation: only near the knee is it close to the curve) ...
 RATE_WIDTH = 0.2
@@ -105,14 +118,20 @@ def intercept_of(points: Sequence[LoadRunSummary], saturation_rate: float = 1e5)
 
 def knee_estimate(points: Sequence[LoadRunSummary], saturation_rate: float, *,
                   burst_rps: float | None = None, intercept: float | None = None,
-                  center: float | None = None) -> float | None:
+                  center: float | None = None, own_span: float = OWN_SPAN) -> float | None:
     """The rate where the fitted 1 / badness crosses 1, or None when the points do not say (a line
-    that does not fall). `center`: the middle of the bracket so far, whose neighbours weigh most."""
-    pts = curve_points(points, saturation_rate, burst_rps, center)
-    if not pts:
+    that does not fall). `center`: the middle of the bracket so far, whose neighbours weigh most.
+    `own_span`: points whose rates span this factor (and more than one rate) are fitted alone."""
+    pts = curve_points(points, saturation_rate, None, center)
+    if not pts and not burst_rps:
         return None
-    a = intercept if intercept is not None and intercept > 1.0 else DEFAULT_INTERCEPT
-    line = fit_line([*pts, (0.0, a, PRIOR_WEIGHT)])
+    rates = [x for x, _, _ in pts]
+    if rates and max(rates) > min(rates) and max(rates) >= own_span * min(rates):
+        line = fit_line(pts)  # the points span enough of the curve to set its slope themselves
+    else:
+        a = intercept if intercept is not None and intercept > 1.0 else DEFAULT_INTERCEPT
+        burst = [(burst_rps, 0.0, BURST_WEIGHT)] if burst_rps else []
+        line = fit_line([*pts, *burst, (0.0, a, PRIOR_WEIGHT)])
     if line is None:
         return None
     b0, slope = line
@@ -122,4 +141,4 @@ def knee_estimate(points: Sequence[LoadRunSummary], saturation_rate: float, *,
     return x if math.isfinite(x) and x > 0 else None
 
 
-__all__ = ["DEFAULT_INTERCEPT", "knee_estimate", "intercept_of", "fit_line", "curve_points", "reciprocal"]
+__all__ = ["DEFAULT_INTERCEPT", "OWN_SPAN", "knee_estimate", "intercept_of", "fit_line", "curve_points", "reciprocal"]
