@@ -87,3 +87,38 @@ def test_the_fitted_search_brackets_the_knee_to_the_precision_in_few_engine_seco
     assert r.capacity and r.upper and r.upper / r.capacity <= 1.05 + 1e-9
     assert r.points[0].rate >= 1e5  # the burst, not the climb from 1 req/s
     assert min(p.rate for p in r.points) > 1.0
+
+
+def flat(rate: float, a: float = 1.27, knee: float = 11.0) -> float:
+    """Badness of an engine an idle load already takes to 0.8 of a strict TPOT limit (1 / badness 1.27)
+    and that stays flat to its knee at `knee` req/s: far from the default intercept's queue."""
+    return 1.0 / (a - (a - 1.0) * rate / knee)
+
+
+def test_a_climb_on_a_flat_curve_fits_its_own_line_not_the_default_intercept():
+    """With the default intercept (2.2) at rate 0 a pseudo-point, the climb's passes at 1 / badness 1.25
+    put every fitted knee just above the last pass: the search crept 1.2x a run from 1 req/s."""
+    climb = [point(r, flat(r), True) for r in (1.0, 1.26)]
+    assert knee_estimate(climb, 1e5, center=1.26, own_span=1.0) == pytest.approx(11.0, rel=0.01)
+    s = KneeSearch(server(), chat(), slo(), LoadSettings(requests=400), KneeSettings())
+    s.result.points.extend(climb)
+    s.result.capacity = 1.26
+    assert s.next_rate(1.0) == pytest.approx(2 * 1.26)  # the fitted knee is far: the climb doubles
+    # points spanning a doubling of the rate set the slope themselves, whatever the phase
+    spread = [point(r, flat(r), True) for r in (2.0, 4.0, 8.0)]
+    assert knee_estimate(spread, 1e5, center=8.0) == pytest.approx(11.0, rel=0.01)
+    # points near the knee only keep the default intercept's regularisation (`OWN_SPAN`)
+    near = [point(r, flat(r), True) for r in (8.0, 9.0)]
+    assert knee_estimate(near, 1e5, center=9.0) < 10.0
+
+
+def test_a_search_under_a_strict_tpot_from_1_rps_brackets_the_knee_within_its_runs():
+    """No burst (400 requests are not twice 256 deep): the climb from 1 req/s. A 30 ms TPOT that an idle
+    engine meets at badness 0.85 ran out of its 12 runs at 2.4 req/s without a fail before the climb fitted
+    its own line; now it brackets the knee (3.7 req/s) to the precision."""
+    r = find_capacity(server(), chat(), slo(ttft=2000, tpot=30), start_rate=1.0, load=LoadSettings(requests=400),
+                      max_num_seqs=256)
+    assert r.points[0].rate == 1.0 and r.points[0].badness and r.points[0].badness > 0.8
+    assert r.capacity and r.upper, "the climb ran out of runs without a fail"
+    assert r.upper / r.capacity <= 1.05 + 1e-9
+    assert r.runs < KneeSettings().max_runs
