@@ -188,6 +188,7 @@ class TwinSection(BaseModel):
     """`--strategy twin`: the fits, the whole-space ranking and the prediction error of every verified trial."""
 
     configurations: int = 0
+    raced_out: int = 0      # of the configurations, screens that lost their race: only "below" a rate
     fits: list[TwinFitRow] = Field(default_factory=list)
     verified: list[TwinVerified] = Field(default_factory=list)
     ranking: list[TwinRankRow] = Field(default_factory=list)      # top ten of the latest ranking

@@ -215,8 +215,10 @@ def _twin(rep: Report, figures: set[str]) -> list[Block]:
         return []
     out = [Block("h2", "The twin: predicted against measured"),
            Block("p", f"The simulator was fitted to this engine's own launches ({len(tw.fits)} fits) and "
-                      f"predicted all {tw.configurations} configurations of the space; launches only "
-                      f"verified its best. Each prediction below was stored before its launch."
+                      f"predicted all {tw.configurations} configurations of the space"
+                      + (f" ({tw.raced_out} of them only as below a better one's capacity: their quick screen "
+                         f"failed clearly there, so no knee was searched)" if tw.raced_out else "")
+                      + "; launches only verified its best. Each prediction below was stored before its launch."
                       + (f" Median prediction error on verified trials: {tw.median_abs_error:.1%}"
                          + (f" ({tw.median_abs_anchored_error:.1%} anchored: the incumbent's measured "
                             f"capacity times the twin's predicted ratio, the number the search acted on)"

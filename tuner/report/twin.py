@@ -44,7 +44,7 @@ def twin_section(data: StudyData) -> TwinSection | None:
     errs = [abs(v.error) for v in verified if v.error is not None]
     anchored = [abs(v.anchored_error) for v in verified if v.anchored_error is not None]
     return TwinSection(
-        configurations=log.configurations,
+        configurations=log.configurations, raced_out=log.raced_out,
         fits=[TwinFitRow(after_trial=f.after_trial, trials=f.trials, loss=f.loss, nominal_loss=f.nominal_loss,
                          params=f.params.model_dump(), residuals=f.residuals, wall_s=f.wall_s) for f in log.fits],
         verified=verified, ranking=ranking, median_abs_error=statistics.median(errs) if errs else None,

@@ -64,6 +64,8 @@ class Prediction(BaseModel):
     curve: list[tuple[float, float | None]] = Field(default_factory=list)  # (rate, badness)
     params_after_trial: int = -1                  # the fit it came from
     screened: bool = False                        # from the quick first pass over the space only
+    #: a screen that lost its race there: below this rate, no knee searched (`tuner.twin.predict._bar`)
+    below_rps: float | None = None
     #: set when the strategy launched it: the incumbent's measured capacity times the twin's predicted
     #: ratio to the incumbent (the number the strategy acted on; a twin biased alike everywhere cancels)
     anchored_rps: float | None = None
@@ -100,6 +102,7 @@ class TwinLog(BaseModel):
     #: knobs key -> the twin's prediction for it just before it was launched
     predicted_before_launch: dict[str, Prediction] = Field(default_factory=dict)
     configurations: int = 0                # in the space the twin ranked
+    raced_out: int = 0                     # of them, screens that lost their race (`Prediction.below_rps`)
     stop_reason: str | None = None
 
     @classmethod

@@ -96,7 +96,9 @@ def twin_search(runner: TrialRunner, budget: Budget, twin: Twin, *, noise_floor:
                         canonical=lambda k: space.layout(normalize(k, runner.defaults)))
     log.first_ranking = log.ranking = ranking
     log.configurations = len(ranking.predictions)
-    say(f"twin ranked {len(ranking.predictions)} configurations in {ranking.wall_s:.1f} s")
+    log.raced_out = sum(p.below_rps is not None for p in ranking.predictions)
+    say(f"twin ranked {len(ranking.predictions)} configurations in {ranking.wall_s:.1f} s"
+        + (f" ({log.raced_out} raced out by a better one's capacity)" if log.raced_out else ""))
     _save(runner, log)
     inc = base if base.capacity_rps else None
     chain = [base.number] if inc else []
