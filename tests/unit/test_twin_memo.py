@@ -84,3 +84,23 @@ def test_a_new_capacity_scale_alone_rescales_what_was_searched_and_new_parameter
     assert [y for _, y in scaled.curve] == [y for _, y in base.curve]
     one(twin.params.model_copy(update={"slo_scale": 1.1}))
     assert searches == [k.key(), k.key()]
+
+
+def test_a_screen_raced_above_its_knee_ends_after_one_run_below_that_rate(chat):
+    """The whole-space screen races a configuration at the best few's capacity first (`_bar`): failing it
+    clearly, it is below that rate (`below_rps`), no knee searched; passing, its knee search goes on."""
+    from tuner.twin.predict import SCREEN, _bar
+
+    wl, slo = chat
+    twin = Twin.build(GPU, MODEL, wl, slo, LOAD)
+    k = Knobs(max_num_seqs=128)
+    full = predict(twin.params, twin.gpu, twin.model, k, wl, slo, LOAD, start_rate=5.0, fidelity=SCREEN)
+    assert full.capacity_rps and full.below_rps is None
+    lost = predict(twin.params, twin.gpu, twin.model, k, wl, slo, LOAD, start_rate=5.0, fidelity=SCREEN,
+                   race_rate=3 * full.capacity_rps)
+    assert lost.capacity_rps is None and lost.below_rps == pytest.approx(3 * full.capacity_rps)
+    assert len(lost.curve) == 1 and lost.curve[0][0] == pytest.approx(3 * full.capacity_rps, abs=1e-4)
+    won = predict(twin.params, twin.gpu, twin.model, k, wl, slo, LOAD, start_rate=5.0, fidelity=SCREEN,
+                  race_rate=full.capacity_rps / 2)
+    assert won.below_rps is None and won.capacity_rps and won.capacity_rps >= full.capacity_rps / 2
+    assert _bar([full, lost, won], 2) == min(full.capacity_rps, won.capacity_rps) and _bar([lost], 1) is None
