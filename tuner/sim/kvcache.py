@@ -253,20 +253,7 @@ class BlockPool:
         ones back to the free count."""
         self.free_anon += n_anon
         if not pieces:
-            if len(hashes) > SHORT:
-                self._drop(hashes[::-1])
-                return
-            used = self.cached_used  # a chat prompt: `_drop` in a plain loop, inlined
-            freed = []
-            for h in reversed(hashes):
-                c = used[h] - 1
-                if c:
-                    used[h] = c
-                else:
-                    del used[h]
-                    freed.append(h)
-            if freed:
-                self._append_free(freed)
+            self._drop(hashes[::-1])
             return
         W = self.piece
         self._drop(hashes[:pieces * W - 1:-1])
