@@ -50,6 +50,23 @@ def old_knee(commit: str):
     return mod
 
 
+def point_detail(p) -> dict:
+    """Where a search's engine seconds went: each load run's span, what it served and how far over the
+    SLO it was, in the order the search ran them (the warm-up is in the search's total, not here)."""
+    return {"rate": round(p.rate, 2), "verdict": p.verdict, "engine_s": round(p.duration_s, 1),
+            "served_rps": round(p.served_rps or p.throughput_rps or 0.0, 1),
+            "badness": None if p.badness is None else round(p.badness, 2), "stopped_early": p.stopped_early,
+            "repeats": p.repeats}
+
+
+def point_line(d: dict) -> str:
+    rate = "inf" if d["rate"] >= 1e5 else f"{d['rate']:g}"
+    bad = "-" if d["badness"] is None else f"{d['badness']:g}"
+    pooled = f" x{d['repeats']}" if d["repeats"] > 1 else ""
+    return (f"{rate} {d['verdict']} {d['engine_s']:g}s {d['served_rps']:g} {bad}"
+            f"{' early' if d['stopped_early'] else ''}{pooled}")
+
+
 def summary(rows: list[dict]) -> str:
     """Issue 36's target on a real engine: each new search against the old searches' median, in engine
     seconds (at most 0.5x) and capacity (within 5%)."""
@@ -93,11 +110,14 @@ def main(argv=None) -> int:
             wall = time.time() - t
             pts = sorted((round(p.rate, 2), p.verdict, p.repeats) for p in r.points)
             row = {"search": which, "capacity": r.capacity_rps, "engine_s": r.engine_s, "runs": r.runs,
-                   "wall_s": wall, "loadavg_before": la, "loadavg_after": os.getloadavg()[0], "points": pts}
+                   "wall_s": wall, "loadavg_before": la, "loadavg_after": os.getloadavg()[0], "points": pts,
+                   "detail": [point_detail(p) for p in r.points]}
             rows.append(row)
             print(f"{which:4s} capacity {r.capacity_rps or 0:7.2f} req/s  engine {r.engine_s:6.0f} s  "
                   f"runs {r.runs:2d}  wall {wall:5.0f} s  load {la:.1f} -> {row['loadavg_after']:.1f}  "
                   f"points {pts}", flush=True)
+            print("     in order run (rate, verdict, engine s, served req/s, badness, stopped early): "
+                  + "; ".join(point_line(d) for d in row["detail"]), flush=True)
     print(f"total wall {time.time() - t0:.0f} s")
     print(summary(rows))
     RESULT.parent.mkdir(parents=True, exist_ok=True)

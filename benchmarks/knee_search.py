@@ -16,9 +16,11 @@ precision, so the truth does not move with the search under test).
 Targets: ours needs at most half the load runs (issue 7) and at most half the engine-seconds (issues 11,
 36) of doubling + bisection *at equal or better error*. Doubling + bisection with the same run length is
 far less precise than ours (its short fixed runs read noise), so it is also run with every load run 2x
-and 4x longer (8x, 16x in turn only while none of those reached ours' error), and the issue's ratio is
-taken against the cheapest of them whose median and 90th-percentile error over every search are both at
-most ours'. The same-length ratio stays printed.
+and 4x longer (8x only if none of those reached ours' error), and the issue's ratio is taken against the
+cheapest of them whose median and 90th-percentile error over every search are both at most ours' (when
+none is, against the one nearest ours' error, said so). The same-length ratio stays printed. The truth is
+the capacity for runs of the load settings' length: much longer runs measure a lower, long-run capacity
+on some scenarios, so their error does not keep falling with their length (`MORE_LENGTHS`).
 
 Run: python benchmarks/knee_search.py [--seeds 5] [--quick]   (`main(argv)` for benchmarks/run_all.py)
 """
@@ -113,8 +115,12 @@ def step_down(c: Counter) -> float | None:
 
 #: doubling + bisection is run with every load run this many times longer (always) ...
 PEER_LENGTHS = (1, 2, 4)
-#: ... and with these, in turn, only while none of the lengths before reached ours' error
-MORE_LENGTHS = (8, 16)
+#: ... and with these, in turn, only while none of the lengths before reached ours' error. Not 16: the
+#: truth is the capacity for runs of the load settings' length (ours lengthens a run at most 4x), and
+#: longer open-loop runs near the knee read a lower one (chat on RTX 4090: 5.25-6.25 req/s at 16x against
+#: a truth of 7.59), so their error grows again from 8x on (2026-12-05, 5 seeds: x8 4.9%, 17.7%; x16
+#: 6.3%, 24.1%, median and 90th percentile)
+MORE_LENGTHS = (8,)
 
 
 def pooled_error(errors: list[float]) -> tuple[float, float]:
@@ -206,16 +212,22 @@ def report(out: dict, lengths: list[int]) -> None:
     print(f"ours' error: {mine[0]:.1%}, {mine[1]:.1%} (median, 90th percentile over every search, against "
           "the noise-free truth)")
     equal = next((k for k in lengths if as_good(err[f"dbl_x{k}"], mine)), None)
-    if equal is None:
-        e = ratios(out, f"dbl_x{lengths[-1]}")
-        print(f"at equal or better error: no doubling+bisection run (up to x{lengths[-1]}) reached ours' error; "
-              f"ours / the most precise one, engine-seconds: median {statistics.median(e):.2f} (longer runs "
-              f"cost more: at equal error the ratio would be lower still; target <= 0.5: {'met' if statistics.median(e) <= 0.5 else 'not met'})")
+    if equal is not None:
+        e = ratios(out, f"dbl_x{equal}")
+        print(f"at equal or better error: the cheapest doubling+bisection whose median and 90th-percentile "
+              f"errors are both at most ours' is x{equal}; ours / it, engine-seconds: median "
+              f"{statistics.median(e):.2f}, worst {max(e):.2f} (target <= 0.5: "
+              f"{'met' if statistics.median(e) <= 0.5 else 'not met'})")
         return
-    e = ratios(out, f"dbl_x{equal}")
-    print(f"at equal or better error: the cheapest doubling+bisection whose median and 90th-percentile errors "
-          f"are both at most ours' is x{equal}; ours / it, engine-seconds: median {statistics.median(e):.2f}, "
-          f"worst {max(e):.2f} (target <= 0.5: {'met' if statistics.median(e) <= 0.5 else 'not met'})")
+    # none is as precise on both statistics: the one nearest ours' error (the smaller of its two excesses)
+    near = min(lengths, key=lambda k: max(err[f"dbl_x{k}"][0] / mine[0], err[f"dbl_x{k}"][1] / mine[1]))
+    e = ratios(out, f"dbl_x{near}")
+    print(f"at equal or better error: no doubling+bisection run (x{lengths[0]}-x{lengths[-1]}) has both its "
+          f"median and its 90th-percentile error at most ours'; the nearest is x{near} "
+          f"({err[f'dbl_x{near}'][0]:.1%}, {err[f'dbl_x{near}'][1]:.1%} against {mine[0]:.1%}, {mine[1]:.1%}): "
+          f"ours / it, engine-seconds: median {statistics.median(e):.2f}, worst {max(e):.2f} (<= 0.5: "
+          f"{'yes' if statistics.median(e) <= 0.5 else 'no'}, against a peer whose error is "
+          f"{err[f'dbl_x{near}'][0] / mine[0]:.2f}x and {err[f'dbl_x{near}'][1] / mine[1]:.2f}x ours')")
 
 
 def main(argv=None) -> int:
