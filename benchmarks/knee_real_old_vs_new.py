@@ -54,7 +54,8 @@ def point_detail(p) -> dict:
     """Where a search's engine seconds went: each load run's span, what it served and how far over the
     SLO it was, in the order the search ran them (the warm-up is in the search's total, not here)."""
     return {"rate": round(p.rate, 2), "verdict": p.verdict, "engine_s": round(p.duration_s, 1),
-            "served_rps": round(p.served_rps or p.throughput_rps or 0.0, 1),
+            # the burst's completion rate (its "served" is its offered rate minus a queue's growth: meaningless)
+            "served_rps": round((p.throughput_rps if p.rate >= 1e5 else p.served_rps) or 0.0, 1),
             "badness": None if p.badness is None else round(p.badness, 2), "stopped_early": p.stopped_early,
             "repeats": p.repeats}
 
