@@ -12,7 +12,7 @@ from tuner.knobs import Knobs
 from tuner.replay.record import RequestRecord, error_cause
 from tuner.capacity.knee import find_capacity
 from tuner.capacity.measure import LoadSettings, measure
-from tuner.capacity.verdict import design_effect, judge
+from tuner.capacity.verdict import SteadySettings, design_effect, judge
 from tuner.slo import SLO, badness, request_ratio, score
 from tuner.workload.model import Workload, WorkloadRequest
 
@@ -158,3 +158,32 @@ def test_no_run_offered_more_than_the_measured_burst_throughput_passes_early():
     assert capped.summary.n > 2 * free.summary.n
     below, _ = measure(server(), wl, slo, 2.0, LoadSettings(requests=4000, pass_ceiling_rps=3.0), seed=1)
     assert below.summary.stopped_early and below.summary.n == free.summary.n
+
+
+def test_a_decided_fail_stops_at_its_last_send_in_real_time_instead_of_draining_its_queue():
+    """Every request sent, the attainment already under the target with every request in flight counted
+    good: the window cannot grow, so the final verdict can only be the same fail. Real-time runs stop
+    there (`cut_after_sends`); before all is sent, or without the setting, the rule waits as before."""
+    def overloaded(now_sent: float):
+        recs = []
+        for i in range(200):
+            t = i / 10.0
+            life = 1.0 + 0.5 * t  # the queue grows: every request takes longer than the one before
+            recs.append(RequestRecord(index=i, scheduled_s=t, sent_s=t if t <= now_sent else None,
+                                      first_token_s=t + life - 0.1, finish_s=t + life, output_tokens=10,
+                                      expected_output_tokens=10, end_s=t + life))
+        return recs
+    slo = SLO(ttft={"max_ms": 1000}, target=0.95)
+    cut = SteadySettings(cut_after_sends=True)
+    done = overloaded(1e9)
+    assert judge(done, slo, cut, now=20.0).decided and judge(done, slo, cut, now=20.0).reason == "misses"
+    assert not judge(done, slo, SteadySettings(), now=20.0).decided  # the window is shorter than 3 p99s
+    assert not judge(overloaded(15.0), slo, cut, now=15.0).decided  # still sending
+    final = judge(done, slo)
+    assert not final.passed and final.decided  # what the drain would have ended with: the same fail
+    # a real-time run on the simulator: it ends at its last send, a virtual-time one drains
+    m, run = measure(server(), chat(2000), slo, 60.0, LoadSettings(requests=2000, max_duration_s=20.0), seed=0)
+    assert not m.summary.passed and run.duration_s <= 20.5, run.duration_s
+    m, run = measure(server(), chat(1200), slo, 60.0, LoadSettings(requests=1200), seed=0)
+    last = max(r.sent_s for r in run.records if r.sent_s is not None)
+    assert not m.summary.passed and run.duration_s > last + 10, (run.duration_s, last)

@@ -236,12 +236,14 @@ def digest(metrics: MetricsWindow | None, rate: float, max_num_seqs: int | None,
 
 def steady_settings(settings: LoadSettings) -> SteadySettings:
     """The sequential test's settings for these load runs: real time (runs capped by a duration) stops
-    a run as overloaded only on more evidence than virtual time needs."""
+    a run as overloaded only on more evidence than virtual time needs, and does not wait for a decided
+    fail's queue to drain (`cut_after_sends`; virtual time keeps the drain, whose latencies the twin's
+    fit and the simulated studies' points were measured with)."""
     realtime = settings.max_duration_s is not None
     return SteadySettings(tolerance=settings.steady_tolerance, latency_spans=settings.latency_spans,
                           early_overload_sends=REALTIME_EARLY_OVERLOAD_SENDS if realtime else 100,
                           early_overload_s=REALTIME_EARLY_OVERLOAD_S if realtime else 0.0,
-                          pass_ceiling_rps=settings.pass_ceiling_rps)
+                          pass_ceiling_rps=settings.pass_ceiling_rps, cut_after_sends=realtime)
 
 
 def _throughput(records: list[RequestRecord]) -> float | None:
