@@ -284,9 +284,12 @@ def rank_space(params: TwinParams, gpu, model, choices: dict[str, list], allowed
 def _sample(choices: dict[str, list], allowed: Callable[[Knobs], bool], canonical: Callable[[Knobs], Knobs],
             budget: int, seed: int, out: dict[str, Prediction], workers: Workers, last: Callable[[], float],
             keep: Callable[[list[Prediction]], None], bar: Callable[[], float | None]) -> None:
-    """TPE over the space until `out` holds `budget` configurations: `TPE_BATCH` asked at a time (the
-    sampler's constant liar keeps a pair apart), screened side by side, told. A screen that loses its race
-    at `bar` is told 0: below the sampler's good group whatever its capacity, which is all TPE reads."""
+    """TPE over the space until `out` holds `budget` configurations: asked until `TPE_BATCH` new ones are
+    pending (the sampler's constant liar keeps a pair apart), screened side by side, told. A configuration
+    screened before is told its capacity at once and another is asked: as TPE converges it proposes the
+    good ones again, and a pair that held one of them left a core idle (the main job's 160 screens went
+    out in 80 pairs, 40 of them a lone screen, 2026-12-05). A screen that loses its race at `bar` is told 0:
+    below the sampler's good group whatever its capacity, which is all TPE reads."""
     names = list(choices)
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(20, budget // 4), constant_liar=True)
     study = scratch_study("maximize", sampler)
@@ -294,7 +297,7 @@ def _sample(choices: dict[str, list], allowed: Callable[[Knobs], bool], canonica
     while asked < budget * 3 and len(out) < budget:
         batch: list[tuple[optuna.trial.Trial, Knobs]] = []
         new: dict[str, Knobs] = {}
-        while len(batch) < TPE_BATCH and asked < budget * 3 and len(out) + len(new) < budget:
+        while len(new) < TPE_BATCH and asked < budget * 3 and len(out) + len(new) < budget:
             t = study.ask()
             asked += 1
             k = Knobs.stored({n: v for n, v in ((n, t.suggest_categorical(n, list(choices[n]))) for n in names)
@@ -303,9 +306,11 @@ def _sample(choices: dict[str, list], allowed: Callable[[Knobs], bool], canonica
                 study.tell(t, state=optuna.trial.TrialState.PRUNED)
                 continue
             k = canonical(k)
+            if k.key() in out:
+                study.tell(t, out[k.key()].capacity_rps or 0.0)
+                continue
             batch.append((t, k))
-            if k.key() not in out:
-                new.setdefault(k.key(), k)
+            new.setdefault(k.key(), k)
         for preds in workers.map([([k], last(), bar()) for k in new.values()]):
             keep(preds)
         for t, k in batch:
