@@ -17,6 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from tuner.report.model import ConfigSummary, Report  # noqa: E402
+from tuner.twin.workers import Workers  # noqa: E402
 
 BASE, TUNED = "#7f7f7f", "#1f77b4"
 STATE_COLOR = {"accepted": "#2ca02c", "COMPLETE": "#9ecae1", "PRUNED": "#ff7f0e", "FAIL": "#d62728",
@@ -302,9 +303,10 @@ PLOTS["shares"] = knob_shares
 
 
 def all_plots(rep: Report) -> dict[str, str]:
-    out = {}
-    for name, f in PLOTS.items():
-        svg = f(rep)
-        if svg:
-            out[name] = svg
-    return out
+    """Every chart of `rep` that has something to draw, by name. Drawn side by side (`tuner.twin.workers`:
+    forked processes, on two cores two at a time): each is a second of matplotlib on its own, and they were
+    the last serial stretch of the README's main job."""
+    names = list(PLOTS)
+    with Workers(lambda name: PLOTS[name](rep)) as workers:
+        svgs = workers.map(names)
+    return {name: svg for name, svg in zip(names, svgs) if svg}
