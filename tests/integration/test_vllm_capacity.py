@@ -53,7 +53,11 @@ def test_capacity_under_a_loose_slo_is_at_most_the_measured_maximum_throughput(t
     # search), so the maximum is the higher of a burst before and one after, with a 10% margin.
     max_tput = max(before, after)
     assert res.capacity_rps <= 1.10 * max_tput, (before, after, seen)
-    # every passing point kept up: it served what it was offered
+    # every passing point kept up: it served what it was offered. The steady-state rule passes a run whose
+    # in-flight count did not grow by more than the 5% tolerance plus two standard errors of its slope, so
+    # the served rate's point estimate may sit a little under 95% of the offered rate: on a busy 2-core host
+    # (2026-12-05, load 6-10) a pass at 120.85 req/s served 111.8 (92.5%), and one on the code before at
+    # 98.4 served 93.3 (94.8%). 90% still catches a run that did not keep up (the regression was 68-330x).
     for p in res.points:
         if p.passed:
-            assert p.served_rps is not None and p.served_rps >= 0.95 * (p.offered_rps or p.rate), seen
+            assert p.served_rps is not None and p.served_rps >= 0.90 * (p.offered_rps or p.rate), seen
