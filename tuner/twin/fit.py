@@ -55,6 +55,11 @@ POINTS_PER_LAUNCH = 5      # load runs replayed per launch: the knee's neighbour
 #: last gain came 8-16 trials after the one before. Three generations (27 trials) stopped the refit after
 #: 28 trials and the first fit after 70 of 80, each with the same best: the same fit, a quarter fewer replays.
 PATIENCE_GENERATIONS = 3
+#: A refit starts from the last fit (sigma 0.12, not 0.25) and moves little: it stops after two such
+#: generations. In the main job (2026-12-05, first fit at 64 trials) the refit's gain came in its first
+#: generations and three more ran for nothing: two stop it at 261 replays instead of 342 with the same loss
+#: to the last digit (0.139186), 1.3 s of the job's ~30 s.
+REFIT_PATIENCE_GENERATIONS = 2
 #: ... and a gain of less than this share of the best loss is not progress for that count (it is still
 #: kept as the best). In the main job (2026-12-05) the first fit's last gain was 1.4% (trial 75 of 81) and
 #: the refit's only one 1.9% (trial 22): counted as progress they kept the refit going to 48 trials; not
@@ -290,7 +295,7 @@ def fit(ctx: FitContext, observations: Sequence[Observation], *, start: TwinPara
                     if progress(loss, best[0] if best else None):
                         stale = 0
                     best = (loss, params, terms)
-            if stale >= PATIENCE_GENERATIONS * popsize:
+            if stale >= (PATIENCE_GENERATIONS if warm is None else REFIT_PATIENCE_GENERATIONS) * popsize:
                 break
     assert best is not None
     return FitResult(after_trial=max((o.trial for o in obs), default=-1), trials=[o.trial for o in obs],
