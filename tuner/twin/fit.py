@@ -64,7 +64,7 @@ REFIT_PATIENCE_GENERATIONS = 2
 #: kept as the best). In the main job (2026-12-05) the first fit's last gain was 1.4% (trial 75 of 81) and
 #: the refit's only one 1.9% (trial 22): counted as progress they kept the refit going to 48 trials; not
 #: counted, the refit stops after 28 trials (261 launch replays instead of 441) with the same parameters to
-#: the last digit, and the first fit still runs its 80.
+#: the last digit, and the first fit still runs its 80 (its budget, 64 since 2026-12-05: `tuner.twin.twin`).
 PATIENCE_MIN_GAIN = 0.03
 
 
