@@ -90,8 +90,12 @@ def test_twin_on_real_vllm_fits_the_host_and_verifies_its_predictions(tmp_path: 
     assert measured and abs(base["capacity_rps"] / measured - 1) < 0.25, (base, measured)
     # The second launch is a verified prediction: the first verification is launched even where the
     # twin predicts nothing beats the defaults (its error off the baseline is unmeasured until then).
+    # (The attribution's confirming launch of a simpler configuration, role "simplify", comes on top of
+    # --max-trials: on 2026-12-05 the verified step's two knobs had one within noise, so a third ran.)
     launched = [t for t in study.trials if t.user_attrs.get("record", {}).get("launched")]
-    assert len(launched) == 2 and len(tw["verified"]) == 1, tw["verified"]
+    searched = [t for t in launched if t.user_attrs["record"].get("role") != "simplify"]
+    assert len(searched) == 2 and len(tw["verified"]) == 1, tw["verified"]
+    assert len(launched) <= 3, [t.user_attrs["record"].get("role") for t in launched]
     for v in tw["verified"]:
         assert v["predicted_rps"] and v["anchored_rps"] and (v["raced_out"] or v["measured_rps"])
 
