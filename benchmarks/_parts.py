@@ -106,7 +106,7 @@ PARTS: tuple[Part, ...] = (
          "real", ("benchmarks/lora_max_loras_real.py", "--rate", "10", "--pairs", "3"), expected_s=270, needs=_VLLM),
     Part("lora_bench_vs_vllm_bench", "tune bench against vllm bench serve with --lora-modules (issue 37)",
          "real", ("benchmarks/bench_vs_vllm_bench.py", "--engine", "vllm", "--lora", "16", "--requests", "300",
-                  "--rate", "6", "--pairs", "2"), expected_s=250, needs=_VLLM),
+                  "--rate", "6", "--pairs", "3"), expected_s=350, needs=_VLLM),
     Part("lora_bench_vs_vllm_bench_sim", "tune bench against vllm bench serve with --lora-modules on the HTTP "
          "simulator (issue 37)", "real", ("benchmarks/bench_vs_vllm_bench.py", "--lora", "16", "--requests", "300",
                                           "--rate", "6"), expected_s=135, needs=_VLLM),
