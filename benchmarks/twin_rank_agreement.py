@@ -25,7 +25,7 @@ every configuration predicted carefully by the same twin with another request sa
 reproduce under another sample is the bar the cheap ranking is held to: agreement with the full ranking
 beyond the full ranking's agreement with itself would be agreement with one sample's noise.
 
-Run (about 15 minutes of CPU on two cores):
+Run (178 s on two cores, 2026-12-05 18:30, nothing else running):
     python benchmarks/twin_rank_agreement.py [--scenarios ...] [--no-resample]
 """
 
