@@ -99,7 +99,8 @@ def same_points(wl, points, load) -> None:
     point. Where they do, a capacity that differs comes from the two searches' paths (each opens with a burst
     whose served throughput depends on the clock, and steers from it), not from the real-time measurement."""
     print("the same rates in-process (same settings, seed 0): rate, real-time verdict and attainment, in-process")
-    for p in sorted((p for p in points if p.rate < 1e5), key=lambda p: p.rate):
+    burst = KneeSettings().saturation_rate   # the rate-inf burst's points are not rates a client offers
+    for p in sorted((p for p in points if p.rate < burst), key=lambda p: p.rate):
         server = SimEngine(GPU, MODEL, token_times=False).launch(Knobs())
         with server:
             search = KneeSearch(server, wl, SLO_, load, KneeSettings(), max_num_seqs=server.cfg.max_num_seqs)
