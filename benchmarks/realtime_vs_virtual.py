@@ -103,9 +103,7 @@ def same_points(wl, points, load) -> None:
     for p in sorted((p for p in points if p.rate < burst), key=lambda p: p.rate):
         server = SimEngine(GPU, MODEL, token_times=False).launch(Knobs())
         with server:
-            search = KneeSearch(server, wl, SLO_, load, KneeSettings(), max_num_seqs=server.cfg.max_num_seqs)
-            search.warm_up(p.rate)
-            s = search.evaluate(p.rate).summary
+            s = KneeSearch(server, wl, SLO_, load, KneeSettings(), max_num_seqs=server.cfg.max_num_seqs).measure_at(p.rate)
         print(f"   {p.rate:8.3f} req/s  real time {p.verdict:12s} {p.attainment:.4f} n={p.n:5d}   "
               f"in-process {s.verdict:12s} {s.attainment:.4f} n={s.n:5d}")
 

@@ -72,10 +72,8 @@ def at_rate(twin: Twin, knobs: Knobs, rate: float) -> str:
     engine = TwinEngine(twin.gpu, twin.model, twin.params, token_times="itl" in twin.slo.thresholds,
                         shapes=twin.shapes, lora=twin.lora)
     with engine.launch(knobs) as server:
-        search = KneeSearch(server, twin.workload, twin.judged_slo, twin_load(twin.load, FULL), FULL.knee,
-                            max_num_seqs=server.cfg.max_num_seqs)
-        search.warm_up(rate / cs)
-        s = search.evaluate(rate / cs).summary
+        s = KneeSearch(server, twin.workload, twin.judged_slo, twin_load(twin.load, FULL), FULL.knee,
+                       max_num_seqs=server.cfg.max_num_seqs).measure_at(rate / cs)
     return f"{'P' if s.passed else 'f'}{s.badness:.3f}/{s.n}" if s.badness is not None else f"{s.verdict}/{s.n}"
 
 

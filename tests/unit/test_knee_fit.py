@@ -122,3 +122,21 @@ def test_a_search_under_a_strict_tpot_from_1_rps_brackets_the_knee_within_its_ru
     assert r.capacity and r.upper, "the climb ran out of runs without a fail"
     assert r.upper / r.capacity <= 1.05 + 1e-9
     assert r.runs < KneeSettings().max_runs
+
+
+def test_measure_at_judges_one_rate_after_the_warm_up_as_the_search_would():
+    """`measure_at`: the twin's SLO anchor and the benchmarks' common-rate checks. The warm-up goes first
+    (prefixes cached, its engine time counted, never scored) and the rate's verdict is recorded as a point."""
+    load = LoadSettings(requests=400, warmup_requests=20)
+    s = KneeSearch(server(), chat(), slo(), load, KneeSettings())
+    got = s.measure_at(3.0)
+    assert got.rate == 3.0 and got.n > 0 and got.passed
+    assert [p.rate for p in s.result.points] == [3.0]   # the warm-up is not a point
+    cold = KneeSearch(server(), chat(), slo(), load, KneeSettings())
+    cold_s = cold.evaluate(3.0).summary
+    assert s.result.engine_s > cold.result.engine_s     # the warm-up's run counted as engine time
+    by_hand = KneeSearch(server(), chat(), slo(), load, KneeSettings())
+    by_hand.warm_up(3.0)
+    again = by_hand.evaluate(3.0).summary
+    assert (again.n, again.attainment, again.badness, again.verdict) == (got.n, got.attainment, got.badness, got.verdict)
+    assert cold_s.passed

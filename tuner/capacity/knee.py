@@ -365,6 +365,13 @@ class KneeSearch:
                         salt=-7919, sequential=False)
         self.result.engine_s += m.run.duration_s
 
+    def measure_at(self, rate: float) -> LoadRunSummary:
+        """`rate` judged alone, on a fresh server, as this search would judge it there: the warm-up, then one
+        `evaluate` (lengthened or pooled where its verdict is inside the noise). For comparing at a common
+        rate: the twin's SLO anchors (`tuner.twin.anchor`), two configurations or two clocks at one rate."""
+        self.warm_up(rate)
+        return self.evaluate(rate).summary
+
     def run(self, start_rate: float, race_rate: float | None = None,
             prior: Sequence[LoadRunSummary] = ()) -> KneeResult:
         """`prior`: the incumbent's points, whose curve sets the slope of this one's first points."""

@@ -54,9 +54,7 @@ def slo_scale(gpu, model, params: TwinParams, anchors: Sequence[tuple[object, fl
         except LaunchFailure:
             continue
         with server:
-            search = KneeSearch(server, workload, slo, load, knee)
-            search.warm_up(rate)
-            b = search.evaluate(rate).summary.badness
+            b = KneeSearch(server, workload, slo, load, knee).measure_at(rate).badness
         if b is not None and 0 < b < math.inf:
             logs.append(math.log(min(max(b, LIMITS[0]), LIMITS[1])))
     return math.exp(statistics.fmean(logs)) if logs else 1.0
