@@ -112,7 +112,9 @@ def test_twin_killed_mid_verification_resumes_without_launching_anything_twice(t
     out = tmp_path / "run"
     # two launches: the baseline and the verification the kill cuts; the resumed study's one launch left is
     # that verification again (an interrupted trial spends no budget: `runner.counts_as_launch`)
-    args = study_args(out, "sim-http", space=SPACE, max_trials=2, strategy="twin")
+    # a coarse knee (precision 1.0: a bracket of 2x ends the search) on both sides of the cut: the fault is
+    # the subject, not the capacities, and each load run here is seconds of real time
+    args = study_args(out, "sim-http", "--precision", "1.0", space=SPACE, max_trials=2, strategy="twin")
     p = spawn(args, tmp_path / "tune.log")
     number, srv = wait_mid_trial(p, out, min_number=1, timeout=300)  # the first verification
     p.kill()

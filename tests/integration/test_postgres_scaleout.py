@@ -12,6 +12,7 @@ import os
 import re
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -32,9 +33,8 @@ pytestmark = [
 HEARTBEAT_ENV = {"TUNER_HEARTBEAT_S": "1", "TUNER_HEARTBEAT_GRACE_S": "4"}
 
 
-@pytest.fixture
-def pg_url():
-    """A fresh database for one test (the study name is fixed, so one study per database)."""
+def _admin():
+    """An AUTOCOMMIT engine on the test server (CREATE / DROP DATABASE), or a skip with the reason."""
     import sqlalchemy as sa
 
     try:
@@ -43,14 +43,57 @@ def pg_url():
             c.execute(sa.text("SELECT 1"))
     except Exception as e:  # the server is gone since setup: a skip with the reason, not an error
         pytest.skip(f"PostgreSQL at TUNER_TEST_POSTGRES_URL does not answer: {e.__class__.__name__}: {e}")
+    return admin
+
+
+@contextmanager
+def _database(admin, template: str | None = None):
+    """A new database (a copy of `template`'s, if given), dropped afterwards; yields (name, url)."""
+    import sqlalchemy as sa
+
     name = f"tuner_{uuid.uuid4().hex[:12]}"
     with admin.connect() as c:
-        c.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = admin.url.set(database=name).render_as_string(hide_password=False)
-    yield url
-    with admin.connect() as c:
-        c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        if template:  # a copy needs the template to itself: close what this process's reads left open
+            c.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE datname = :t AND pid <> pg_backend_pid()"), {"t": template})
+        c.execute(sa.text(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else "")))
+    try:
+        yield name, admin.url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as c:
+            c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def pg_url():
+    """A fresh database for one test (the study name is fixed, so one study per database)."""
+    admin = _admin()
+    with _database(admin) as (_, url):
+        yield url
     admin.dispose()
+
+
+@pytest.fixture(scope="module")
+def queued_one(tmp_path_factory):
+    """A database in which a sim-http leader ran its baseline and queued one grid configuration, made once:
+    the leader's real-time baseline is half a minute, and the two fault tests below start from the same
+    queue. Each copies it (`pg_queued`), so what one test's workers do never reaches the other's."""
+    admin = _admin()
+    with _database(admin) as (name, url):
+        start_leader(tmp_path_factory.mktemp("leader"), url, "sim-http", TUNE_FIX / "space1.yaml", grid=1)
+        yield admin, name
+    admin.dispose()
+
+
+@pytest.fixture
+def pg_queued(queued_one):
+    """A copy of `queued_one`'s database for one test (PostgreSQL's CREATE DATABASE ... TEMPLATE)."""
+    admin, template = queued_one
+    with _database(admin, template) as (_, url):
+        from optuna.trial import TrialState
+
+        assert [t.state for t in load_trials(url)] == [TrialState.COMPLETE, TrialState.WAITING]
+        yield url
 
 
 def leader_args(out: Path, url: str, engine: str, space: Path) -> list[str]:
@@ -112,13 +155,13 @@ def test_two_workers_share_the_grid_each_configuration_once(tmp_path: Path, pg_u
     assert_grid_done_once(pg_url, grid=8)
 
 
-def test_the_queue_drains_when_a_worker_is_killed_mid_trial(tmp_path: Path, pg_url: str, spawn) -> None:
+def test_the_queue_drains_when_a_worker_is_killed_mid_trial(tmp_path: Path, pg_queued: str, spawn) -> None:
     """One queued configuration; the worker running it is SIGKILLed mid-trial while a second worker waits.
     The dead worker's trial stops sending heartbeats, is failed as stale, and re-queued; the second worker
     runs it and the queue drains."""
     from optuna.trial import TrialState
 
-    start_leader(tmp_path, pg_url, "sim-http", TUNE_FIX / "space1.yaml", grid=1)
+    pg_url = pg_queued
     env = tune_env(**HEARTBEAT_ENV)
     victim = spawn(worker_args(tmp_path / "w1", pg_url), tmp_path / "w1.log", env=env)
     seen: dict[int, float] = {}
@@ -157,12 +200,12 @@ def test_the_queue_drains_when_a_worker_is_killed_mid_trial(tmp_path: Path, pg_u
                if run["rate"] < 1e5), record(retried[0])["load_runs"]
 
 
-def test_a_worker_stopped_with_ctrl_c_hands_its_trial_back(tmp_path: Path, pg_url: str, spawn) -> None:
+def test_a_worker_stopped_with_ctrl_c_hands_its_trial_back(tmp_path: Path, pg_queued: str, spawn) -> None:
     """Ctrl-C (or SIGTERM) to a worker: its trial is recorded as interrupted, its configuration queued
     again, and the next worker runs it."""
     from optuna.trial import TrialState
 
-    start_leader(tmp_path, pg_url, "sim-http", TUNE_FIX / "space1.yaml", grid=1)
+    pg_url = pg_queued
     first = spawn(worker_args(tmp_path / "w1", pg_url), tmp_path / "w1.log", env=tune_env(**HEARTBEAT_ENV))
     srv = wait_for(lambda: first.poll() is None and next(
         (r for r in server_pidfiles(tmp_path / "w1") if not port_is_free(r["port"])), None), 120, 0.2,
