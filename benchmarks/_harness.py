@@ -55,7 +55,7 @@ def measure_truth(sc, knobs: Knobs, workload, slo, memo: dict, sample: int = 0) 
 
     try:
         server = SimEngine(sc.gpu, sc.model, cost_params=sc.truth,
-                           token_times="itl" in slo.thresholds).launch(knobs)
+                           token_times=slo.needs_token_times).launch(knobs)
     except LaunchFailure:
         memo[key] = {"cap": 0.0, "runs": 0, "mu": 0.0, "launch_failed": True}
         return memo[key]
@@ -162,7 +162,7 @@ def noisy_runner(sc, seed: int, workload, slo, sampler=None, noise: float = NOIS
         return zlib.crc32(f"{seed}:{key}".encode() if n == 1 else f"{seed}:{key}:{n}".encode())
 
     engine = SimEngine(sc.gpu, sc.model, cost_params=sc.truth, noise=noise, seed=seed,
-                       token_times="itl" in slo.thresholds, launch_seed=launch_seed)
+                       token_times=slo.needs_token_times, launch_seed=launch_seed)
     study = optuna.create_study(direction="maximize", sampler=sampler)
     opts = from_options({"gpu": sc.gpu, "model": sc.model})
     return TrialRunner(study=study, engine=engine, workload=workload, slo=slo, space=sc.space,

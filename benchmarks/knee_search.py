@@ -53,7 +53,7 @@ START = 1.0
 
 def careful_truth(sc, knobs: Knobs, workload, slo) -> float:
     """The noise-free engine's capacity at 1% precision, on the same request sample as the searches."""
-    server = SimEngine(sc.gpu, sc.model, cost_params=sc.truth, token_times="itl" in slo.thresholds).launch(knobs)
+    server = SimEngine(sc.gpu, sc.model, cost_params=sc.truth, token_times=slo.needs_token_times).launch(knobs)
     r = find_capacity(server, workload, slo, start_rate=START, load=load_settings(sc),
                       knee=KneeSettings(precision=TRUTH_PRECISION, virtual_burst=True),
                       max_num_seqs=server.cfg.max_num_seqs)
@@ -141,7 +141,7 @@ def search_config(sc, knobs: Knobs, seeds: int, methods: list[str]) -> list[list
     workload, slo = sc.workload(), sc.slo()
     res: list[list[tuple]] = [[] for _ in methods]
     for seed in range(seeds):
-        eng = SimEngine(sc.gpu, sc.model, noise=NOISE, token_times="itl" in slo.thresholds,
+        eng = SimEngine(sc.gpu, sc.model, noise=NOISE, token_times=slo.needs_token_times,
                         launch_seed=lambda k, s=seed: zlib.crc32(f"{s}:{k.key()}".encode()))
         load = load_settings(sc, seed)
         for i, method in enumerate(methods):

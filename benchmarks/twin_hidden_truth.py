@@ -95,7 +95,7 @@ def idle_feasible(sc, truth: CostParams) -> bool:
     workload, slo = sc.workload(), sc.slo()
     for sample in SAMPLES:
         server = SimEngine(sc.gpu, sc.model, cost_params=truth,
-                           token_times="itl" in slo.thresholds).launch(Knobs())
+                           token_times=slo.needs_token_times).launch(Knobs())
         _, run = measure(server, workload, slo, 0.1, replace(load_settings(sc), seed=sample), seed=sample)
         if badness([r for r in run.records if r.in_window], slo) > IDLE_MARGIN:
             return False

@@ -69,8 +69,7 @@ def at_rate(twin: Twin, knobs: Knobs, rate: float) -> str:
     search's own warm-up: every configuration gets the same requests and seed (common random numbers), so
     two that the twin serves alike read the same. "P0.973/1370": passed, badness, requests scored."""
     cs = twin.params.capacity_scale
-    engine = TwinEngine(twin.gpu, twin.model, twin.params, token_times="itl" in twin.slo.thresholds,
-                        shapes=twin.shapes, lora=twin.lora)
+    engine = TwinEngine.for_slo(twin.gpu, twin.model, twin.params, twin.slo, shapes=twin.shapes, lora=twin.lora)
     with engine.launch(knobs) as server:
         s = KneeSearch(server, twin.workload, twin.judged_slo, twin_load(twin.load, FULL), FULL.knee,
                        max_num_seqs=server.cfg.max_num_seqs).measure_at(rate / cs)

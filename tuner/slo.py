@@ -116,6 +116,12 @@ class SLO(BaseModel):
     def thresholds(self) -> dict[str, Threshold]:
         return {m: getattr(self, m) for m in METRICS if getattr(self, m) is not None}
 
+    @property
+    def needs_token_times(self) -> bool:
+        """Whether judging this SLO needs each token's time (only ITL does): an engine that keeps a list
+        of times per request only for it runs faster without (`token_times` of the simulated engines)."""
+        return self.itl is not None
+
     def describe(self) -> str:
         parts = [f"p{t.percentile:g} {m.upper()} <= {t.max_ms:g} ms" for m, t in self.thresholds.items()]
         return f"{', '.join(parts)}; target {self.target:g}"

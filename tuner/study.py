@@ -102,7 +102,7 @@ def engine_defaults(settings: RunSettings) -> dict[str, Any]:
 def engine_spec(settings: RunSettings, slo: SLO | None = None, space: SearchSpace | None = None) -> EngineSpec:
     """The engine's spec: the run's engine settings and what the study derives from its inputs."""
     return spec_of(settings.engine, run_dir=settings.outputs.out / "servers", seed=settings.seed,
-                   token_times=slo is None or "itl" in slo.thresholds,
+                   token_times=slo is None or slo.needs_token_times,
                    host_gpus=space.host_gpus if space is not None else None,
                    spec_acceptance=dict(space.spec_acceptance) if space is not None else {})
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import (GPU, MODEL, SIM_HTTP_LOAD, SLO, TUNE_FIX, WORKLOAD, knobs_of, load_trials,
-                                port_is_free, record, server_gone, server_pidfiles, spawn, tune, tune_env,
+                                port_is_free, record, server_gone, server_pidfiles, spawn, tune, tune_env,  # noqa: F401 (spawn: a fixture)
                                 wait_for)
 
 URL = os.environ.get("TUNER_TEST_POSTGRES_URL")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
 
 from tests.conformance.test_vllm import MIB, vllm_engine
 from tests.helpers.real_vllm import needs_vllm

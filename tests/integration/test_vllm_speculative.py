@@ -8,7 +8,6 @@ propose often (a draft whenever the last token occurred before), so the counters
 
 from __future__ import annotations
 
-import pytest
 
 from tests.conformance.test_vllm import MIB, vllm_engine
 from tests.helpers.real_vllm import needs_vllm

@@ -9,7 +9,6 @@ a GPU without FP8 kernels.
 from __future__ import annotations
 
 import optuna
-import pytest
 
 from tuner.engine.classify import classify_failure, launch_facts
 from tuner.engine.sim import SimEngine

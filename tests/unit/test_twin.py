@@ -18,10 +18,10 @@ from tuner.engine.sim import SimEngine
 from tuner.knobs import Knobs
 from tuner.sim.costs import CostParams
 from tuner.slo import load_slo
-from tuner.storage.records import TrialRecord
+from tuner.storage.records import LoadRunSummary, TrialRecord
 from tuner.storage.twin import TwinLog, TwinParams
 from tuner.twin.engine import TwinEngine
-from tuner.twin.fit import FitContext, Observation, fit, kv_scale
+from tuner.twin.fit import FitContext, Observation, kv_scale
 from tuner.twin.params import FREE_PARAMS, cost_params, nominal, value
 from tuner.twin.twin import Twin
 from tuner.workload.loader import load_workload
@@ -85,6 +85,19 @@ def test_client_overhead_adds_to_ttft_and_e2e_not_to_tpot(chat):
     assert runs[0.1].p50_ms["ttft"] - runs[0.0].p50_ms["ttft"] == pytest.approx(100.0, abs=1.0)
     assert runs[0.1].p50_ms["e2el"] - runs[0.0].p50_ms["e2el"] == pytest.approx(100.0, abs=1.0)
     assert runs[0.1].p50_ms["tpot"] == pytest.approx(runs[0.0].p50_ms["tpot"], rel=1e-6)
+
+
+def test_the_twin_keeps_token_times_exactly_when_the_slo_judges_itl(chat):
+    """`TwinEngine.for_slo`, the one way the fit, the anchors and the predictions build the twin: an ITL
+    threshold needs each token's time, any other SLO runs without the lists."""
+    wl, slo = chat
+    itl = slo.model_copy(update={"itl": slo.tpot or slo.ttft})
+    for s, want in ((slo, slo.itl is not None), (itl, True)):
+        eng = TwinEngine.for_slo(GPU, MODEL, nominal(), s)
+        with eng.launch(Knobs()) as server:
+            m, _ = measure(server, wl, s, 2.0, LoadSettings(requests=20, sequential=False), seed=0, salt=1)
+        assert s.needs_token_times is want and eng.token_times is want
+        assert any(r.token_times for r in m.records) is want
 
 
 def test_kv_scale_is_what_the_host_reserved(chat):
@@ -173,9 +186,7 @@ def test_the_capacity_scale_is_the_launches_measured_over_predicted():
     assert capacity_scale([("c", 5.0)], lambda k, rate: None) == 1.0
 
 
-def _run(rate: float, e2e_ms: float, tpot_ms: float, ttft_ms: float) -> "LoadRunSummary":
-    from tuner.storage.records import LoadRunSummary
-
+def _run(rate: float, e2e_ms: float, tpot_ms: float, ttft_ms: float) -> LoadRunSummary:
     return LoadRunSummary(rate=rate, served_rps=rate, verdict="meets", n=100, attainment=1.0, ci_low=0.9,
                           ci_high=1.0, passed=True, goodput=rate,
                           p50_ms={"e2el": e2e_ms, "tpot": tpot_ms, "ttft": ttft_ms})

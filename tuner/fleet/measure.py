@@ -77,7 +77,7 @@ def run_fleet(setup: FleetSetup, replicas: int, policy: str, profile: list[tuple
     reqs = fleet_requests(setup.workload, times, seed=setup.seed, session=setup.session)
     fleet = Fleet(setup.cfg, policies.create(policy, seed=setup.seed), replicas, cost_params=setup.cost_params,
                   noise=setup.noise, seed=setup.seed, cold_start_s=cold_start_s,
-                  token_times="itl" in setup.slo.thresholds)
+                  token_times=setup.slo.needs_token_times)
     if fail_at is not None:
         fleet.fail(fail_at, relaunch=relaunch)
     return fleet.run(reqs, autoscaler=autoscaler)

@@ -48,7 +48,7 @@ def slo_scale(gpu, model, params: TwinParams, anchors: Sequence[tuple[object, fl
     p99 over more requests reaches further into a heavy-tailed workload)."""
     logs = []
     for knobs, rate in anchors:
-        engine = TwinEngine(gpu, model, params, token_times="itl" in slo.thresholds, shapes=shapes, lora=lora)
+        engine = TwinEngine.for_slo(gpu, model, params, slo, shapes=shapes, lora=lora)
         try:
             server = engine.launch(knobs)
         except LaunchFailure:

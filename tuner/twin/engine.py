@@ -16,6 +16,7 @@ from tuner.profiles.models import ModelProfile
 from tuner.replay.record import LoadRun
 from tuner.sim.config import resolve
 from tuner.sim.lora import LoraSetup
+from tuner.slo import SLO
 from tuner.storage.twin import TwinParams
 from tuner.twin.params import cost_params, value
 from tuner.workload.model import WorkloadRequest
@@ -74,6 +75,13 @@ class TwinEngine(SimEngine):
         self.lora = lora
         self.params = params
         self.shapes: dict = {} if shapes is None else shapes
+
+    @classmethod
+    def for_slo(cls, gpu: str | GPUProfile, model: str | ModelProfile, params: TwinParams, slo: SLO, *,
+                shapes: dict | None = None, lora: LoraSetup | None = None) -> "TwinEngine":
+        """The twin engine that judges `slo`: the one way every part of the twin (fit, anchors,
+        predictions) builds it, so they all simulate the same engine."""
+        return cls(gpu, model, params, token_times=slo.needs_token_times, shapes=shapes, lora=lora)
 
     def launch(self, knobs: Knobs) -> TwinServer:
         self.launches += 1

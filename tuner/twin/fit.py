@@ -118,7 +118,6 @@ class FitContext:
     workload: Workload
     slo: SLO
     load: LoadSettings                      # the study's load settings (the runs' schedules)
-    token_times: bool = False
     shapes: dict | None = None              # request shapes shared by the study's twin launches
     lora: LoraSetup | None = None           # the LoRA adapters the engine serves (None: LoRA off)
 
@@ -161,7 +160,7 @@ def replay(ctx: FitContext, params: TwinParams, obs: Observation,
            sink: list | None = None) -> list[tuple[str, float]]:
     """The (metric, log(simulated / measured)) terms of one launch replayed on the twin; `sink` collects
     the (measured, replayed) summaries of its runs."""
-    engine = TwinEngine(ctx.gpu, ctx.model, params, token_times=ctx.token_times, shapes=ctx.shapes, lora=ctx.lora)
+    engine = TwinEngine.for_slo(ctx.gpu, ctx.model, params, ctx.slo, shapes=ctx.shapes, lora=ctx.lora)
     try:
         server = engine.launch(obs.knobs)
     except LaunchFailure:

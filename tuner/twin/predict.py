@@ -85,7 +85,7 @@ def _search(params: TwinParams, gpu, model, knobs: Knobs, workload: Workload, sl
     """The knee search on the twin, in the twin's own rates (`capacity_scale` not applied), and whether its
     start rate went unused (it opened with the rate-inf burst, which failed: the search then starts from
     the burst's throughput, so the prediction is a function of the parameters and `knobs` alone)."""
-    engine = TwinEngine(gpu, model, params, token_times="itl" in slo.thresholds, shapes=shapes, lora=lora)
+    engine = TwinEngine.for_slo(gpu, model, params, slo, shapes=shapes, lora=lora)
     try:
         server = engine.launch(knobs)
     except LaunchFailure as e:

@@ -65,8 +65,7 @@ class Twin:
         obs = [o for o in (Observation.from_record(r) for r in records) if o is not None]
         if not obs:
             return None
-        ctx = FitContext(self.gpu, self.model, self.workload, self.slo, self.load,
-                         token_times="itl" in self.slo.thresholds, shapes=self.shapes, lora=self.lora)
+        ctx = FitContext(self.gpu, self.model, self.workload, self.slo, self.load, shapes=self.shapes, lora=self.lora)
         res = fit(ctx, obs, start=self.params if self.fits else None,
                   n_trials=self.fit_trials if not self.fits else min(self.fit_trials, REFIT_TRIALS),
                   seed=self.seed, launch_start=self.launch_start)
