@@ -7,8 +7,9 @@ no number. For each scenario (benchmarks/_scenarios.py, the twin at its nominal 
 first fit) this ranks the space on the reference path (one `step` call a step, one process) and on the
 shipped one, and prints each one's CPU seconds (this process and its workers) and wall seconds, and how
 the shipped ranking agrees with the reference: the top-1, the top-3, and whether every prediction is
-identical. On two cores the shipped screen runs in chains side by side, cut where a screen ignores its
-start rate (`tuner.twin.predict._chains`), so that too is meant to change no number.
+identical. The shipped screen runs in `GRID_CHAINS` chains, cut where a screen ignores its start rate
+(`tuner.twin.predict._chains`), each raced at its own bar: the reference path runs the same chains one after
+another in one process, so the two must agree to the last digit.
 
 Run alone (its timings are of this host's cores; the CPU column is comparable across a busy host):
     python benchmarks/twin_rank_exact.py [--scenarios ...]

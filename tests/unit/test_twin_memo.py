@@ -104,3 +104,20 @@ def test_a_screen_raced_above_its_knee_ends_after_one_run_below_that_rate(chat):
                   race_rate=full.capacity_rps / 2)
     assert won.below_rps is None and won.capacity_rps and won.capacity_rps >= full.capacity_rps / 2
     assert _bar([full, lost, won], 2) == min(full.capacity_rps, won.capacity_rps) and _bar([lost], 1) is None
+
+
+def test_the_ranking_is_the_same_on_one_core_and_on_two(chat, monkeypatch):
+    """A grid's screens run in chains, each raced at its own bar (`tuner.twin.predict.GRID_CHAINS`): cut by the
+    number of cores, one core ranked chat differently from two. Every prediction must be the host's no
+    matter how many processes screen them."""
+    wl, slo = chat
+    choices = {"max_num_seqs": [32, 64, 128, 256], "max_num_batched_tokens": [1024, 2048, 4096, 8192],
+               "kv_cache_dtype": ["auto", "fp8"]}
+    ranked = {}
+    for workers in ("1", "2"):
+        monkeypatch.setenv("TUNER_TWIN_WORKERS", workers)
+        twin = Twin.build(GPU, MODEL, wl, slo, LOAD)
+        ranking = twin.rank(choices, lambda k: True, extra=[Knobs()])
+        ranked[workers] = [(p.key, p.capacity_rps, p.below_rps) for p in ranking.predictions]
+    assert len(ranked["1"]) == 33 and sum(1 for _, c, _ in ranked["1"] if c) > 20
+    assert ranked["1"] == ranked["2"]

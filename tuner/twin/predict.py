@@ -68,6 +68,12 @@ GRID_LIMIT = 160   # spaces up to this many configurations are predicted exhaust
 #: times in length, and a pair waited for its longer one (the main job, 2026-12-05, two runs each: 28.9
 #: and 29.2 s against 29.4 and 30.6 s; the ranking 6.2 s against 7.0 s)
 TPE_BATCH = 4
+#: A grid's screens run in this many chains (`_chains`), whatever the cores. Each chain races its screens
+#: at its own `REFINE`-th best so far (`_bar`), so where the grid is cut decides which screens are raced
+#: out and where the next one starts: cut by the worker count (as until 2026-12-06), one core ranked chat
+#: differently from two, 74 of 101 predictions and the third place (benchmarks/ANALYSIS.md). Eight: what
+#: two cores cut, so the rankings measured on two cores stand; on one core the chains run one by one.
+GRID_CHAINS = 8
 
 
 def twin_load(load: LoadSettings, fidelity: Fidelity = FULL) -> LoadSettings:
@@ -206,7 +212,7 @@ def _burst_screen(gpu, model, params: TwinParams, knobs: Knobs, fidelity: Fideli
 def _chains(configs: list[Knobs], n: int, opens_chain: Callable[[Knobs], bool]) -> list[list[Knobs]]:
     """`configs` in order, cut into at most `n` runs of about equal length, each cut before a configuration
     whose screen ignores its start rate (`opens_chain`), so every screen starts where it would have in one
-    chain: the same predictions, side by side."""
+    chain. `n` must not depend on the host: each chain's race bar is its own (`GRID_CHAINS`)."""
     if n <= 1 or len(configs) < 2 * n:
         return [configs]
     cuts = [0]
@@ -270,7 +276,7 @@ def rank_space(params: TwinParams, gpu, model, choices: dict[str, list], allowed
                     k = canonical(k)
                     if k.key() not in out:
                         grid.setdefault(k.key(), k)
-            chains = _chains(list(grid.values()), 4 * workers.n,
+            chains = _chains(list(grid.values()), GRID_CHAINS,
                              lambda k: _burst_screen(gpu, model, params, k, SCREEN, lora))
             for preds in workers.map([(c, last, None) for c in chains]):
                 keep(preds)
