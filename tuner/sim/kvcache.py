@@ -270,37 +270,34 @@ class BlockPool:
         """One reference less on each of `blocks`, in order; a block left with none goes to the LRU tail."""
         used = self.cached_used
         if len(blocks) <= SHORT:
-            freed = []
-            for h in blocks:
-                c = used[h] - 1
-                if c:
-                    used[h] = c
-                else:
-                    del used[h]
-                    freed.append(h)
-            if freed:
-                self._append_free(freed)
-            return
-        counts = list(map(used.pop, blocks, repeat(0)))  # out of `used`, in C (a block listed twice: 0)
-        if max(counts) == 1:  # every block freed (none listed twice: that would count 2)
-            self._append_free(blocks)
-            return
-        if 0 in counts:  # a block listed twice: back as they were, then one at a time, as the order matters
-            used.update(zip(blocks[::-1], counts[::-1]))
-            freed = []
-            for h in blocks:
-                c = used[h] - 1
-                if c:
-                    used[h] = c
-                else:
-                    del used[h]
-                    freed.append(h)
+            freed = self._drop_each(blocks)
         else:
-            stay = list(map((1).__lt__, counts))
-            freed = list(compress(blocks, map(not_, stay)))
-            used.update(zip(compress(blocks, stay), map((-1).__add__, compress(counts, stay))))
+            counts = list(map(used.pop, blocks, repeat(0)))  # out of `used`, in C (a block listed twice: 0)
+            if max(counts) == 1:  # every block freed (none listed twice: that would count 2)
+                self._append_free(blocks)
+                return
+            if 0 in counts:  # a block listed twice: back as they were, then one at a time, as the order matters
+                used.update(zip(blocks[::-1], counts[::-1]))
+                freed = self._drop_each(blocks)
+            else:
+                stay = list(map((1).__lt__, counts))
+                freed = list(compress(blocks, map(not_, stay)))
+                used.update(zip(compress(blocks, stay), map((-1).__add__, compress(counts, stay))))
         if freed:
             self._append_free(freed)
+
+    def _drop_each(self, blocks: list[int]) -> list[int]:
+        """`_drop` a block at a time: the blocks left with no reference, in order (not yet freed)."""
+        used = self.cached_used
+        freed = []
+        for h in blocks:
+            c = used[h] - 1
+            if c:
+                used[h] = c
+            else:
+                del used[h]
+                freed.append(h)
+        return freed
 
     def reset_prefix_cache(self) -> None:
         self.free_anon += len(self.cached_free)
