@@ -187,3 +187,30 @@ def test_a_decided_fail_stops_at_its_last_send_in_real_time_instead_of_draining_
     m, run = measure(server(), chat(1200), slo, 60.0, LoadSettings(requests=1200), seed=0)
     last = max(r.sent_s for r in run.records if r.sent_s is not None)
     assert not m.summary.passed and run.duration_s > last + 10, (run.duration_s, last)
+
+
+def test_an_early_look_decides_only_a_fail_on_errors_and_says_what_it_is_waiting_for():
+    """A look whose window is shorter than `latency_spans` p99 latencies can decide only a fail on errors
+    (a pass and an overload need the window, a miss on latency too); such a look returns at once,
+    undecided, with the count and the window that show it (most of the stopping rule's looks)."""
+    def run(errors: bool):
+        recs = []
+        for i in range(100):
+            t = i / 10.0
+            if errors and i % 2:
+                recs.append(RequestRecord(index=i, scheduled_s=t, sent_s=t, error="HTTP 500: engine dead",
+                                          end_s=t + 0.1, expected_output_tokens=10))
+            else:
+                recs.append(RequestRecord(index=i, scheduled_s=t, sent_s=t, first_token_s=t + 0.2,
+                                          finish_s=t + 1.0, end_s=t + 1.0, output_tokens=10,
+                                          expected_output_tokens=10))
+        return recs
+    slo = SLO(ttft={"max_ms": 2000}, target=0.95)
+    early = judge(run(errors=True), slo, now=3.0)  # 31 sent, a 3 s window: under 3 p99 E2E latencies
+    assert early.decided and early.reason == "errors" and early.n == 31
+    wait = judge(run(errors=False), slo, now=3.0)
+    assert not wait.decided and wait.reason == "inconclusive"
+    assert wait.n == 31 and wait.span_s < SteadySettings().latency_spans * wait.p99_e2e_s
+    assert not judge(run(errors=True), slo, now=1.5).decided  # 16 sent: under `min_requests`
+    done = judge(run(errors=False), slo)  # the whole run: long enough, every request good
+    assert done.passed and done.decided

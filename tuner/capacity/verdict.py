@@ -66,6 +66,10 @@ class SteadySettings:
 
 @dataclass
 class Verdict:
+    """What `judge` says of a run. An in-progress verdict that cannot be decided yet for want of requests
+    or of window (most of the stopping rule's looks) carries only `n`, `errors`, `offered_rps`, `span_s`
+    and `p99_e2e_s`: what shows it is undecided."""
+
     passed: bool
     decided: bool            # cannot change with more data of this run (the stopping rule's condition)
     reason: str              # meets | misses | errors | overloaded | too_short | inconclusive | empty
@@ -153,7 +157,7 @@ def _censor(t: RunTable, slo: SLO, now: float | None):
     end = np.where(ended, t.end, np.inf)
     ratio = np.where(ended, t.ratio, np.nan)
     err = t.err & ended
-    age = np.where(ended, t.e2e, now - np.nan_to_num(sent, nan=now))
+    age = np.where(ended, t.e2e, np.where(np.isnan(sent), 0.0, now - sent))
     th = slo.thresholds
     bad = np.zeros(len(sent), dtype=bool)
     if "ttft" in th:
@@ -177,11 +181,13 @@ def _growth(sent: np.ndarray, end: np.ndarray, t0: float, t1: float, batches: in
     s, e = np.sort(sent[ok]), np.sort(end[ok])
     t = np.linspace(t0, t1, batches * points)
     inflight = (np.searchsorted(s, t, side="right") - np.searchsorted(e, t, side="right")).astype(float)
-    means = inflight.reshape(batches, points).mean(axis=1)
-    x = t.reshape(batches, points).mean(axis=1)
-    xc = x - x.mean()
-    slope = float((xc * (means - means.mean())).sum() / (xc * xc).sum())
-    resid = means - means.mean() - slope * xc
+    # sums over counts: `mean`'s own arithmetic (the same floats) without its per-call overhead
+    means = inflight.reshape(batches, points).sum(axis=1) / points
+    x = t.reshape(batches, points).sum(axis=1) / points
+    xc = x - x.sum() / batches
+    mm = means.sum() / batches
+    slope = float((xc * (means - mm)).sum() / (xc * xc).sum())
+    resid = means - mm - slope * xc
     se = math.sqrt(float((resid ** 2).sum()) / (batches - 2) / float((xc * xc).sum()))
     return slope, se, float(inflight.max())
 
@@ -230,15 +236,27 @@ def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: Stead
     n = len(idx)
     if n == 0:
         return Verdict(False, False, "empty")
-    r = ratio[idx]
-    known = ~np.isnan(r)
-    good = int((r[known] <= 1.0).sum())
-    unknown = int((~known).sum())
     errors = int(err[idx].sum())
     w_sent = sent[idx]
     span = float(w_sent.max() - w_sent.min())
     offered = (n - 1) / span if n > 1 and span > 0 else None
     p99 = float(np.quantile(age[idx], 0.99)) if n else None
+    long_enough = n >= st.min_requests and p99 is not None and span >= st.latency_spans * p99
+    final = now is None
+    # (every send made: the window is as long as it will be, so a decided miss need not wait for the drain)
+    all_sent = st.cut_after_sends and not final and not bool(np.isnan(sent).any())
+    if not final and not (n >= st.min_requests and (long_enough or all_sent or errors > (1 - target) * n)):
+        # In progress, nothing below can decide yet: a pass and an overload need the window to be long
+        # enough, a miss too unless every send is made or errors alone break the target. The stopping rule
+        # looks hundreds of times a run and most looks end here, before the in-flight fit and the
+        # intervals (a simulated run replays every look: the main job's launches spent a tenth of their
+        # time on them). Only what shows it is undecided is filled in.
+        return Verdict(False, False, "inconclusive", n=n, errors=errors, offered_rps=offered, span_s=span,
+                       p99_e2e_s=p99)
+    r = ratio[idx]
+    known = ~np.isnan(r)
+    good = int((r[known] <= 1.0).sum())
+    unknown = int((~known).sum())
     # the in-flight count fills up over the lifetime of nearly every request from the first send (an
     # M/G/inf system is in steady state after its longest service), and over the window's last two
     # thirds (near saturation, latencies creep up as the batch fills: a slower transient)
@@ -247,14 +265,12 @@ def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: Stead
     growth, growth_se, peak = _growth(sent, end, g0, g1)
     fit_sends = int(((w_sent >= g0) & (w_sent <= g1)).sum())
     served = _served(offered, growth)
-    final = now is None
     z = Z95 if final else Z_STOP
     order = np.argsort(w_sent, kind="stable")
     rk = r[order]
-    deff = design_effect(~(np.nan_to_num(rk[~np.isnan(rk)], nan=np.inf) <= 1.0))
+    deff = design_effect(~(rk[~np.isnan(rk)] <= 1.0))
     lo = wilson_interval(round(good / deff), max(1, round(n / deff)), z)[0]
     hi = wilson_interval(round((good + unknown) / deff), max(1, round(n / deff)), z)[1]
-    long_enough = n >= st.min_requests and p99 is not None and span >= st.latency_spans * p99
     allowed = st.tolerance * offered * (g1 - g0) if offered is not None and g1 > g0 else 0.0
     # Proven steady without statistics: the backlog cannot have grown by more than the in-flight count
     # ever was, and that stayed under what the tolerance allows over the fit. Otherwise the slope
@@ -280,8 +296,6 @@ def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: Stead
     miss_reason = "errors" if errors > (1 - target) * n and errors >= slow else "misses"
     # An early fail also waits for a run of several lifetimes, so the engine metrics of a failing point
     # (what the diagnosis reads) show the engine in steady state; a run failing on errors need not.
-    # (every send made: the window is as long as it will be, so a decided miss need not wait for the drain)
-    all_sent = st.cut_after_sends and not final and not bool(np.isnan(sent).any())
     if n >= st.min_requests and hi < target and (long_enough or final or miss_reason == "errors" or all_sent):
         v.reason, v.decided = miss_reason, True
         return v
