@@ -262,20 +262,15 @@ def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: Stead
     # thirds (near saturation, latencies creep up as the batch fills: a slower transient)
     g0 = max(float(w_sent.min()) + span / 3, float(np.nanmin(sent)) + (p99 or 0.0))
     g1 = float(w_sent.max())
+    growth, growth_se, peak = _growth(sent, end, g0, g1)
     fit_sends = int(((w_sent >= g0) & (w_sent <= g1)).sum())
+    served = _served(offered, growth)
     z = Z95 if final else Z_STOP
     order = np.argsort(w_sent, kind="stable")
     rk = r[order]
     deff = design_effect(~(rk[~np.isnan(rk)] <= 1.0))
     lo = wilson_interval(round(good / deff), max(1, round(n / deff)), z)[0]
     hi = wilson_interval(round((good + unknown) / deff), max(1, round(n / deff)), z)[1]
-    if not final and lo < target <= hi and fit_sends < st.early_overload_sends:
-        # neither interval decides, and the fit holds too few sends to stop the run as overloaded: the
-        # in-flight fit (the look's dearest part) cannot change the answer
-        return Verdict(False, False, "inconclusive", n=n, good=good, unknown=unknown, errors=errors, ci_low=lo,
-                       ci_high=hi, design_effect=deff, offered_rps=offered, span_s=span, p99_e2e_s=p99)
-    growth, growth_se, peak = _growth(sent, end, g0, g1)
-    served = _served(offered, growth)
     allowed = st.tolerance * offered * (g1 - g0) if offered is not None and g1 > g0 else 0.0
     # Proven steady without statistics: the backlog cannot have grown by more than the in-flight count
     # ever was, and that stayed under what the tolerance allows over the fit. Otherwise the slope
