@@ -181,13 +181,11 @@ def _growth(sent: np.ndarray, end: np.ndarray, t0: float, t1: float, batches: in
     s, e = np.sort(sent[ok]), np.sort(end[ok])
     t = np.linspace(t0, t1, batches * points)
     inflight = (np.searchsorted(s, t, side="right") - np.searchsorted(e, t, side="right")).astype(float)
-    # sums over counts: `mean`'s own arithmetic (the same floats) without its per-call overhead
-    means = inflight.reshape(batches, points).sum(axis=1) / points
-    x = t.reshape(batches, points).sum(axis=1) / points
-    xc = x - x.sum() / batches
-    mm = means.sum() / batches
-    slope = float((xc * (means - mm)).sum() / (xc * xc).sum())
-    resid = means - mm - slope * xc
+    means = inflight.reshape(batches, points).mean(axis=1)
+    x = t.reshape(batches, points).mean(axis=1)
+    xc = x - x.mean()
+    slope = float((xc * (means - means.mean())).sum() / (xc * xc).sum())
+    resid = means - means.mean() - slope * xc
     se = math.sqrt(float((resid ** 2).sum()) / (batches - 2) / float((xc * xc).sum()))
     return slope, se, float(inflight.max())
 

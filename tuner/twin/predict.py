@@ -22,8 +22,8 @@ from tuner.capacity.measure import LoadSettings
 from tuner.diagnose import diagnose
 from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs
-from tuner.profiles.gpus import get_gpu
-from tuner.profiles.models import get_model
+from tuner.profiles.gpus import GPUProfile
+from tuner.profiles.models import ModelProfile
 from tuner.sim.config import resolve
 from tuner.slo import SLO
 from tuner.twin.engine import TwinEngine
@@ -201,13 +201,13 @@ def _ordered(preds: list[Prediction]) -> list[Prediction]:
     return sorted(preds, key=lambda p: -(p.capacity_rps or 0.0))
 
 
-def _burst_screen(gpu, model, knobs: Knobs, fidelity: Fidelity, lora: LoraSetup | None = None) -> bool:
+def _burst_screen(gpu: GPUProfile, model: ModelProfile, knobs: Knobs, fidelity: Fidelity,
+                  lora: LoraSetup | None = None) -> bool:
     """Whether the screen of `knobs` opens with the rate-inf burst (`KneeSearch._burst_requests`): its
     start rate is then never used, so a chain of screens may begin there with any start. Only the
     configuration vLLM would resolve is needed (its `max_num_seqs`), not a launched server."""
     try:
-        mns = resolve(get_gpu(gpu) if isinstance(gpu, str) else gpu,
-                      get_model(model) if isinstance(model, str) else model, knobs, lora=lora).max_num_seqs
+        mns = resolve(gpu, model, knobs, lora=lora).max_num_seqs
     except LaunchFailure:
         return False
     return fidelity.requests >= 2 * mns
