@@ -27,9 +27,12 @@ pytestmark = pytest.mark.e2e
 DONE = (TrialState.COMPLETE, TrialState.PRUNED)
 
 
-def wait_mid_trial(p, out: Path, min_number: int = 0, timeout: float = 120) -> tuple[int, dict]:
+def wait_mid_trial(p, out: Path, min_number: int = 0, timeout: float = 120,
+                   reported: bool = True) -> tuple[int, dict]:
     """Block until trial >= `min_number` is RUNNING with its server up and serving load; return the
-    trial's number and the server's pidfile record."""
+    trial's number and the server's pidfile record. `reported`: a load run of the trial has already
+    ended (its line on stderr), so the cut falls after a finished run; otherwise the cut may fall in the
+    trial's first run, as soon as the server's own /metrics shows requests running (a load run less)."""
     def running():
         if p.poll() is not None:
             raise AssertionError(f"tune exited early ({p.poll()}):\n{p.output()}")
@@ -37,11 +40,25 @@ def wait_mid_trial(p, out: Path, min_number: int = 0, timeout: float = 120) -> t
         recs = [r for r in server_pidfiles(out) if not port_is_free(r["port"])]
         if not (states and len(recs) == 1):
             return None
+        if not reported:
+            return (states[-1], recs[0]) if requests_running(recs[0]["port"]) else None
         # the knee search under way: a load run of this trial already reported on stderr
         said = p.output()
         head = said.rfind(f"trial {states[-1]} (")
         return (states[-1], recs[0]) if head >= 0 and " req/s " in said[head:] else None
     return wait_for(running, timeout, 0.2, f"trial >= {min_number} running with its server under load")
+
+
+def requests_running(port: int) -> bool:
+    """Whether the server on `port` says, on its own /metrics, that it is serving requests now."""
+    import httpx
+
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+    except httpx.HTTPError:
+        return False
+    return any(line.startswith("vllm:num_requests_running") and float(line.rsplit(" ", 1)[1]) > 0
+               for line in text.splitlines())
 
 
 def assert_study_complete(out: Path, resumed) -> list:

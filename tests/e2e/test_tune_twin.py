@@ -116,7 +116,7 @@ def test_twin_killed_mid_verification_resumes_without_launching_anything_twice(t
     # the subject, not the capacities, and each load run here is seconds of real time
     args = study_args(out, "sim-http", "--precision", "1.0", space=SPACE, max_trials=2, strategy="twin")
     p = spawn(args, tmp_path / "tune.log")
-    number, srv = wait_mid_trial(p, out, min_number=1, timeout=300)  # the first verification
+    number, srv = wait_mid_trial(p, out, min_number=1, timeout=300, reported=False)  # the first verification
     p.kill()
     wait_for(lambda: server_gone(srv), 20, what=f"the killed tool's server to go: {srv}")
     before = optuna.load_study(study_name=None, storage=sqlite_url(out))
