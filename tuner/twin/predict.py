@@ -88,8 +88,8 @@ def twin_load(load: LoadSettings, fidelity: Fidelity = FULL) -> LoadSettings:
                         request_timeout_s=load.request_timeout_s)
 
 
-def _search(params: TwinParams, gpu, model, knobs: Knobs, workload: Workload, slo: SLO, load: LoadSettings,
-            start_rate: float, after_trial: int, fidelity: Fidelity, shapes: dict | None,
+def _search(params: TwinParams, gpu: GPUProfile, model: ModelProfile, knobs: Knobs, workload: Workload, slo: SLO,
+            load: LoadSettings, start_rate: float, after_trial: int, fidelity: Fidelity, shapes: dict | None,
             lora: LoraSetup | None, race_rate: float | None = None) -> tuple[Prediction, bool]:
     """The knee search on the twin, in the twin's own rates (`capacity_scale` not applied), and whether its
     start rate went unused (it opened with the rate-inf burst, which failed: the search then starts from
@@ -125,8 +125,8 @@ def _on_scale(raw: Prediction, cs: float) -> Prediction:
         "curve": [(round(x * cs, 4), None if y is None else round(y, 4)) for x, y in raw.curve]})
 
 
-def predict(params: TwinParams, gpu, model, knobs: Knobs, workload: Workload, slo: SLO, load: LoadSettings,
-            *, start_rate: float = 1.0, after_trial: int = -1, fidelity: Fidelity = FULL,
+def predict(params: TwinParams, gpu: GPUProfile, model: ModelProfile, knobs: Knobs, workload: Workload, slo: SLO,
+            load: LoadSettings, *, start_rate: float = 1.0, after_trial: int = -1, fidelity: Fidelity = FULL,
             shapes: dict | None = None, lora: LoraSetup | None = None, race_rate: float | None = None) -> Prediction:
     """The twin's prediction for `knobs`. `race_rate`: first a load run there, and where the configuration
     fails it clearly (`KneeSettings.race_band`), no knee search: it is below that rate (`below_rps`)."""
@@ -155,7 +155,8 @@ class Memo:
     def __len__(self) -> int:
         return len(self._raw)
 
-    def predict_many(self, params: TwinParams, gpu, model, asked: list[tuple[Knobs, float]], workload: Workload,
+    def predict_many(self, params: TwinParams, gpu: GPUProfile, model: ModelProfile,
+                     asked: list[tuple[Knobs, float]], workload: Workload,
                      slo: SLO, load: LoadSettings, *, after_trial: int = -1, shapes: dict | None = None,
                      lora: LoraSetup | None = None) -> list[Prediction]:
         """`predict(knobs, start_rate)` (careful) of each, in order: those made before read back, the rest
@@ -228,7 +229,8 @@ def _chains(configs: list[Knobs], n: int, opens_chain: Callable[[Knobs], bool]) 
     return [configs[a:b] for a, b in zip(cuts, cuts[1:] + [len(configs)])]
 
 
-def rank_space(params: TwinParams, gpu, model, choices: dict[str, list], allowed: Callable[[Knobs], bool],
+def rank_space(params: TwinParams, gpu: GPUProfile, model: ModelProfile, choices: dict[str, list],
+               allowed: Callable[[Knobs], bool],
                workload: Workload, slo: SLO, load: LoadSettings, *, after_trial: int = -1,
                start_rate: float = 1.0, extra: Iterable[Knobs] = (), budget: int = GRID_LIMIT,
                seed: int = 0, canonical: Callable[[Knobs], Knobs] = lambda k: k,
@@ -330,7 +332,7 @@ def _sample(choices: dict[str, list], allowed: Callable[[Knobs], bool], canonica
             study.tell(t, out[k.key()].capacity_rps or 0.0)
 
 
-def rerank(params: TwinParams, gpu, model, previous: Ranking, workload: Workload, slo: SLO,
+def rerank(params: TwinParams, gpu: GPUProfile, model: ModelProfile, previous: Ranking, workload: Workload, slo: SLO,
            load: LoadSettings, *, top: int, after_trial: int, start_rate: float = 1.0,
            always: Iterable[Knobs] = (), shapes: dict | None = None, lora: LoraSetup | None = None,
            memo: Memo | None = None) -> Ranking:
@@ -360,7 +362,7 @@ def rerank(params: TwinParams, gpu, model, previous: Ranking, workload: Workload
                    method=previous.method, wall_s=round(time.perf_counter() - t0, 3))
 
 
-def freshen(params: TwinParams, gpu, model, ranking: Ranking, workload: Workload, slo: SLO,
+def freshen(params: TwinParams, gpu: GPUProfile, model: ModelProfile, ranking: Ranking, workload: Workload, slo: SLO,
             load: LoadSettings, *, skip: Callable[[Prediction], bool], start_rate: float = 1.0,
             shapes: dict | None = None, lora: LoraSetup | None = None, memo: Memo | None = None) -> Ranking:
     """Predict stale entries again until the best entry not skipped is fresh (at most the whole list)."""
