@@ -53,12 +53,13 @@ def requests_running(port: int) -> bool:
     """Whether the server on `port` says, on its own /metrics, that it is serving requests now."""
     import httpx
 
+    from tuner.metrics.parse import RUNNING
+    from tuner.metrics.scrape import scrape
+
     try:
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+        return scrape(f"http://127.0.0.1:{port}", timeout_s=2, only=(RUNNING,)).gauge(RUNNING) > 0
     except httpx.HTTPError:
         return False
-    return any(line.startswith("vllm:num_requests_running") and float(line.rsplit(" ", 1)[1]) > 0
-               for line in text.splitlines())
 
 
 def assert_study_complete(out: Path, resumed) -> list:
