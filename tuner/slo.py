@@ -307,7 +307,13 @@ def badness(records: Iterable[RequestRecord], slo: SLO) -> float:
 
     Attainment >= target exactly when this is <= 1 (both come from the same per-request check), and
     unlike attainment it moves continuously with the rate, so the knee search can interpolate on it."""
-    vals = sorted(worst_ratios((r for r in records if r.in_window), slo))
+    return badness_of(worst_ratios((r for r in records if r.in_window), slo), slo)
+
+
+def badness_of(ratios: Iterable[float], slo: SLO) -> float:
+    """`badness` of requests whose worst ratios (`worst_ratio`) are `ratios`: a caller that already holds
+    them (`tuner.capacity.measure.summarize`) does not judge each request again."""
+    vals = sorted(ratios)
     if not vals:
         return math.inf
     k = max(0, math.ceil(float(slo.target) * len(vals)) - 1)  # type: ignore[arg-type]

@@ -5,8 +5,8 @@ import pytest
 from tuner.engine.sim import SimEngine
 from tuner.knobs import Knobs
 from tuner.capacity.knee import KneeSettings, find_capacity
-from tuner.capacity.measure import LoadSettings, badness, salt_private_ids, shared_ids
-from tuner.slo import SLO
+from tuner.capacity.measure import LoadSettings, salt_private_ids, shared_ids
+from tuner.slo import SLO, badness
 from tuner.workload.model import Workload, WorkloadRequest
 
 LOAD = LoadSettings(requests=400)

@@ -143,7 +143,11 @@ def sent_records(records: Iterable[RequestRecord]) -> list[RequestRecord]:
 
 def run_span(records: Iterable[RequestRecord]) -> float:
     """Seconds from the first send to the last end (completion or failure): `bench serve`'s duration."""
-    sent = sent_records(records)
+    return sent_span(sent_records(records))
+
+
+def sent_span(sent: list[RequestRecord]) -> float:
+    """`run_span` of records that are `sent_records` already (not filtered again)."""
     if not sent:
         return 0.0
     end = max((r.end_s or r.finish_s or r.sent_s or 0.0) for r in sent)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tuner.engine.base import Server
-from tuner.bench.result import run_span, sent_records
+from tuner.bench.result import sent_records, sent_span
 from tuner.capacity.lora import by_popularity, lora_digest
 from tuner.metrics.window import (MetricsWindow, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, SPEC_ACCEPTED,
                                   SPEC_DRAFT_TOKENS, SPEC_DRAFTS)
@@ -24,7 +24,7 @@ from tuner.replay.check import bound_ms, check_run, voids
 from tuner.replay.record import LoadRun, RequestRecord
 from tuner.storage.records import ClientCheck, LatencyQuantiles, LoadRunSummary, MetricsDigest
 from tuner.capacity.verdict import SteadySettings, StopRule, Verdict, judge
-from tuner.slo import SLO, Score, badness, count_good, score
+from tuner.slo import SLO, Score, badness_of, score, threshold_limits, worst_ratio, worst_ratios
 from tuner.speculative import measured_acceptance
 from tuner.workload.arrivals import gamma_times, poisson_times
 from tuner.workload.model import Workload, WorkloadRequest
@@ -260,14 +260,16 @@ def _throughput(records: list[RequestRecord]) -> float | None:
     return (b - a) / (t[b] - t[a]) if t[b] > t[a] else None
 
 
-def _goodput_bench(runs: list[LoadRun], slo: SLO) -> float | None:
+def _goodput_bench(runs: list[LoadRun], slo: SLO, ratio_of: dict[int, float]) -> float | None:
     """vLLM `bench serve`'s goodput: good requests / the run's duration (first send to last end), over
-    every request the run sent, warm-up and cool-down included."""
+    every request the run sent, warm-up and cool-down included. `ratio_of`: worst ratios already known,
+    by `id` of the record (`summarize`'s); a record not among them is judged here."""
+    limits = threshold_limits(slo)
     good = dur = 0.0
     for run in runs:
-        sent = sent_records(run.records)  # `run_span` of the sent records is the run's (it filters the same way)
-        good += count_good(sent, slo)
-        dur += run_span(sent)
+        sent = sent_records(run.records)
+        good += sum(1 for r in sent if (ratio_of[id(r)] if id(r) in ratio_of else worst_ratio(r, limits)) <= 1.0)
+        dur += sent_span(sent)
     return good / dur if dur > 0 else None
 
 
@@ -293,6 +295,9 @@ def summarize(records: list[RequestRecord], slo: SLO, rate: float, runs: list[Lo
     per run, so pooled counts are divided by the number of runs (each run starts at t=0)."""
     repeats = max(1, len(runs))
     sc = score(records, slo, window=None)
+    # the per-request check once a record: the badness (in-window requests) and bench's goodput (every
+    # sent one) both read it; judged twice over they were a twentieth of the README's main job
+    ratios = worst_ratios(records, slo)
     v = pool_verdicts(verdicts, sc) if verdicts else None
     if repeats > 1 and sc.goodput is not None:
         sc.goodput /= repeats
@@ -310,9 +315,9 @@ def summarize(records: list[RequestRecord], slo: SLO, rate: float, runs: list[Lo
         stopped_early=any(run.stopped_s is not None for run in runs),
         n=n, attainment=attained, ci_low=lo, ci_high=hi,
         passed=bool(v.passed) if v else sc.meets_target, goodput=sc.goodput,
-        goodput_bench=_goodput_bench(runs, slo),
+        goodput_bench=_goodput_bench(runs, slo, dict(zip(map(id, records), ratios))),
         throughput_rps=(thr / repeats) if thr else None,
-        badness=badness(records, slo),
+        badness=badness_of((x for r, x in zip(records, ratios) if r.in_window), slo),
         p99_ms={m: st.p99_ms for m, st in sc.metrics.items()},
         p50_ms={m: st.p50_ms for m, st in sc.metrics.items()}, errors=sc.errors,
         errors_by_cause=sc.errors_by_cause, error_example=sc.error_example, warnings=warnings + sc.warnings, binding=sc.binding,
