@@ -255,11 +255,10 @@ def fit(ctx: FitContext, observations: Sequence[Observation], *, start: TwinPara
     start = (start or nominal()).model_copy(update={"kv_scale": scale})
     replays = 0
 
-    def evaluate(p: TwinParams, sink: list | None = None, count: bool = True) -> tuple[float, list[tuple[str, float]]]:
+    def evaluate(p: TwinParams, sink: list | None = None) -> tuple[float, list[tuple[str, float]]]:
         nonlocal replays
         terms = [t for o in obs for t in replay(ctx, p, o, sink)]
-        if count:
-            replays += sum(len(o.points) for o in obs)
+        replays += sum(len(o.points) for o in obs)
         return loss_of(terms), terms
 
     pairs: list = []
@@ -283,10 +282,20 @@ def fit(ctx: FitContext, observations: Sequence[Observation], *, start: TwinPara
     dists = {p.name: optuna.distributions.FloatDistribution(p.low, p.high, log=True) for p in FREE_PARAMS}
     popsize = cma_popsize(len(FREE_PARAMS))
     stale = 0   # trials told since the best improved
-    with Workers(lambda p: evaluate(p, count=False)) as workers:  # a generation's replays side by side
+
+    def replay_one(task: tuple[TwinParams, int]) -> list[tuple[str, float]]:
+        return replay(ctx, task[0], obs[task[1]])
+
+    # a generation's replays side by side, each launch of each member its own task: a member asked alone
+    # (the first of a generation) still fills both cores once the fit has two launches, and the terms
+    # come back in `evaluate`'s order, so the loss is the same sum
+    with Workers(replay_one) as workers:
         for batch in cma_batches(study, lambda: study.ask(dists), n_trials, popsize):
             points = [from_values(trial.params, kv_scale=scale) for trial in batch]
-            for trial, params, (loss, terms) in zip(batch, points, workers.map(points)):
+            replayed = iter(workers.map([(p, i) for p in points for i in range(len(obs))]))
+            for trial, params in zip(batch, points):
+                terms = [t for _ in obs for t in next(replayed)]
+                loss = loss_of(terms)
                 replays += sum(len(o.points) for o in obs)
                 study.tell(trial, loss)
                 stale += 1
