@@ -15,6 +15,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import LogFormatter  # noqa: E402
 
 from tuner.report.model import ConfigSummary, Report  # noqa: E402
 from tuner.twin.workers import Workers  # noqa: E402
@@ -26,7 +27,25 @@ RC = {"svg.hashsalt": "slo-tuner", "svg.fonttype": "path", "font.size": 9, "axes
       "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False}
 
 
+class PlainLogFormatter(LogFormatter):
+    """A log axis's tick labels as plain numbers ("200", "0.5"): the ticks matplotlib's default labels
+    (decades, and the minor ticks it picks on a short axis), without its mathtext ("$10^{2}$"), whose
+    parser was a quarter of the report's drawing time. A latency in ms reads better as 200 than as 2x10^2."""
+
+    def __call__(self, x, pos=None):
+        return f"{x:g}" if super().__call__(x, pos) else ""
+
+
+def _plain_log_ticks(fig) -> None:
+    for ax in fig.axes:
+        for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
+            if scale == "log":
+                axis.set_major_formatter(PlainLogFormatter(base=10))
+                axis.set_minor_formatter(PlainLogFormatter(base=10, labelOnlyBase=False))
+
+
 def _svg(fig) -> str:
+    _plain_log_ticks(fig)
     buf = io.StringIO()
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
     plt.close(fig)
