@@ -275,3 +275,21 @@ def test_a_fit_gain_under_the_minimum_is_kept_but_is_not_progress():
     assert not progress(0.1778, 0.1813)   # the main job's refit: 1.9% after trial 22 (2026-12-05)
     assert not progress(0.19, 0.1813)
 
+
+
+def test_a_fit_of_two_launches_is_the_same_on_one_process_and_on_two(chat, truth_baseline, monkeypatch):
+    """The fit's replays go to the workers launch by launch (`tuner.twin.fit.fit`): the nominal point and
+    each generation's lone first member split across both cores once there are two launches. The terms
+    come back in launch order, so every loss, the parameters and the replay count are those of one process."""
+    wl, slo = chat
+    second = _launch_record(SimEngine(GPU, MODEL, cost_params=TRUTH, token_times=False),
+                            Knobs(max_num_seqs=64), wl, slo, number=1)
+    fits = {}
+    for workers in ("1", "2"):
+        monkeypatch.setenv("TUNER_TWIN_WORKERS", workers)
+        twin = Twin.build(GPU, MODEL, wl, slo, LOAD, fit_trials=12)
+        first = twin.refit([truth_baseline])
+        refit = twin.refit([truth_baseline, second])
+        assert first is not None and refit is not None and refit.trials == [0, 1]
+        fits[workers] = [(f.loss, f.nominal_loss, f.params, f.replays, f.residuals) for f in (first, refit)]
+    assert fits["1"] == fits["2"]

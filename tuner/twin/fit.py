@@ -24,7 +24,7 @@ import statistics
 import time
 import warnings
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 import optuna
 from tuner.sim.lora import LoraSetup
@@ -244,69 +244,81 @@ def launch_starts(ctx: FitContext, obs: Sequence[Observation], base: TwinParams,
     return out
 
 
+Terms = list[tuple[str, float]]
+Scored = tuple[float, TwinParams, Terms]   # (loss, params, terms)
+
+
 def fit(ctx: FitContext, observations: Sequence[Observation], *, start: TwinParams | None = None,
         n_trials: int = 40, seed: int = 0, launch_start: bool = True) -> FitResult:
     """Fit `TwinParams` to `observations` (see the module docstring); `start` warm-starts the search;
-    `launch_start`: a first fit also tries the points read off the launch (False: nominal only)."""
+    `launch_start`: a first fit also tries the points read off the launch (False: nominal only).
+
+    Every replay runs on the workers (`tuner.twin.workers`), each launch of each evaluation its own task:
+    an evaluation asked alone (the nominal point, a generation's first member) still fills both cores
+    once the fit has two launches, and the terms come back in launch order, so the loss is the same sum."""
     t0 = time.perf_counter()
     obs = [o for o in observations if o.points]
     scale = kv_scale(ctx, obs)
     warm = start
     start = (start or nominal()).model_copy(update={"kv_scale": scale})
-    replays = 0
+    evaluations = 0
+    with Workers(lambda task: replay(ctx, task[0], obs[task[1]])) as workers:
+        def replay_all(points: list[TwinParams], sink: list | None = None) -> list[Terms]:
+            """Each point's terms over every launch (`sink`: one point, replayed here, its summaries kept)."""
+            nonlocal evaluations
+            evaluations += len(points)
+            if sink is not None:
+                return [[t for o in obs for t in replay(ctx, points[0], o, sink)]]
+            done = iter(workers.map([(p, i) for p in points for i in range(len(obs))]))
+            return [[t for _ in obs for t in next(done)] for _ in points]
 
-    def evaluate(p: TwinParams, sink: list | None = None) -> tuple[float, list[tuple[str, float]]]:
-        nonlocal replays
-        terms = [t for o in obs for t in replay(ctx, p, o, sink)]
-        replays += sum(len(o.points) for o in obs)
-        return loss_of(terms), terms
+        def evaluate(p: TwinParams, sink: list | None = None) -> tuple[float, Terms]:
+            terms, = replay_all([p], sink)
+            return loss_of(terms), terms
 
-    pairs: list = []
-    nominal_loss, nominal_terms = evaluate(nominal(scale), pairs)
-    best: tuple[float, TwinParams, list] | None = None
-    began = "nominal" if warm is None else "previous fit"
-    if warm is None:  # a first fit: from the nominal point or the ones read off the launch, the best
-        best = (nominal_loss, nominal(scale), nominal_terms)
-        for cand in launch_starts(ctx, obs, nominal(scale), pairs, evaluate) if launch_start else ():
-            if cand[0] < best[0]:
-                start, best, began = cand[1], cand, "launch"
+        pairs: list | None = [] if warm is None and launch_start else None  # what the launch starts read
+        nominal_loss, nominal_terms = evaluate(nominal(scale), pairs)
+        best: Scored | None = None
+        began = "nominal" if warm is None else "previous fit"
+        if warm is None:  # a first fit: from the nominal point or the ones read off the launch, the best
+            best = (nominal_loss, nominal(scale), nominal_terms)
+            for cand in launch_starts(ctx, obs, nominal(scale), pairs, evaluate) if pairs is not None else ():
+                if cand[0] < best[0]:
+                    start, best, began = cand[1], cand, "launch"
+        best = _cma(start, scale, best, warm is not None, n_trials, seed, replay_all)
+    return FitResult(after_trial=max((o.trial for o in obs), default=-1), trials=[o.trial for o in obs],
+                     params=best[1], loss=round(best[0], 6), nominal_loss=round(nominal_loss, 6),
+                     residuals=residuals(best[2]), replays=evaluations * sum(len(o.points) for o in obs),
+                     start=began, wall_s=round(time.perf_counter() - t0, 3))
+
+
+def _cma(start: TwinParams, scale: float, best: Scored | None, refit: bool, n_trials: int, seed: int,
+         replay_all: Callable[[list[TwinParams]], list[Terms]]) -> Scored:
+    """Optuna's CMA-ES from `start` (a refit's start is asked first: a first fit has scored its own),
+    a generation's members replayed together, until `n_trials` or the patience runs out; the best seen."""
     x0 = {p.name: p.clip(value(start, p.name)) for p in FREE_PARAMS}
     with warnings.catch_warnings():  # x0 and sigma0: deprecated in Optuna 4.9, still what a warm start needs
         warnings.simplefilter("ignore", FutureWarning)
         # sigma0 in the box scaled to [0, 1] per parameter: a first fit looks wide, a refit near the last
-        sampler = optuna.samplers.CmaEsSampler(x0=x0, sigma0=0.25 if warm is None else 0.12, seed=seed,
+        sampler = optuna.samplers.CmaEsSampler(x0=x0, sigma0=0.12 if refit else 0.25, seed=seed,
                                                warn_independent_sampling=False)
     study = scratch_study("minimize", sampler)
-    if warm is not None:  # a first fit has evaluated its start already
+    if refit:
         study.enqueue_trial(x0)
     dists = {p.name: optuna.distributions.FloatDistribution(p.low, p.high, log=True) for p in FREE_PARAMS}
     popsize = cma_popsize(len(FREE_PARAMS))
     stale = 0   # trials told since the best improved
-
-    def replay_one(task: tuple[TwinParams, int]) -> list[tuple[str, float]]:
-        return replay(ctx, task[0], obs[task[1]])
-
-    # a generation's replays side by side, each launch of each member its own task: a member asked alone
-    # (the first of a generation) still fills both cores once the fit has two launches, and the terms
-    # come back in `evaluate`'s order, so the loss is the same sum
-    with Workers(replay_one) as workers:
-        for batch in cma_batches(study, lambda: study.ask(dists), n_trials, popsize):
-            points = [from_values(trial.params, kv_scale=scale) for trial in batch]
-            replayed = iter(workers.map([(p, i) for p in points for i in range(len(obs))]))
-            for trial, params in zip(batch, points):
-                terms = [t for _ in obs for t in next(replayed)]
-                loss = loss_of(terms)
-                replays += sum(len(o.points) for o in obs)
-                study.tell(trial, loss)
-                stale += 1
-                if best is None or loss < best[0]:
-                    if progress(loss, best[0] if best else None):
-                        stale = 0
-                    best = (loss, params, terms)
-            if stale >= (PATIENCE_GENERATIONS if warm is None else REFIT_PATIENCE_GENERATIONS) * popsize:
-                break
+    for batch in cma_batches(study, lambda: study.ask(dists), n_trials, popsize):
+        points = [from_values(trial.params, kv_scale=scale) for trial in batch]
+        for trial, params, terms in zip(batch, points, replay_all(points)):
+            loss = loss_of(terms)
+            study.tell(trial, loss)
+            stale += 1
+            if best is None or loss < best[0]:
+                if progress(loss, best[0] if best else None):
+                    stale = 0
+                best = (loss, params, terms)
+        if stale >= (REFIT_PATIENCE_GENERATIONS if refit else PATIENCE_GENERATIONS) * popsize:
+            break
     assert best is not None
-    return FitResult(after_trial=max((o.trial for o in obs), default=-1), trials=[o.trial for o in obs],
-                     params=best[1], loss=round(best[0], 6), nominal_loss=round(nominal_loss, 6),
-                     residuals=residuals(best[2]), replays=replays, start=began,
-                     wall_s=round(time.perf_counter() - t0, 3))
+    return best
