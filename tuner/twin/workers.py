@@ -2,9 +2,10 @@
 
 Why: the twin's fit is a CMA-ES search whose every evaluation replays the launches on the simulator
 (`tuner.twin.fit`), and on a 2-core host one core sat idle while the main job spent most of its minute
-there. The evaluations of one CMA-ES generation are independent, so they run side by side; the order in
-which trials are asked and told is kept (`cma_batches`), so the fit's parameters, its loss and everything
-downstream are exactly those of the one-process search.
+there. The evaluations of one CMA-ES generation are independent, and so are the launches one evaluation
+replays, so they run side by side, launch by launch; the order in which trials are asked and told is kept
+(`cma_batches`), so the fit's parameters, its loss and everything downstream are exactly those of the
+one-process search.
 
 Workers are forked (they inherit the fit's workload and observations without pickling them) and live for
 one fit. `TUNER_TWIN_WORKERS=1` (or a single usable core, or a platform without fork) keeps everything in
