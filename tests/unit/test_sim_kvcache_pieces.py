@@ -30,6 +30,7 @@ class ReferencePool:
         self.free_anon = num_blocks
         self.cached_free: OrderedDict[int, None] = OrderedDict()
         self.cached_used: dict[int, int] = {}
+        self.free_in_pieces = 0  # the engine reads it with the free list's length
 
     @property
     def num_free(self) -> int:
@@ -90,7 +91,7 @@ class Holder:
     """A request's view of one pool: its prompt's hashes, the blocks it holds, as the engine keeps them."""
 
     def __init__(self, hashes):
-        self.hashes, self.held, self.pieces, self.n_blocks, self.landed = hashes, [], 0, 0, False
+        self.hashes, self.held, self.pieces, self.n_blocks, self.landed = hashes, [], None, 0, False
 
 
 def _chains(rng: random.Random, trunk: int, n: int, dup: bool) -> list[list[int]]:
@@ -123,15 +124,20 @@ def _land(pool, h: Holder) -> None:
 
 
 def _same(fast: BlockPool, ref: ReferencePool) -> None:
-    assert set(fast.cached_used) == set(ref.cached_used)
     assert fast.lru_order() == ref.lru_order()
     assert (fast.free_anon, fast.num_free) == (ref.free_anon, ref.num_free)
-    # a block's count: its own references plus one a held piece that contains it
+    # a block's count: its own references plus one if a piece (held, or free: then it is free) contains it
     expected = dict(ref.cached_used)
-    for holders, blocks in fast.pieces.values():
+    for key, (holders, blocks, run, dirty) in fast.pieces.items():
+        assert blocks[-1] == key and (run is None) == (holders > 0)
         for b in blocks:
-            expected[b] -= holders - 1
+            assert fast.in_piece[b] == key
+            expected[b] = expected[b] - (holders - 1) if holders else 1
+        assert dirty or {expected[b] for b in blocks} == {1}  # not dirty: no block referenced on its own
     assert fast.cached_used == expected
+    assert len(fast.in_piece) == sum(len(e[1]) for e in fast.pieces.values())
+    assert fast.free_in_pieces == sum(len(e[1]) for e in fast.pieces.values() if not e[0])
+    assert not set(fast.cached_free) & set(fast.cached_used)
 
 
 @pytest.mark.parametrize("piece,trunk,blocks,holders,dup", [
@@ -191,7 +197,8 @@ def test_pieces_and_runs_keep_the_block_at_a_time_pool(monkeypatch, piece, trunk
             fast.release(hf.held, hf.n_blocks - len(hf.held), hf.pieces)
             ref.release(hr.held, hr.n_blocks - len(hr.held))
         _same(fast, ref)
-        assert not fast.cached_used and not fast.pieces and fast.num_free == blocks
+        assert fast.num_free == blocks and not any(e[0] for e in fast.pieces.values())  # free pieces may stay
+        assert set(fast.cached_used) == set(fast.in_piece)
 
 
 def test_the_lru_stays_bounded_when_blocks_are_taken_back_and_freed_again():
@@ -225,8 +232,14 @@ def _rag_requests(n: int, rate: float, seed: int) -> list[SimRequest]:
 
 def _dump(run) -> tuple:
     pool = run.engine.pool
+    in_use = [h for h in pool.cached_used if not _in_free_piece(pool, h)]
     return ([r.model_dump() for r in run.records], run.metrics.model_dump(), run.duration_s, run.steps,
-            sorted(pool.cached_used), pool.lru_order(), pool.free_anon)
+            sorted(in_use), pool.lru_order(), pool.free_anon, pool.num_free)
+
+
+def _in_free_piece(pool, h: int) -> bool:
+    key = getattr(pool, "in_piece", {}).get(h)
+    return key is not None and not pool.pieces[key][0]
 
 
 @pytest.mark.parametrize("knobs,rate", [
