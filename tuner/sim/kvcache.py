@@ -9,23 +9,21 @@ the least recently freed cached block.
 A 32k-token prompt is 2,000 blocks, and on the RAG space nine in ten of them are a prefix other running
 requests hold too: one reference more or less on each of them, a block at a time, was most of the twin's
 ranking time. So a request's matched prefix is held in *pieces* of `PIECE` aligned blocks: a piece that
-another running request already holds takes one reference on the piece (after comparing its blocks,
-which for the shared prefix are the same objects), not one on each block, and only a piece's first holder
-pays per block. A piece outlives its holders: when the last one finishes and none of its blocks is
-referenced on its own, the piece goes to the LRU whole (a *free piece*, its blocks in the order the
-block-at-a-time pool frees them, tail first), and the next request of that corpus takes it back whole;
-a rare corpus's prefix no longer passes through the free list a block at a time on every request. A free
-piece turns back into blocks only where that pool would part them: eviction reaching it part-way, or a
-request referencing some of its blocks on their own. `cached_used[h]` counts a block's own references
-plus one if it lies in a piece (held or free), so every cached block is in `cached_used` or
-`cached_free` (the engine's registration tests just those) and a piece's blocks need no update when it
-is freed or taken back; `in_piece` finds a block's piece where a prefix is matched block by block
+another request already holds takes one reference on the piece (after comparing its blocks, which for a
+shared prefix are the same objects), not one on each block. A piece outlives its holders: when the last
+one finishes and no block of it is referenced on its own, it goes to the LRU whole (a *free piece*, its
+blocks in the order the block-at-a-time pool frees them, tail first) and the next request of its corpus
+takes it back whole, so a rare corpus's prefix no longer passes through the free list a block at a time
+on every request. It turns back into blocks only where that pool would part them: eviction reaching it
+part-way, or a request taking some of its blocks on their own. `cached_used[h]` counts a block's own
+references plus one if it lies in a piece, held or free, so a piece's blocks are untouched when it is
+freed or taken back and every cached block is in `cached_used` or `cached_free` (all the engine's
+registration looks at); `in_piece` finds a block's piece where a prefix is matched block by block
 (tests/unit/test_sim_kvcache_pieces.py keeps the pool in step with the block-at-a-time one). The free
-list is a plain dict and a deque of runs in LRU order, not an OrderedDict (a block in and out of an
-OrderedDict cost five times as much). What is still done per block (finding the cached prefix, freeing,
-evicting) runs in C (`takewhile`, `map`, `compress`, Counter's `_count_elements`), lazily where a hash
-listed twice must be handled as the one-at-a-time loop would; short lists (a chat prompt's) in plain
-loops, where C passes cost more than they save.
+list is a plain dict and a deque of runs in LRU order, not an OrderedDict (five times cheaper a block).
+What is still done per block runs in C (`takewhile`, `map`, `compress`, Counter's `_count_elements`),
+lazily where a hash listed twice must be handled as the one-at-a-time loop would; short lists (a chat
+prompt's) in plain loops, where C passes cost more than they save.
 """
 
 from __future__ import annotations
@@ -61,11 +59,10 @@ class BlockPool:
         #: free-but-cached blocks outside free pieces: hash -> its entry's stamp, (run << 32) + its place in
         #: the run. Their LRU order is `_lru`: [run, blocks, next, live, piece] runs, oldest first (one a
         #: release; short releases share the newest run), whose entries are current where the block's
-        #: stamp is the entry's (a block taken back leaves a stale entry; freed again, it counts at its
-        #: later place); `live` counts the current ones from `next` on, less the blocks taken back since,
-        #: counted by run in `_taken`. A free piece is a run of its own (`piece` its entry, its blocks
-        #: last first), current while the piece's entry points back at it. A plain dict and a deque of
-        #: lists, not an OrderedDict: a fifth of the cost a block, and a run all taken back is skipped whole.
+        #: stamp is the entry's (a block taken back leaves a stale one); `live` counts the current ones
+        #: from `next` on, less those taken back since (counted by run in `_taken`), so a run all taken
+        #: back is skipped whole. A free piece is a run of its own (`piece`: its entry; its blocks last
+        #: first), current while the entry points back at it.
         self.cached_free: dict[int, int] = {}
         self._lru: deque[list] = deque()
         self._stamp = 0
@@ -131,10 +128,8 @@ class BlockPool:
             k += len(list(takewhile(used.__contains__, islice(seg, k, None))))
         if self.free_in_pieces and k:  # a free piece's blocks sit in `used` too
             keys = set(map(self.in_piece.get, seg[:k]))
-            keys.discard(None)
-            free_keys = {key for key in keys if not self.pieces[key][0]}
-            if free_keys:
-                from_free += sum(map(free_keys.__contains__, map(self.in_piece.get, seg[:k])))
+            free_keys = {key for key in keys if key is not None and not self.pieces[key][0]}
+            from_free += sum(map(free_keys.__contains__, map(self.in_piece.get, seg[:k]))) if free_keys else 0
         return k, from_free
 
     def ref(self, hashes: Sequence[int], from_free: int | None = None) -> list:
