@@ -6,22 +6,20 @@ hash once computed; when its last user finishes it becomes free-but-cached, and 
 same prefix takes it back instead of recomputing it. Allocation takes anonymous blocks first, then evicts
 the least recently freed cached block.
 
-A 32k-token prompt is 2,000 blocks, and on the RAG space nine in ten of them are a prefix other running
-requests hold too: one reference more or less on each of them, a block at a time, was most of the twin's
-ranking time. So a request's matched prefix is held in *pieces* of `PIECE` aligned blocks: a piece that
-another request already holds takes one reference on the piece (after comparing its blocks, which for a
-shared prefix are the same objects), not one on each block. A piece outlives its holders: when the last
-one finishes and no block of it is referenced on its own, it goes to the LRU whole (a *free piece*, its
-blocks in the order the block-at-a-time pool frees them, tail first) and the next request of its corpus
-takes it back whole, so a rare corpus's prefix no longer passes through the free list a block at a time
-on every request. It turns back into blocks only where that pool would part them: eviction reaching it
-part-way, or a request taking some of its blocks on their own. `cached_used[h]` counts a block's own
-references plus one if it lies in a piece, held or free, so a piece's blocks are untouched when it is
-freed or taken back and every cached block is in `cached_used` or `cached_free` (all the engine's
-registration looks at); `in_piece` finds a block's piece where a prefix is matched block by block
-(tests/unit/test_sim_kvcache_pieces.py keeps the pool in step with the block-at-a-time one). The free
-list is a plain dict and a deque of runs in LRU order, not an OrderedDict (five times cheaper a block).
-What is still done per block runs in C (`takewhile`, `map`, `compress`, Counter's `_count_elements`),
+A 32k-token prompt is 2,000 blocks, nine in ten of them (on the RAG space) a prefix other requests hold
+too: a reference more or less on each, a block at a time, was most of the twin's ranking time. So a
+matched prefix is held in *pieces* of `PIECE` aligned blocks: a piece others hold takes one reference
+(after comparing its blocks, for a shared prefix the same objects), not one a block. A piece outlives its
+holders: when the last one finishes and no block of it is referenced on its own, it goes to the LRU whole
+(a *free piece*, its blocks where the block-at-a-time pool frees them, tail first) and the next request
+of its corpus takes it back whole; it turns back into blocks only where that pool would part them
+(eviction reaching it part-way, a request taking some of its blocks alone). `cached_used[h]` counts a
+block's own references plus one if it lies in a piece, held or free, so a piece's blocks are untouched
+when it is freed or taken back and every cached block is in `cached_used` or `cached_free` (all the
+engine's registration looks at); `in_piece` finds a block's piece where a prefix is matched block by
+block (tests/unit/test_sim_kvcache_pieces.py keeps the pool in step with the block-at-a-time one). The
+free list is a plain dict and a deque of runs in LRU order, not an OrderedDict (five times cheaper a
+block). What is still done per block runs in C (`takewhile`, `map`, `compress`, `_count_elements`),
 lazily where a hash listed twice must be handled as the one-at-a-time loop would; short lists (a chat
 prompt's) in plain loops, where C passes cost more than they save.
 """
