@@ -138,7 +138,7 @@ class BlockPool:
         n = len(hashes)
         held: list = []
         whole_free = 0
-        rest: list[int] = []  # the blocks held one by one
+        rest: list[int] = [] if n >= W else list(hashes)  # the blocks held one by one
         for p in range(0, n - W + 1, W):  # pieces: one reference more on each (a free one is taken back)
             seg = hashes[p:p + W]
             e = pieces.get(seg[-1])
@@ -153,7 +153,7 @@ class BlockPool:
                 rest += seg
         if whole_free:
             self.free_in_pieces -= whole_free
-        if len(held) * W < n:
+        if n >= W and n > len(held) * W:
             rest += hashes[len(held) * W:]
         if not rest:
             return held
