@@ -5,7 +5,8 @@ prefix matches and free counts after every operation, and the same load runs thr
 from __future__ import annotations
 
 import random
-from collections import OrderedDict
+import sys
+from collections import Counter, OrderedDict
 from itertools import filterfalse
 
 import pytest
@@ -30,6 +31,7 @@ class ReferencePool:
         self.free_anon = num_blocks
         self.cached_free: OrderedDict[int, None] = OrderedDict()
         self.cached_used: dict[int, int] = {}
+        self.free_in_pieces = 0  # the engine reads it with the free list's length
 
     @property
     def num_free(self) -> int:
@@ -90,7 +92,7 @@ class Holder:
     """A request's view of one pool: its prompt's hashes, the blocks it holds, as the engine keeps them."""
 
     def __init__(self, hashes):
-        self.hashes, self.held, self.pieces, self.n_blocks, self.landed = hashes, [], 0, 0, False
+        self.hashes, self.held, self.pieces, self.n_blocks, self.landed = hashes, [], None, 0, False
 
 
 def _chains(rng: random.Random, trunk: int, n: int, dup: bool) -> list[list[int]]:
@@ -123,15 +125,20 @@ def _land(pool, h: Holder) -> None:
 
 
 def _same(fast: BlockPool, ref: ReferencePool) -> None:
-    assert set(fast.cached_used) == set(ref.cached_used)
     assert fast.lru_order() == ref.lru_order()
     assert (fast.free_anon, fast.num_free) == (ref.free_anon, ref.num_free)
-    # a block's count: its own references plus one a held piece that contains it
+    # a block's count: its own references plus one if a piece (held, or free: then it is free) contains it
     expected = dict(ref.cached_used)
-    for holders, blocks in fast.pieces.values():
+    for key, (holders, blocks, run, dirty) in fast.pieces.items():
+        assert blocks[-1] == key and (run is None) == (holders > 0)
         for b in blocks:
-            expected[b] -= holders - 1
+            assert fast.in_piece[b] == key
+            expected[b] = expected[b] - (holders - 1) if holders else 1
+        assert dirty or {expected[b] for b in blocks} == {1}  # not dirty: no block referenced on its own
     assert fast.cached_used == expected
+    assert len(fast.in_piece) == sum(len(e[1]) for e in fast.pieces.values())
+    assert fast.free_in_pieces == sum(len(e[1]) for e in fast.pieces.values() if not e[0])
+    assert not set(fast.cached_free) & set(fast.cached_used)
 
 
 @pytest.mark.parametrize("piece,trunk,blocks,holders,dup", [
@@ -142,6 +149,11 @@ def _same(fast: BlockPool, ref: ReferencePool) -> None:
     (3, 10, 40, 20, True),       # tiny pieces, a crowded small pool
 ])
 def test_pieces_and_runs_keep_the_block_at_a_time_pool(monkeypatch, piece, trunk, blocks, holders, dup):
+    _compare(monkeypatch, piece, trunk, blocks, holders, dup)
+
+
+def _compare(monkeypatch, piece: int, trunk: int, blocks: int, holders: int, dup: bool) -> None:
+    """Random admissions, landings, decodes, releases and resets on both pools, compared after each."""
     for seed in range(4):
         monkeypatch.setattr(kvcache, "LRU_SLACK", 65536 if seed % 2 else 0)  # odd seeds: compacted often
         rng = random.Random(seed)
@@ -191,7 +203,57 @@ def test_pieces_and_runs_keep_the_block_at_a_time_pool(monkeypatch, piece, trunk
             fast.release(hf.held, hf.n_blocks - len(hf.held), hf.pieces)
             ref.release(hr.held, hr.n_blocks - len(hr.held))
         _same(fast, ref)
-        assert not fast.cached_used and not fast.pieces and fast.num_free == blocks
+        assert fast.num_free == blocks and not any(e[0] for e in fast.pieces.values())  # free pieces may stay
+        assert set(fast.cached_used) == set(fast.in_piece)
+
+
+def test_the_comparison_reaches_the_free_pieces_every_way(monkeypatch):
+    """The comparison above is only as good as the paths it takes: free pieces taken back whole, evicted
+    whole and in part, parted by a request that takes some of their blocks alone (after `match` counted
+    those among the free ones), pieces whose last holder finds a block still referenced alone, windows
+    that cannot be pieces."""
+    seen: Counter[str] = Counter()
+
+    def wrap(name, note):
+        orig = getattr(BlockPool, name)
+
+        def wrapped(pool, *args):
+            before = (pool.free_in_pieces, len(pool.in_piece), seen["parted"])
+            out = orig(pool, *args)
+            note(pool, before, args, out)
+            return out
+        monkeypatch.setattr(BlockPool, name, wrapped)
+
+    def on_unpiece(pool, before, args, out):
+        e, evict = args
+        seen["parted" if not evict else "evicted in part" if evict < len(e[1]) else "evicted whole"] += 1
+
+    def on_ref(pool, before, args, out):
+        seen["taken back whole"] += before[0] > pool.free_in_pieces and seen["parted"] == before[2]
+
+    def on_match_blocks(pool, before, args, out):
+        seg, (k, from_free) = args[0], out
+        seen["matched alone while free"] += from_free > sum(h in pool.cached_free for h in seg[:k])
+
+    wrap("_unpiece", on_unpiece)
+    wrap("ref", on_ref)
+    wrap("_match_blocks", on_match_blocks)
+    wrap("release", lambda pool, before, args, out: seen.update({"last holder finds one alone":
+                                                                  len(pool.in_piece) < before[1]}))
+    wrap("_new_piece", lambda pool, before, args, out: seen.update({"no piece": out is None}))
+    land = _land
+
+    def landing(pool, h):  # a prompt's block past its match that lies in a free piece: cached, not registered
+        if isinstance(pool, BlockPool):
+            seen["registered in a free piece"] += any(not pool.pieces[pool.in_piece[b]][0]
+                                                      for b in h.hashes[len(h.held):] if b in pool.in_piece)
+        land(pool, h)
+    monkeypatch.setattr(sys.modules[__name__], "_land", landing)
+    for piece, trunk, blocks, holders, dup in [(4, 40, 120, 12, False), (8, 30, 90, 6, True)]:
+        _compare(monkeypatch, piece, trunk, blocks, holders, dup)
+    assert set(seen) >= {"parted", "evicted in part", "evicted whole", "taken back whole", "no piece",
+                         "matched alone while free", "last holder finds one alone", "registered in a free piece"}, seen
+    assert all(seen.values()), seen
 
 
 def test_the_lru_stays_bounded_when_blocks_are_taken_back_and_freed_again():
@@ -225,8 +287,14 @@ def _rag_requests(n: int, rate: float, seed: int) -> list[SimRequest]:
 
 def _dump(run) -> tuple:
     pool = run.engine.pool
+    in_use = [h for h in pool.cached_used if not _in_free_piece(pool, h)]
     return ([r.model_dump() for r in run.records], run.metrics.model_dump(), run.duration_s, run.steps,
-            sorted(pool.cached_used), pool.lru_order(), pool.free_anon)
+            sorted(in_use), pool.lru_order(), pool.free_anon, pool.num_free)
+
+
+def _in_free_piece(pool, h: int) -> bool:
+    key = getattr(pool, "in_piece", {}).get(h)
+    return key is not None and not pool.pieces[key][0]
 
 
 @pytest.mark.parametrize("knobs,rate", [

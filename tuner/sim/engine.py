@@ -145,7 +145,7 @@ class EngineCore:
             key_now = (-t) % B
             need = self.phase[key_now]
             if need:  # (the pool's num_free and take, inlined: this runs every step of every load run)
-                while need > pool.free_anon + len(pool.cached_free):
+                while need > pool.free_anon + len(pool.cached_free) + pool.free_in_pieces:
                     self._preempt_tail(t, scheduled_decodes=False)
                     preempted = True
                     need = self.phase[key_now]
@@ -350,7 +350,7 @@ class EngineCore:
         n_blocks = seq.n_blocks if not seq.decoding else -(-computed // self.block)
         self.pool.release(seq.held, n_blocks - len(seq.held), seq.pieces)
         seq.held = []
-        seq.pieces = 0
+        seq.pieces = None
         seq.n_blocks = 0
         if self.running.pop(seq.rid, None) is not None and self.lora is not None and seq.lora >= 0:
             self.lora.released(seq.lora)

@@ -6,19 +6,22 @@ hash once computed; when its last user finishes it becomes free-but-cached, and 
 same prefix takes it back instead of recomputing it. Allocation takes anonymous blocks first, then evicts
 the least recently freed cached block.
 
-A 32k-token prompt is 2,000 blocks, and on the RAG space nine in ten of them are a prefix other running
-requests hold too: one reference more or less on each of them, a block at a time, was most of the twin's
-ranking time. So a request's matched prefix is held in *pieces* of `PIECE` aligned blocks: a piece that
-another running request already holds takes one reference on the piece (after comparing its blocks,
-which for the shared prefix are the same objects), not one on each block, and only a piece's first holder
-and its last pay per block. `cached_used[h]` counts a block's own references plus one per held piece it
-lies in, so it is in use exactly when the block-at-a-time pool's count would be, and a piece's blocks
-leave for the free list in the order that pool frees them (tests/unit/test_sim_kvcache_pieces.py keeps
-the two in step). The free list is a plain dict and a deque of runs in LRU order, not an OrderedDict (a
-block in and out of an OrderedDict cost five times as much). What is still done per block (finding the
-cached prefix, freeing, evicting) runs in C (`takewhile`, `map`, `compress`, Counter's
-`_count_elements`), lazily where a hash listed twice must be handled as the one-at-a-time loop would;
-short lists (a chat prompt's) in plain loops, where C passes cost more than they save.
+A 32k-token prompt is 2,000 blocks, nine in ten of them (on the RAG space) a prefix other requests hold
+too: a reference more or less on each, a block at a time, was most of the twin's ranking time. So a
+matched prefix is held in *pieces* of `PIECE` aligned blocks: a piece others hold takes one reference
+(after comparing its blocks, for a shared prefix the same objects), not one a block. A piece outlives its
+holders: when the last one finishes and no block of it is referenced on its own, it goes to the LRU whole
+(a *free piece*, its blocks where the block-at-a-time pool frees them, tail first) and the next request
+of its corpus takes it back whole; it turns back into blocks only where that pool would part them
+(eviction reaching it part-way, a request taking some of its blocks alone). `cached_used[h]` counts a
+block's own references plus one if it lies in a piece, held or free, so a piece's blocks are untouched
+when it is freed or taken back and every cached block is in `cached_used` or `cached_free` (all the
+engine's registration looks at); `in_piece` finds a block's piece where a prefix is matched block by
+block (tests/unit/test_sim_kvcache_pieces.py keeps the pool in step with the block-at-a-time one). The
+free list is a plain dict and a deque of runs in LRU order, not an OrderedDict (five times cheaper a
+block). What is still done per block runs in C (`takewhile`, `map`, `compress`, `_count_elements`),
+lazily where a hash listed twice must be handled as the one-at-a-time loop would; short lists (a chat
+prompt's) in plain loops, where C passes cost more than they save.
 """
 
 from __future__ import annotations
@@ -45,107 +48,178 @@ def _consume(it) -> None:
 
 class BlockPool:
     __slots__ = ("num_blocks", "caching", "free_anon", "cached_free", "cached_used", "pieces", "piece",
-                 "_lru", "_stamp", "_entries", "_taken")
+                 "in_piece", "free_in_pieces", "_lru", "_stamp", "_entries", "_taken")
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, piece: int = PIECE):
         self.num_blocks = num_blocks
         self.caching = enable_caching
         self.free_anon = num_blocks
-        #: free-but-cached blocks: hash -> its entry's stamp, (run << 32) + its place in the run. Their LRU
-        #: order is `_lru`: [run, blocks, next, live] runs, oldest first (one a release; short releases
-        #: share the newest run), whose entries are current where the block's stamp is the entry's (a
-        #: block taken back leaves a stale entry; freed again, it counts at its later place); `live`
-        #: counts the current ones from `next` on, less the blocks taken back since, counted by run in
-        #: `_taken`. A plain dict and a deque of lists, not an
-        #: OrderedDict: a fifth of the cost a block, and a run that was all taken back is skipped whole.
+        #: free-but-cached blocks outside free pieces: hash -> its entry's stamp, (run << 32) + its place in
+        #: the run. Their LRU order is `_lru`: [run, blocks, next, live, piece] runs, oldest first (one a
+        #: release; short releases share the newest run), whose entries are current where the block's
+        #: stamp is the entry's (a block taken back leaves a stale one); `live` counts the current ones
+        #: from `next` on, less those taken back since (counted by run in `_taken`), so a run all taken
+        #: back is skipped whole. A free piece is a run of its own (`piece`: its entry; its blocks last
+        #: first), current while the entry points back at it.
         self.cached_free: dict[int, int] = {}
         self._lru: deque[list] = deque()
         self._stamp = 0
-        self._entries = 0  # entries in `_lru` from each run's next, stale ones included
+        self._entries = 0  # entries in `_lru` from each run's next (a free piece's run: one), stale included
         self._taken: dict[int, int] = {}
         self.cached_used: dict[int, int] = {}
-        #: held pieces, by their last block's hash: [holders, the piece's blocks]
+        #: pieces, by their last block's hash: [holders, the piece's blocks, its LRU run while free (0 holders),
+        #: 1 where a block of it may be referenced on its own too (its last holder then looks)]
         self.pieces: dict[int, list] = {}
+        self.in_piece: dict[int, int] = {}  # a piece's block -> the piece's key
+        self.free_in_pieces = 0  # blocks in free pieces (free, cached, outside `cached_free`)
         self.piece = piece
 
     @property
     def num_free(self) -> int:
-        return self.free_anon + len(self.cached_free)
+        return self.free_anon + len(self.cached_free) + self.free_in_pieces
 
     @property
     def usage(self) -> float:
         """vllm:kv_cache_usage_perc: the fraction of blocks in use (free cached blocks count as free)."""
         return 1.0 - self.num_free / self.num_blocks
 
-    def _held_pieces(self, hashes: Sequence[int], end: int) -> int:
-        """How many blocks of `hashes[:end]` lie in whole pieces that running requests hold, from the
-        first block on (each of those blocks is in use)."""
-        pieces, W = self.pieces, self.piece
-        n = 0
-        while n + W <= end:
-            e = pieces.get(hashes[n + W - 1])
-            if e is None or e[1] != hashes[n:n + W]:  # the same objects for a shared prefix: a pointer compare
-                break
-            n += W
-        return n
-
     def match(self, hashes: Sequence[int], max_blocks: int) -> tuple[int, int]:
         """Length of the cached prefix of `hashes` (at most `max_blocks`), and how many of those blocks
-        sit in the free list (taking them reduces the free count)."""
+        sit in the free list (taking them reduces the free count). Aligned windows of `piece` blocks
+        that are pieces count whole; the others block by block."""
         if not self.caching or max_blocks <= 0:
             return 0, 0
-        used, free = self.cached_used, self.cached_free
+        pieces, W = self.pieces, self.piece
         end = min(max_blocks, len(hashes))
-        n = self._held_pieces(hashes, end) if end >= self.piece and self.pieces else 0
-        rest = hashes[n:end]
-        k = len(list(takewhile(used.__contains__, rest)))  # blocks in use by others, in C
+        if end < W or not pieces:
+            return self._match_blocks(hashes[:end])
+        n = from_free = 0
+        while n < end:
+            if n + W <= end:
+                seg = hashes[n:n + W]
+                e = pieces.get(seg[-1])
+                if e is not None and e[1] == seg:  # the same objects for a shared prefix: a pointer compare
+                    if not e[0]:
+                        from_free += W
+                    n += W
+                    continue
+            else:
+                seg = hashes[n:end]
+            k, f = self._match_blocks(seg)
+            n += k
+            from_free += f
+            if k < len(seg):
+                break
+        return n, from_free
+
+    def _match_blocks(self, seg: list[int]) -> tuple[int, int]:
+        """`match` block by block: in-use and free-but-cached runs, to the first miss, in C."""
+        used, free = self.cached_used, self.cached_free
+        k = len(list(takewhile(used.__contains__, seg)))
         from_free = 0
-        while k < len(rest):  # then alternately free-but-cached and in-use runs, to the first miss
-            f = len(list(takewhile(free.__contains__, islice(rest, k, None))))
+        while k < len(seg):
+            f = len(list(takewhile(free.__contains__, islice(seg, k, None))))
             if not f:
                 break
             from_free += f
             k += f
-            k += len(list(takewhile(used.__contains__, islice(rest, k, None))))
-        return n + k, from_free
+            k += len(list(takewhile(used.__contains__, islice(seg, k, None))))
+        if self.free_in_pieces and k:  # a free piece's blocks sit in `used` too
+            keys = set(map(self.in_piece.get, seg[:k]))
+            free_keys = {key for key in keys if key is not None and not self.pieces[key][0]}
+            from_free += sum(map(free_keys.__contains__, map(self.in_piece.get, seg[:k]))) if free_keys else 0
+        return k, from_free
 
-    def ref(self, hashes: Sequence[int], from_free: int | None = None) -> int:
+    def ref(self, hashes: Sequence[int], from_free: int | None = None) -> list:
         """Take a reference on the cached blocks `hashes` found by `match` (`from_free`: how many of them
-        sit in the free list, as `match` said; 0 skips looking there). Returns how many whole pieces
-        from the first block on the caller now holds: pass it back to `release`."""
-        used, free, pieces, W = self.cached_used, self.cached_free, self.pieces, self.piece
+        sit in the free list, as `match` said; 0 skips looking there). Returns the pieces the caller now
+        holds, one an aligned window (None: held block by block): pass it back to `release`."""
+        used, pieces, W = self.cached_used, self.pieces, self.piece
         n = len(hashes)
-        p = 0
-        while p + W <= n:  # pieces others hold: one reference more on each piece
-            e = pieces.get(hashes[p + W - 1])
-            if e is None or e[1] != hashes[p:p + W]:
-                break
-            e[0] += 1
-            p += W
-        rest = hashes[p:] if p else hashes
-        if from_free != 0:  # out of the free list, counted by run (lazy: a hash listed twice is taken once)
+        held: list = []
+        whole_free = 0
+        rest: list[int] = [] if n >= W else list(hashes)  # the blocks held one by one
+        for p in range(0, n - W + 1, W):  # pieces: one reference more on each (a free one is taken back)
+            seg = hashes[p:p + W]
+            e = pieces.get(seg[-1])
+            if e is not None and e[1] == seg:
+                if not e[0]:
+                    e[2] = None
+                    whole_free += W
+                e[0] += 1
+                held.append(e)
+            else:
+                held.append(None)
+                rest += seg
+        if whole_free:
+            self.free_in_pieces -= whole_free
+        if n >= W and n > len(held) * W:
+            rest += hashes[len(held) * W:]
+        if not rest:
+            return held
+        if self.in_piece:  # pieces some of whose blocks are referenced on their own
+            keys = set(map(self.in_piece.get, rest))
+            keys.discard(None)
+            for key in keys:
+                e = pieces[key]
+                if e[0]:
+                    e[3] = 1  # its last holder looks for them
+                else:  # a free one: in blocks, where the one-at-a-time pool has them
+                    self._unpiece(e, 0)
+                    from_free = None
+        if from_free is None or from_free > whole_free:
+            free = self.cached_free  # out of the free list, counted by run (lazy: a hash listed twice is taken once)
             _count_elements(self._taken, map((32).__rrshift__, map(free.pop, filter(free.__contains__, rest))))
         _count_elements(used, rest)  # used[h] = used.get(h, 0) + 1 for each, in C
-        q = p
-        while q + W <= n:  # the rest's whole pieces: held as pieces from now on (their blocks counted once)
-            key = hashes[q + W - 1]
-            if key in pieces:  # a different piece with this last hash: the rest stays block by block
-                break
-            pieces[key] = [1, hashes[q:q + W]]
-            q += W
-        return q // W
+        for j, e in enumerate(held):  # windows held block by block: pieces from now on, where they can be
+            if e is None:
+                seg = hashes[j * W:(j + 1) * W]
+                held[j] = self._new_piece(seg)
+        return held
+
+    def _new_piece(self, seg: list[int]) -> list | None:
+        """A window of blocks (each just counted once more in `used`: the piece's reference) as a piece
+        held once; None where it cannot be one (its key taken, a block in another piece or listed twice)."""
+        key, in_piece = seg[-1], self.in_piece
+        if key in self.pieces or any(map(in_piece.__contains__, seg)):
+            return None
+        before = len(in_piece)
+        in_piece.update(zip(seg, repeat(key)))
+        if len(in_piece) - before < len(seg):  # a block listed twice
+            _consume(map(in_piece.pop, seg, repeat(None)))
+            return None
+        e = self.pieces[key] = [1, seg, None, 1]
+        return e
+
+    def _unpiece(self, e: list, evict: int) -> None:
+        """Free piece `e` ends: its last `evict` blocks are evicted, the others stay free one by one in
+        its run's place, last first (where the block-at-a-time pool has them)."""
+        blocks, run = e[1], e[2]
+        W = len(blocks)
+        del self.pieces[blocks[-1]]
+        _consume(map(self.in_piece.__delitem__, blocks))
+        _consume(map(self.cached_used.__delitem__, blocks))
+        self.free_in_pieces -= W
+        e[2] = None
+        kept = blocks[W - evict - 1::-1] if evict < W else []
+        self.cached_free.update(zip(kept, count(run[0] << 32)))
+        run[1:] = [kept, 0, len(kept), None]
+        self._entries += len(kept) - 1
 
     def take(self, n: int) -> bool:
         """Allocate `n` fresh blocks, evicting cached ones if needed. False (and nothing taken) if short."""
         if n <= self.free_anon:
             self.free_anon -= n
             return True
-        if n > self.free_anon + len(self.cached_free):
+        if n > self.free_anon + len(self.cached_free) + self.free_in_pieces:
             return False
         n -= self.free_anon
         self.free_anon = 0
         run = self._lru[0]  # the common case, inlined: the oldest run holds the n blocks to evict
-        rid, blocks, i, live = run
+        rid, blocks, i, live, e = run
+        if e is not None:
+            self._evict(n)
+            return True
         if rid in self._taken:
             run[3] = live = live - self._taken.pop(rid)
         stale = len(blocks) - i - live
@@ -174,7 +248,18 @@ class BlockPool:
         free, lru, taken = self.cached_free, self._lru, self._taken
         while n:
             run = lru[0]
-            rid, blocks, i, live = run
+            rid, blocks, i, live, e = run
+            if e is not None:  # a free piece's run (stale once it was taken back)
+                if e[2] is not run:
+                    self._entries -= 1
+                elif n < len(blocks):
+                    self._unpiece(e, n)  # its tail evicted, the rest now blocks of this run
+                    return
+                else:
+                    self._unpiece(e, len(blocks))
+                    n -= len(blocks)
+                lru.popleft()
+                continue
             if rid in taken:
                 run[3] = live = live - taken.pop(rid)
             rest = len(blocks) - i
@@ -204,40 +289,60 @@ class BlockPool:
         """Whether each entry of `seg` (run `rid`'s entries from place `at` on) is current, lazily, in C."""
         return map(eq, map(self.cached_free.get, seg, repeat(-1)), count((rid << 32) + at))
 
-    def _append_free(self, blocks: list[int]) -> None:
+    def _append_free(self, blocks: list[int], piece: list | None = None) -> None:
         """`blocks` (none listed twice, none free) go to the LRU tail, in order: a run of their own, or
-        when short the newest run's end (a chat release's blocks, one run each, cost more to evict)."""
+        when short the newest run's end (a chat release's blocks, one run each, cost more to evict).
+        `piece`: a free piece's entry, whose blocks go whole, last first, as one entry."""
         lru = self._lru
-        if len(blocks) <= SHORT and lru and len(lru[-1][1]) < 4096:
+        run: list
+        if piece is not None:
+            self._stamp += 1
+            piece[2] = run = [self._stamp, blocks, 0, len(blocks), piece]
+            lru.append(run)
+            self.free_in_pieces += len(blocks)
+            self._entries += 1
+        elif len(blocks) <= SHORT and lru and lru[-1][4] is None and len(lru[-1][1]) < 4096:
             run = lru[-1]
             at = len(run[1])
             self.cached_free.update(zip(blocks, count((run[0] << 32) + at)))
             run[1].extend(blocks)
             run[3] += len(blocks)
+            self._entries += len(blocks)
         else:
             self._stamp = rid = self._stamp + 1
             self.cached_free.update(zip(blocks, count(rid << 32)))
-            lru.append([rid, blocks, 0, len(blocks)])
-        self._entries += len(blocks)
-        if self._entries > 4 * len(self.cached_free) + LRU_SLACK:  # mostly taken back: keep memory bounded
-            self._compact()
+            lru.append([rid, blocks, 0, len(blocks), None])
+            self._entries += len(blocks)
+        if self._entries > 4 * (len(self.cached_free) + self.free_in_pieces) + LRU_SLACK:
+            self._compact()  # mostly taken back: keep memory bounded
 
     def _compact(self) -> None:
         """Each run keeps only its current entries, in order, renumbered; empty runs go."""
         free, taken, runs = self.cached_free, self._taken, []
-        for rid, blocks, i, _ in self._lru:
+        for run in self._lru:
+            rid, blocks, i, _, e = run
+            if e is not None:
+                if e[2] is run:
+                    runs.append(run)
+                continue
             taken.pop(rid, None)
             kept = list(compress(blocks[i:], self._current(rid, blocks[i:], i)))
             if kept:
                 free.update(zip(kept, count(rid << 32)))
-                runs.append([rid, kept, 0, len(kept)])
+                runs.append([rid, kept, 0, len(kept), None])
         self._lru = deque(runs)
-        self._entries = sum(len(r[1]) for r in runs)
+        self._entries = sum(len(r[1]) if r[4] is None else 1 for r in runs)
 
     def lru_order(self) -> list[int]:
         """The free-but-cached blocks, least recently freed first (the order eviction takes them)."""
-        return [h for rid, blocks, i, _ in self._lru
-                for h in compress(blocks[i:], self._current(rid, blocks[i:], i))]
+        out: list[int] = []
+        for run in self._lru:
+            rid, blocks, i, _, e = run
+            if e is None:
+                out += compress(blocks[i:], self._current(rid, blocks[i:], i))
+            elif e[2] is run:
+                out += blocks[::-1]
+        return out
 
     def register(self, h: int) -> bool:
         """A freshly computed anonymous block now holds prefix `h`: cache it. False if `h` was cached
@@ -247,7 +352,7 @@ class BlockPool:
         self.cached_used[h] = 1
         return True
 
-    def release(self, hashes: Sequence[int], n_anon: int, pieces: int = 0) -> None:
+    def release(self, hashes: Sequence[int], n_anon: int, pieces: list | None = None) -> None:
         """Free a request's blocks (`pieces`: as `ref` returned): cached ones go to the LRU tail in
         reverse order (so a prompt's tail blocks are evicted before its head, as in vLLM), anonymous
         ones back to the free count."""
@@ -255,16 +360,27 @@ class BlockPool:
         if not pieces:
             self._drop(hashes[::-1])
             return
-        W = self.piece
-        self._drop(hashes[:pieces * W - 1:-1])
-        held = self.pieces
-        for j in range(pieces - 1, -1, -1):
-            key = hashes[(j + 1) * W - 1]
-            e = held[key]
+        W, hi = self.piece, len(hashes)
+        for j in range(len(pieces) - 1, -1, -1):
+            e = pieces[j]
+            if e is None:
+                continue
+            if hi > (j + 1) * W:  # the blocks past this piece held one by one, last first
+                self._drop(hashes[hi - 1:(j + 1) * W - 1:-1])
+            hi = j * W
             e[0] -= 1
-            if not e[0]:  # its last holder: its blocks lose the piece's reference
-                del held[key]
-                self._drop(e[1][::-1])
+            if e[0]:
+                continue
+            blocks = e[1]  # its last holder: free whole unless a block is referenced on its own too
+            if not e[3] or max(map(self.cached_used.__getitem__, blocks)) == 1:
+                e[3] = 0
+                self._append_free(blocks, e)
+            else:
+                del self.pieces[blocks[-1]]
+                _consume(map(self.in_piece.__delitem__, blocks))
+                self._drop(blocks[::-1])
+        if hi:
+            self._drop(hashes[hi - 1::-1])
 
     def _drop(self, blocks: list[int]) -> None:
         """One reference less on each of `blocks`, in order; a block left with none goes to the LRU tail."""
@@ -300,7 +416,11 @@ class BlockPool:
         return freed
 
     def reset_prefix_cache(self) -> None:
-        self.free_anon += len(self.cached_free)
+        self.free_anon += len(self.cached_free) + self.free_in_pieces
+        for run in self._lru:  # free pieces end with the rest of the free list
+            e = run[4]
+            if e is not None and e[2] is run:
+                self._unpiece(e, len(e[1]))
         self.cached_free.clear()
         self._lru.clear()
         self._entries = 0

@@ -24,7 +24,7 @@ class Seq:
     computed: int = 0
     target: int = 0
     held: list[int] = field(default_factory=list)
-    pieces: int = 0  # whole pieces at the head of `held` (`tuner.sim.kvcache.BlockPool.ref`)
+    pieces: list | None = None  # the pieces `held` holds whole, one an aligned window (`tuner.sim.kvcache.BlockPool.ref`)
     n_blocks: int = 0
     decoding: bool = False
     t0: int = 0
