@@ -34,7 +34,9 @@ def _assert_empty(core: EngineCore) -> None:
     assert not core.running and not core.waiting and not core.prefilling
     assert core.n_dec == 0 and core.dec_ctx == 0 and not any(core.phase)
     assert core.pool.num_free == core.pool.num_blocks and core.pool.usage == 0
-    assert not core.pool.cached_used
+    # no request holds a block: what `cached_used` still counts lies in free pieces (one reference each)
+    assert all(core.pool.in_piece.get(h) in core.pool.pieces and not core.pool.pieces[core.pool.in_piece[h]][0]
+               for h in core.pool.cached_used)
 
 
 def test_abort_waiting_prefilling_and_decoding_returns_every_block():
