@@ -297,11 +297,6 @@ def is_good(r: RequestRecord, slo: SLO) -> bool:
     return request_ratio(r, slo) <= 1.0
 
 
-def count_good(records: Iterable[RequestRecord], slo: SLO) -> int:
-    """How many of `records` are good (`is_good`)."""
-    return sum(1 for x in worst_ratios(records, slo) if x <= 1.0)
-
-
 def badness(records: Iterable[RequestRecord], slo: SLO) -> float:
     """The target-quantile of the in-window requests' worst ratios (`request_ratio`).
 
