@@ -12,7 +12,7 @@ from tuner.knobs import Knobs
 from tuner.replay.record import RequestRecord, error_cause
 from tuner.capacity.knee import find_capacity
 from tuner.capacity.measure import LoadSettings, measure
-from tuner.capacity.verdict import SteadySettings, design_effect, judge
+from tuner.capacity.verdict import RunTable, SteadySettings, _p99, design_effect, judge
 from tuner.slo import SLO, badness, request_ratio, score
 from tuner.workload.model import Workload, WorkloadRequest
 
@@ -214,3 +214,40 @@ def test_an_early_look_decides_only_a_fail_on_errors_and_says_what_it_is_waiting
     assert not judge(run(errors=True), slo, now=1.5).decided  # 16 sent: under `min_requests`
     done = judge(run(errors=False), slo)  # the whole run: long enough, every request good
     assert done.passed and done.decided
+
+
+def test_the_looks_p99_is_numpys_quantile_to_the_last_bit():
+    # `_p99` stands in for np.quantile(values, 0.99) at every look of the stopping rule: the same float,
+    # ties, a single value, infinities and NaN included
+    rng = np.random.default_rng(0)
+    for n in [1, 2, 3, 99, 100, 101, 257, 1000, 3401]:
+        for kind in ("uniform", "ties", "inf", "nan"):
+            v = rng.uniform(0, 50, n) if kind != "ties" else rng.integers(0, 4, n).astype(float)
+            if kind == "inf":
+                v[rng.integers(n)] = np.inf
+            if kind == "nan":
+                v[rng.integers(n)] = np.nan
+            with np.errstate(invalid="ignore"):
+                assert repr(_p99(v)) == repr(float(np.quantile(v, 0.99))), (n, kind)
+
+
+def test_a_table_judged_at_every_look_reads_as_one_that_sorts_its_censored_times_each_look():
+    # The simulator judges one table at hundreds of `now`s and sorts its sends and ends once
+    # (`RunTable.sorted_times`); the in-flight count must come out as from the censored table's own
+    # times, sorted at each look (the fallback where a request ends before it is sent)
+    _, run = measure(server(), chat(1200), SLO(ttft={"max_ms": 400}, tpot={"max_ms": 40}, target=0.9), 14.0,
+                     LoadSettings(requests=1200, sequential=False), seed=2, sequential=False)
+    slo = SLO(ttft={"max_ms": 400}, tpot={"max_ms": 40}, target=0.9)
+    once = RunTable.from_records(run.records, slo)
+    assert once.sorted_times() is not None
+    span = max(r.sent_s for r in run.records if r.sent_s is not None)
+    decided = 0
+    for now in [None, *np.linspace(1.0, span + 30.0, 60)]:
+        each = RunTable.from_records(run.records, slo)
+        each._sorted = ()  # as a table whose times cannot be sorted once: each look sorts its own
+        window = (2.0, now) if now is not None else None
+        a = judge(once, slo, SteadySettings(min_fit_sends=10), now=now, window=window)
+        b = judge(each, slo, SteadySettings(min_fit_sends=10), now=now, window=window)
+        assert repr(a) == repr(b), now
+        decided += a.decided
+    assert decided > 0  # the fit and the intervals were reached, not only the early returns

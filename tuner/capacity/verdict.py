@@ -24,7 +24,7 @@ the stopping interval is a 99% one; the final verdict of a run that used its who
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -116,6 +116,18 @@ class RunTable:
     err: np.ndarray        # ended without a complete, full-length response
     e2e: np.ndarray        # of ended requests (0 for errors)
     in_window: np.ndarray
+    _sorted: tuple[np.ndarray, np.ndarray] | tuple[()] | None = field(default=None, repr=False, compare=False)
+
+    def sorted_times(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Every send and every end, each sorted (not sent: last; in flight: inf), once per table: the
+        simulator judges one table hundreds of times. At any `now`, the in-flight count at a time up to
+        `now` counts the same sends and ends in these as in the censored table's, as long as no request
+        ends before it is sent (None otherwise: the caller sorts what it has)."""
+        if self._sorted is None:
+            sent, end = self.sent, self.end
+            ordered = not (end < sent).any() and not (np.isnan(sent) & (end < np.inf)).any()
+            self._sorted = (np.sort(sent), np.sort(end)) if ordered else ()
+        return self._sorted or None
 
     @classmethod
     def from_records(cls, records: Sequence[RequestRecord], slo: SLO,
@@ -169,23 +181,44 @@ def _censor(t: RunTable, slo: SLO, now: float | None):
     return sent, end, ratio, err, age
 
 
-def _growth(sent: np.ndarray, end: np.ndarray, t0: float, t1: float, batches: int = 6,
+def _scored(t: RunTable, now: float | None, window: tuple[float, float] | None
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The scored requests as known at `now` (`_censor`'s view, taken for them alone): their indices,
+    send times, ages (E2E once ended, else time in flight so far) and errors. What an undecided look
+    needs, before the rest of the table is censored."""
+    s = t.sent
+    if now is None:
+        idx = np.flatnonzero(((s >= window[0]) & (s <= window[1])) if window is not None else
+                             t.in_window & ~np.isnan(s))
+        age = np.where(np.isfinite(t.end[idx]), t.e2e[idx], 0.0)
+        return idx, s[idx], age, int(t.err[idx].sum())
+    sent_by = s <= now
+    idx = np.flatnonzero((sent_by & (s >= window[0]) & (s <= window[1])) if window is not None else
+                         t.in_window & sent_by)
+    w_sent = s[idx]
+    ended = t.end[idx] <= now
+    return idx, w_sent, np.where(ended, t.e2e[idx], now - w_sent), int((t.err[idx] & ended).sum())
+
+
+def _growth(s: np.ndarray, e: np.ndarray, t0: float, t1: float, batches: int = 6,
             points: int = 16) -> tuple[float, float, float]:
     """Slope (req/s) of the in-flight count over [t0, t1] and its standard error, by batch means: the
     count is averaged over `batches` equal stretches and a line fitted to those means, so the error
     reflects the count's own autocorrelation (near saturation it wanders for many request lifetimes,
-    and a slope from a few dozen seconds is mostly that wander)."""
+    and a slope from a few dozen seconds is mostly that wander). `s` and `e`: the sends and ends, sorted
+    (`RunTable.sorted_times`)."""
     if t1 <= t0:
         return 0.0, math.inf, math.inf
-    ok = ~np.isnan(sent)
-    s, e = np.sort(sent[ok]), np.sort(end[ok])
     t = np.linspace(t0, t1, batches * points)
     inflight = (np.searchsorted(s, t, side="right") - np.searchsorted(e, t, side="right")).astype(float)
-    means = inflight.reshape(batches, points).mean(axis=1)
-    x = t.reshape(batches, points).mean(axis=1)
-    xc = x - x.mean()
-    slope = float((xc * (means - means.mean())).sum() / (xc * xc).sum())
-    resid = means - means.mean() - slope * xc
+    # means as sums over counts: `.mean()`'s own floats, without its wrapper (the stopping rule fits at
+    # every look once a run is long enough)
+    means = inflight.reshape(batches, points).sum(axis=1) / points
+    x = t.reshape(batches, points).sum(axis=1) / points
+    xc = x - x.sum() / batches
+    level = means.sum() / batches
+    slope = float((xc * (means - level)).sum() / (xc * xc).sum())
+    resid = means - level - slope * xc
     se = math.sqrt(float((resid ** 2).sum()) / (batches - 2) / float((xc * xc).sum()))
     return slope, se, float(inflight.max())
 
@@ -198,6 +231,23 @@ def _served(offered: float | None, growth: float) -> float | None:
     if offered is None:
         return None
     return min(offered, offered - growth)
+
+
+def _p99(values: np.ndarray) -> float:
+    """`np.quantile(values, 0.99)` (its linear method, NaN for an array holding one), the same float: the
+    stopping rule takes it at every look, and numpy's generic path was a third of a look's time."""
+    n = len(values)
+    v = (n - 1) * 0.99
+    lo = math.floor(v)
+    hi = lo + 1
+    if v >= n - 1:
+        lo = hi = -1
+    part = np.partition(values, (lo, hi, -1))
+    if math.isnan(part[-1]):
+        return math.nan
+    a, b, gamma = part[lo], part[hi], v - lo
+    diff = b - a
+    return float(b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma)
 
 
 def design_effect(bad: np.ndarray, batches: int = 10) -> float:
@@ -224,25 +274,18 @@ def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: Stead
     `window` bounds the scored requests by their send time (default: the records' `in_window`)."""
     st = settings or SteadySettings()
     table = records if isinstance(records, RunTable) else RunTable.from_records(records, slo)
-    sent, end, ratio, err, age = _censor(table, slo, now)
-    if window is not None:
-        win = ~np.isnan(sent) & (sent >= window[0]) & (sent <= window[1])
-    else:
-        win = table.in_window & ~np.isnan(sent)
-    idx = np.flatnonzero(win)
+    idx, w_sent, w_age, errors = _scored(table, now, window)
     target = float(slo.target)  # type: ignore[arg-type]
     n = len(idx)
     if n == 0:
         return Verdict(False, False, "empty")
-    errors = int(err[idx].sum())
-    w_sent = sent[idx]
     span = float(w_sent.max() - w_sent.min())
     offered = (n - 1) / span if n > 1 and span > 0 else None
-    p99 = float(np.quantile(age[idx], 0.99)) if n else None
-    long_enough = n >= st.min_requests and p99 is not None and span >= st.latency_spans * p99
+    p99 = _p99(w_age)
+    long_enough = n >= st.min_requests and span >= st.latency_spans * p99
     final = now is None
     # (every send made: the window is as long as it will be, so a decided miss need not wait for the drain)
-    all_sent = st.cut_after_sends and not final and not bool(np.isnan(sent).any())
+    all_sent = st.cut_after_sends and not final and bool((table.sent <= now).all())
     if not final and not (n >= st.min_requests and (long_enough or all_sent or errors > (1 - target) * n)):
         # In progress, nothing below can decide yet: a pass and an overload need the window to be long
         # enough, a miss too unless every send is made or errors alone break the target. The stopping rule
@@ -251,6 +294,7 @@ def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: Stead
         # Only what shows it is undecided is filled in.
         return Verdict(False, False, "inconclusive", n=n, errors=errors, offered_rps=offered, span_s=span,
                        p99_e2e_s=p99)
+    sent, end, ratio, _, _ = _censor(table, slo, now)
     r = ratio[idx]
     known = ~np.isnan(r)
     good = int((r[known] <= 1.0).sum())
@@ -260,7 +304,11 @@ def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: Stead
     # thirds (near saturation, latencies creep up as the batch fills: a slower transient)
     g0 = max(float(w_sent.min()) + span / 3, float(np.nanmin(sent)) + (p99 or 0.0))
     g1 = float(w_sent.max())
-    growth, growth_se, peak = _growth(sent, end, g0, g1)
+    s_e = table.sorted_times()
+    if s_e is None:
+        ok = ~np.isnan(sent)
+        s_e = np.sort(sent[ok]), np.sort(end[ok])
+    growth, growth_se, peak = _growth(*s_e, g0, g1)
     fit_sends = int(((w_sent >= g0) & (w_sent <= g1)).sum())
     served = _served(offered, growth)
     z = Z95 if final else Z_STOP
