@@ -119,10 +119,9 @@ class RunTable:
     _sorted: tuple[np.ndarray, np.ndarray] | tuple[()] | None = field(default=None, repr=False, compare=False)
 
     def sorted_times(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """Every send and every end, each sorted (not sent: last; in flight: inf), once per table: the
-        simulator judges one table hundreds of times. At any `now`, the in-flight count at a time up to
-        `now` counts the same sends and ends in these as in the censored table's, as long as no request
-        ends before it is sent (None otherwise: the caller sorts what it has)."""
+        """Every send and every end, each sorted, once per table (the simulator judges one table hundreds
+        of times): the in-flight count up to any `now` counts the same ones in these as in the table
+        censored at `now`, as long as no request ends before it is sent (None otherwise)."""
         if self._sorted is None:
             sent, end = self.sent, self.end
             ordered = not (end < sent).any() and not (np.isnan(sent) & (end < np.inf)).any()
@@ -183,9 +182,8 @@ def _censor(t: RunTable, slo: SLO, now: float | None):
 
 def _scored(t: RunTable, now: float | None, window: tuple[float, float] | None
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """The scored requests as known at `now` (`_censor`'s view, taken for them alone): their indices,
-    send times, ages (E2E once ended, else time in flight so far) and errors. What an undecided look
-    needs, before the rest of the table is censored."""
+    """The scored requests as known at `now` (`_censor`'s view of them alone: all an undecided look needs):
+    indices, send times, ages (E2E once ended, else time in flight so far) and errors."""
     s = t.sent
     if now is None:
         idx = np.flatnonzero(((s >= window[0]) & (s <= window[1])) if window is not None else
@@ -211,8 +209,7 @@ def _growth(s: np.ndarray, e: np.ndarray, t0: float, t1: float, batches: int = 6
         return 0.0, math.inf, math.inf
     t = np.linspace(t0, t1, batches * points)
     inflight = (np.searchsorted(s, t, side="right") - np.searchsorted(e, t, side="right")).astype(float)
-    # means as sums over counts: `.mean()`'s own floats, without its wrapper (the stopping rule fits at
-    # every look once a run is long enough)
+    # means as sums over counts: `.mean()`'s own floats, without its wrapper (a fit at most looks)
     means = inflight.reshape(batches, points).sum(axis=1) / points
     x = t.reshape(batches, points).sum(axis=1) / points
     xc = x - x.sum() / batches
@@ -221,6 +218,23 @@ def _growth(s: np.ndarray, e: np.ndarray, t0: float, t1: float, batches: int = 6
     resid = means - level - slope * xc
     se = math.sqrt(float((resid ** 2).sum()) / (batches - 2) / float((xc * xc).sum()))
     return slope, se, float(inflight.max())
+
+
+def _in_flight_fit(table: RunTable, sent: np.ndarray, end: np.ndarray, w_sent: np.ndarray, p99: float
+                   ) -> tuple[float, float, float, float, float, int]:
+    """The in-flight count's fit over the scored window (`sent`, `end`: censored at the look): its span
+    (g0, g1), slope, standard error and peak (`_growth`), and the sends inside it. The count fills up over
+    the lifetime of nearly every request from the first send (an M/G/inf system is in steady state after
+    its longest service), and over the window's last two thirds (near saturation, latencies creep up as
+    the batch fills: a slower transient)."""
+    lo, hi = float(w_sent.min()), float(w_sent.max())
+    g0 = max(lo + (hi - lo) / 3, float(np.nanmin(sent)) + (p99 or 0.0))
+    s_e = table.sorted_times()
+    if s_e is None:
+        ok = ~np.isnan(sent)
+        s_e = np.sort(sent[ok]), np.sort(end[ok])
+    growth, growth_se, peak = _growth(*s_e, g0, hi)
+    return g0, hi, growth, growth_se, peak, int(((w_sent >= g0) & (w_sent <= hi)).sum())
 
 
 def _served(offered: float | None, growth: float) -> float | None:
@@ -234,8 +248,8 @@ def _served(offered: float | None, growth: float) -> float | None:
 
 
 def _p99(values: np.ndarray) -> float:
-    """`np.quantile(values, 0.99)` (its linear method, NaN for an array holding one), the same float: the
-    stopping rule takes it at every look, and numpy's generic path was a third of a look's time."""
+    """`np.quantile(values, 0.99)`, the same float (its linear method; NaN where one is NaN): taken at every
+    look of the stopping rule, where numpy's generic path was a third of the look."""
     n = len(values)
     v = (n - 1) * 0.99
     lo = math.floor(v)
@@ -290,8 +304,7 @@ def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: Stead
         # In progress, nothing below can decide yet: a pass and an overload need the window to be long
         # enough, a miss too unless every send is made or errors alone break the target. The stopping rule
         # looks hundreds of times a run and most looks end here, before the in-flight fit and the
-        # intervals (a simulated run replays every look: 2.6 s of the README's 31.6 s job, 1.9 s since).
-        # Only what shows it is undecided is filled in.
+        # intervals: only what shows it is undecided is filled in.
         return Verdict(False, False, "inconclusive", n=n, errors=errors, offered_rps=offered, span_s=span,
                        p99_e2e_s=p99)
     sent, end, ratio, _, _ = _censor(table, slo, now)
@@ -299,17 +312,7 @@ def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: Stead
     known = ~np.isnan(r)
     good = int((r[known] <= 1.0).sum())
     unknown = int((~known).sum())
-    # the in-flight count fills up over the lifetime of nearly every request from the first send (an
-    # M/G/inf system is in steady state after its longest service), and over the window's last two
-    # thirds (near saturation, latencies creep up as the batch fills: a slower transient)
-    g0 = max(float(w_sent.min()) + span / 3, float(np.nanmin(sent)) + (p99 or 0.0))
-    g1 = float(w_sent.max())
-    s_e = table.sorted_times()
-    if s_e is None:
-        ok = ~np.isnan(sent)
-        s_e = np.sort(sent[ok]), np.sort(end[ok])
-    growth, growth_se, peak = _growth(*s_e, g0, g1)
-    fit_sends = int(((w_sent >= g0) & (w_sent <= g1)).sum())
+    g0, g1, growth, growth_se, peak, fit_sends = _in_flight_fit(table, sent, end, w_sent, p99)
     served = _served(offered, growth)
     z = Z95 if final else Z_STOP
     order = np.argsort(w_sent, kind="stable")
