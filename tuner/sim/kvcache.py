@@ -27,7 +27,7 @@ prompt's) in plain loops, where C passes cost more than they save.
 from __future__ import annotations
 
 from collections import _count_elements, deque  # type: ignore[attr-defined]
-from itertools import compress, count, islice, repeat, takewhile
+from itertools import compress, count, filterfalse, islice, repeat, takewhile
 from operator import eq, not_
 from typing import Sequence
 
@@ -40,6 +40,10 @@ SHORT = 48
 #: The LRU's runs are compacted when their entries pass 4x the free-but-cached blocks plus this many (a
 #: block taken back leaves its entry behind until eviction reaches it or a compaction drops it).
 LRU_SLACK = 65536
+#: A request's freshly computed blocks, this many or more in one chunk, are registered as one *span*.
+MIN_SPAN = 32
+#: A span's entry starts with this (a piece's starts with its holders, never negative).
+SPAN = -1
 
 
 def _consume(it) -> None:
@@ -48,9 +52,10 @@ def _consume(it) -> None:
 
 class BlockPool:
     __slots__ = ("num_blocks", "caching", "free_anon", "cached_free", "cached_used", "pieces", "piece",
-                 "in_piece", "free_in_pieces", "_lru", "_stamp", "_entries", "_taken")
+                 "in_piece", "free_in_pieces", "spans", "free_in_spans", "chained", "_lru", "_stamp", "_entries",
+                 "_taken")
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True, piece: int = PIECE):
+    def __init__(self, num_blocks: int, enable_caching: bool = True, piece: int = PIECE, chained: bool = True):
         self.num_blocks = num_blocks
         self.caching = enable_caching
         self.free_anon = num_blocks
@@ -73,10 +78,15 @@ class BlockPool:
         self.in_piece: dict[int, int] = {}  # a piece's block -> the piece's key
         self.free_in_pieces = 0  # blocks in free pieces (free, cached, outside `cached_free`)
         self.piece = piece
+        #: spans, by their first block's hash: [SPAN, the owner's held list, its LRU run while free (None while
+        #: held), start, stop]: the span's blocks are held[start:stop] (start == stop: it was materialised).
+        self.spans: dict[int, list] = {}
+        self.free_in_spans = 0  # blocks in free spans (free, cached, in no dict)
+        self.chained = chained  # the hash lists are chained (vLLM's rule): without it, no spans
 
     @property
     def num_free(self) -> int:
-        return self.free_anon + len(self.cached_free) + self.free_in_pieces
+        return self.free_anon + len(self.cached_free) + self.free_in_pieces + self.free_in_spans
 
     @property
     def usage(self) -> float:
@@ -86,14 +96,35 @@ class BlockPool:
     def match(self, hashes: Sequence[int], max_blocks: int) -> tuple[int, int]:
         """Length of the cached prefix of `hashes` (at most `max_blocks`), and how many of those blocks
         sit in the free list (taking them reduces the free count). Aligned windows of `piece` blocks
-        that are pieces count whole; the others block by block."""
+        that are pieces count whole; the others block by block. Where the blocks stop, a span may go on:
+        entered by its first block (the hashes are chained), it counts as far as it agrees."""
         if not self.caching or max_blocks <= 0:
             return 0, 0
-        pieces, W = self.pieces, self.piece
         end = min(max_blocks, len(hashes))
-        if end < W or not pieces:
-            return self._match_blocks(hashes[:end])
-        n = from_free = 0
+        n, from_free = self._match_from(hashes, 0, end)
+        spans = self.spans
+        while spans and n < end:
+            s = spans.get(hashes[n])
+            if s is None:
+                break
+            blocks, run, start, stop = s[1], s[2], s[3], s[4]
+            k = len(list(takewhile(bool, map(eq, islice(hashes, n, end), islice(blocks, start, stop)))))
+            n += k
+            if run is not None:
+                from_free += k
+            if k < stop - start or n == end:
+                break
+            k, f = self._match_from(hashes, n, end)
+            n += k
+            from_free += f
+        return n, from_free
+
+    def _match_from(self, hashes: Sequence[int], n: int, end: int) -> tuple[int, int]:
+        """`match` from block `n` to the first block cached in no dict: pieces whole, the rest block by block."""
+        pieces, W = self.pieces, self.piece
+        if end - n < W or not pieces:
+            return self._match_blocks(hashes[n:end])
+        start, from_free = n, 0
         while n < end:
             if n + W <= end:
                 seg = hashes[n:n + W]
@@ -110,7 +141,7 @@ class BlockPool:
             from_free += f
             if k < len(seg):
                 break
-        return n, from_free
+        return n - start, from_free
 
     def _match_blocks(self, seg: list[int]) -> tuple[int, int]:
         """`match` block by block: in-use and free-but-cached runs, to the first miss, in C."""
@@ -157,6 +188,9 @@ class BlockPool:
             rest += hashes[len(held) * W:]
         if not rest:
             return held
+        if self.spans:  # spans it matched into (by their first block: the hashes are chained): in blocks now
+            for h in list(filter(self.spans.__contains__, rest)):
+                self._materialise(self.spans[h])
         if self.in_piece:  # pieces some of whose blocks are referenced on their own
             keys = set(map(self.in_piece.get, rest))
             keys.discard(None)
@@ -211,7 +245,7 @@ class BlockPool:
         if n <= self.free_anon:
             self.free_anon -= n
             return True
-        if n > self.free_anon + len(self.cached_free) + self.free_in_pieces:
+        if n > self.free_anon + len(self.cached_free) + self.free_in_pieces + self.free_in_spans:
             return False
         n -= self.free_anon
         self.free_anon = 0
@@ -249,6 +283,16 @@ class BlockPool:
         while n:
             run = lru[0]
             rid, blocks, i, live, e = run
+            if e is not None and e[0] == SPAN:  # a free span's run: evicted from its last block
+                size = e[4] - e[3]
+                if n < size:
+                    e[4] -= n
+                    self.free_in_spans -= n
+                    return
+                self._end_free_span(e)
+                n -= size
+                lru.popleft()
+                continue
             if e is not None:  # a free piece's run (stale once it was taken back)
                 if e[2] is not run:
                     self._entries -= 1
@@ -285,6 +329,14 @@ class BlockPool:
             run[3] = live - n
             return
 
+    def _end_free_span(self, span: list) -> None:
+        """Free span `span` is evicted whole."""
+        del self.spans[span[1][span[3]]]
+        self.free_in_spans -= span[4] - span[3]
+        self._entries -= 1
+        span[2] = None
+        span[3] = span[4]
+
     def _current(self, rid: int, seg: list[int], at: int):
         """Whether each entry of `seg` (run `rid`'s entries from place `at` on) is current, lazily, in C."""
         return map(eq, map(self.cached_free.get, seg, repeat(-1)), count((rid << 32) + at))
@@ -313,7 +365,7 @@ class BlockPool:
             self.cached_free.update(zip(blocks, count(rid << 32)))
             lru.append([rid, blocks, 0, len(blocks), None])
             self._entries += len(blocks)
-        if self._entries > 4 * (len(self.cached_free) + self.free_in_pieces) + LRU_SLACK:
+        if self._entries > 4 * (self.num_free - self.free_anon) + LRU_SLACK:
             self._compact()  # mostly taken back: keep memory bounded
 
     def _compact(self) -> None:
@@ -340,27 +392,101 @@ class BlockPool:
             rid, blocks, i, _, e = run
             if e is None:
                 out += compress(blocks[i:], self._current(rid, blocks[i:], i))
+            elif e[0] == SPAN:
+                out += e[1][e[3]:e[4]][::-1]
             elif e[2] is run:
                 out += blocks[::-1]
         return out
 
-    def register(self, h: int) -> bool:
-        """A freshly computed anonymous block now holds prefix `h`: cache it. False if `h` was cached
-        already (another request computed the same block at the same time); it then stays anonymous."""
-        if not self.caching or h in self.cached_used or h in self.cached_free:
-            return False
-        self.cached_used[h] = 1
-        return True
+    def land(self, held: list[int], hashes: list[int], lo: int, hi: int, spans: list | None) -> list | None:
+        """Prompt blocks `lo`..`hi` - 1 of `hashes` were just computed: those not cached yet are registered
+        and appended to `held`; another request's blocks stay where they are (this one's copies anonymous).
+        A chunk of fresh blocks right after the request's own (`lo == len(held)`) is a span: one entry, not
+        one a block; it extends the request's open span. Returns the request's spans (`spans`, or a new list)."""
+        chunk = hashes[lo:hi]
+        used, free, by_head = self.cached_used, self.cached_free, self.spans
+        fresh = list(filterfalse(free.__contains__, filterfalse(used.__contains__, chunk)))
+        after_own = lo == len(held)
+        if by_head and (len(fresh) < len(chunk) or not after_own or chunk[0] in by_head):
+            if self._materialise_reached(hashes, lo, chunk, after_own):
+                fresh = list(filterfalse(free.__contains__, filterfalse(used.__contains__, chunk)))
+        if after_own and len(fresh) == len(chunk) and self.chained:
+            last = spans[-1] if spans else None
+            if last is not None and last[3] < last[4] == lo:
+                last[4] = hi
+                held += chunk
+                return spans
+            if len(chunk) >= MIN_SPAN:
+                span = by_head[chunk[0]] = [SPAN, held, None, lo, hi]
+                held += chunk
+                if spans is None:
+                    return [span]
+                spans.append(span)
+                return spans
+        registered = dict.fromkeys(fresh, 1)
+        used.update(registered)
+        held.extend(registered)
+        return spans
 
-    def release(self, hashes: Sequence[int], n_anon: int, pieces: list | None = None) -> None:
-        """Free a request's blocks (`pieces`: as `ref` returned): cached ones go to the LRU tail in
-        reverse order (so a prompt's tail blocks are evicted before its head, as in vLLM), anonymous
-        ones back to the free count."""
-        self.free_anon += n_anon
-        if not pieces:
-            self._drop(hashes[::-1])
+    def _materialise_reached(self, hashes: list[int], lo: int, chunk: list[int], after_own: bool) -> bool:
+        """Materialise the spans that blocks of `chunk` lie in: a span in the chunk starts there (the hashes
+        are chained, and a span's first block follows a block in a dict while it is cached), or runs into
+        it from blocks before it that the request does not hold (`after_own` false). Whether any was."""
+        by_head, found = self.spans, False
+        for h in list(filter(by_head.__contains__, chunk)):
+            self._materialise(by_head[h])
+            found = True
+        if not after_own:  # back to the nearest block in a dict, or a span's first block
+            used, free = self.cached_used, self.cached_free
+            k = lo - 1
+            while k >= 0 and hashes[k] not in used and hashes[k] not in free and hashes[k] not in by_head:
+                k -= 1
+            if k >= 0 and hashes[k] in by_head:
+                self._materialise(by_head[hashes[k]])
+                found = True
+        return found
+
+    def _materialise(self, span: list) -> None:
+        """Span `span` ends: its blocks go into the dicts as the block-at-a-time pool has them (held: one
+        reference each, its owner's; free: last first, in its run's place)."""
+        blocks, run, start, stop = span[1], span[2], span[3], span[4]
+        seg = blocks[start:stop]
+        del self.spans[seg[0]]
+        span[3] = stop
+        if run is None:
+            self.cached_used.update(dict.fromkeys(seg, 1))
             return
-        W, hi = self.piece, len(hashes)
+        span[2] = None
+        seg.reverse()
+        self.cached_free.update(zip(seg, count(run[0] << 32)))
+        run[1:] = [seg, 0, len(seg), None]
+        self._entries += len(seg) - 1
+        self.free_in_spans -= len(seg)
+
+    def release(self, hashes: Sequence[int], n_anon: int, pieces: list | None = None,
+                spans: list | None = None) -> None:
+        """Free a request's blocks (`pieces`: as `ref` returned, `spans`: as `land` did): cached ones go to
+        the LRU tail in reverse order (so a prompt's tail blocks are evicted before its head, as in vLLM),
+        anonymous ones back to the free count. A span goes whole, as one entry."""
+        self.free_anon += n_anon
+        hi = len(hashes)
+        for span in reversed(spans or ()):
+            start, stop = span[3], span[4]
+            if start == stop:
+                continue  # materialised: its blocks are held one by one
+            if hi > stop:
+                self._drop(hashes[stop:hi][::-1])
+            self._stamp += 1
+            span[2] = run = [self._stamp, None, 0, 0, span]  # its blocks: the span's
+            self._lru.append(run)
+            self._entries += 1
+            self.free_in_spans += stop - start
+            hi = start
+        if not pieces:
+            if hi:
+                self._drop(hashes[hi - 1::-1])
+            return
+        W = self.piece
         for j in range(len(pieces) - 1, -1, -1):
             e = pieces[j]
             if e is None:
@@ -416,10 +542,12 @@ class BlockPool:
         return freed
 
     def reset_prefix_cache(self) -> None:
-        self.free_anon += len(self.cached_free) + self.free_in_pieces
-        for run in self._lru:  # free pieces end with the rest of the free list
+        self.free_anon += len(self.cached_free) + self.free_in_pieces + self.free_in_spans
+        for run in self._lru:  # free pieces and spans end with the rest of the free list
             e = run[4]
-            if e is not None and e[2] is run:
+            if e is not None and e[0] == SPAN:
+                self._end_free_span(e)
+            elif e is not None and e[2] is run:
                 self._unpiece(e, len(e[1]))
         self.cached_free.clear()
         self._lru.clear()
