@@ -12,6 +12,7 @@ import pytest
 
 import tuner.sim.engine as engine_mod
 import tuner.sim.kvcache as kvcache
+import tuner.sim.lru as lru
 from tuner.engine.virtual import SimRequest, run_virtual
 from tuner.knobs import Knobs
 from tuner.profiles.gpus import get_gpu
@@ -201,7 +202,7 @@ def _compare(monkeypatch, piece: int, trunk: int, blocks: int, holders: int, dup
     """Random admissions, landings (whole, or in chunks), decodes, releases and resets on both pools, compared
     after each. Hash lists with a hash listed twice (`dup`) are not chained: that pool makes no spans."""
     for seed in range(4):
-        monkeypatch.setattr(kvcache, "LRU_SLACK", 65536 if seed % 2 else 0)  # odd seeds: compacted often
+        monkeypatch.setattr(lru, "LRU_SLACK", 65536 if seed % 2 else 0)  # odd seeds: compacted often
         rng = random.Random(seed)
         monkeypatch.setattr(kvcache, "MIN_SPAN", rng.choice([1, 3, piece]))
         fast, ref = BlockPool(blocks, piece=piece, chained=not dup), ReferencePool(blocks)
@@ -355,10 +356,10 @@ def test_the_comparison_reaches_the_spans_every_way(monkeypatch):
         seen["freed whole"] += pool.free_in_spans > before[1]
 
     def on_evict(pool, before, args, out):
-        seen["evicted in part"] += 0 < before[1] - pool.free_in_spans and set(pool.spans) == before[0]
-
-    def on_end(pool, before, args, out):
-        seen["evicted whole" if context[-1:] != ["reset"] else "ended by a reset"] += 1
+        span = args[0]
+        if span[0] == kvcache.SPAN:
+            seen["ended by a reset" if context[-1:] == ["reset"] else
+                 "evicted in part" if span[2] is not None else "evicted whole"] += 1
 
     wrap("land", on_land)
     wrap("_materialise_reached", on_reached, "landing")
@@ -366,8 +367,7 @@ def test_the_comparison_reaches_the_spans_every_way(monkeypatch):
     wrap("_materialise", on_materialise)
     wrap("match", on_match)
     wrap("release", on_release)
-    wrap("_evict", on_evict)
-    wrap("_end_free_span", on_end)
+    wrap("_evict_whole", on_evict)
     wrap("reset_prefix_cache", lambda *a: None, "reset")
     for piece, trunk, blocks, holders in [(4, 40, 150, 12), (8, 24, 90, 8)]:
         _compare(monkeypatch, piece, trunk, blocks, holders, dup=False, rag=True)
@@ -454,7 +454,7 @@ def test_the_lru_stays_bounded_when_blocks_are_taken_back_and_freed_again():
         _land(pool, h)
         pool.release(h.held, len(hashes) - len(h.held), pieces, h.spans)
     assert pool.lru_order() == hashes[::-1]
-    assert pool._entries <= 4 * len(pool.cached_free) + kvcache.LRU_SLACK
+    assert pool.free.entries <= 4 * len(pool.cached_free) + lru.LRU_SLACK
 
 
 def _rag_requests(n: int, rate: float, seed: int) -> list[SimRequest]:
