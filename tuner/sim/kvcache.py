@@ -18,20 +18,18 @@ block's own references plus one if it lies in a piece, held or free, so a piece'
 when it is freed or taken back; `in_piece` finds a block's piece where a prefix is matched block by block.
 
 What is left, a RAG prompt's ~100 private blocks past its corpus, no other request holds: the blocks a
-request computes, in a chunk right after its own blocks, are one *span* (its hashes in its `held` list,
-in no dict), registered, freed (to the LRU whole, tail first) and evicted (by shortening it) as one
-entry. Spans need the hash lists chained (vLLM's rule: a block's hash includes its parent's, so two
-prompts share block k only if they share blocks 0..k): another prompt can only enter a span by its first
-block, which `spans` indexes, and a span is only made after a block in a dict (or at a prompt's start),
-which stays cached while the span is (it is freed after the span, and taken back only with it). So a
-lookup finds a span at its first block; the span is then *materialised*, its blocks put into the dicts as
-the block-at-a-time pool has them (another request matching into it, or computing the same blocks at the
-same time). Every cached block is in `cached_used`, `cached_free`, a free piece or a span.
-
-tests/unit/test_sim_kvcache_pieces.py keeps the pool in step with the block-at-a-time one. What is still
-done per block runs in C (`takewhile`, `map`, `compress`, `_count_elements`), lazily where a hash listed
-twice must be handled as the one-at-a-time loop would; short lists (a chat prompt's) in plain loops,
-where C passes cost more than they save.
+request computes in a chunk right after its own are one *span* (its hashes in its `held` list, in no
+dict), registered, freed (to the LRU whole, tail first) and evicted (by shortening it) as one entry.
+Spans need chained hash lists (vLLM's rule: a block's hash includes its parent's, so two prompts share
+block k only if they share blocks 0..k): another prompt enters a span only by its first block, which
+`spans` indexes, and a span starts at a prompt's start or after a block in a dict, which stays cached
+while the span is (freed after it, evicted after it). A lookup that finds a span *materialises* it, its
+blocks put into the dicts as the block-at-a-time pool has them (another request matching into it, or
+computing the same blocks at once). Every cached block is in `cached_used`, `cached_free`, a free piece
+or a span. tests/unit/test_sim_kvcache_pieces.py and ..._spans.py keep the pool in step with the
+block-at-a-time one. What is still done per block runs in C (`takewhile`, `map`, `compress`,
+`_count_elements`), lazily where a hash listed twice must be handled as the one-at-a-time loop would;
+short lists (a chat prompt's) in plain loops, where C passes cost more than they save.
 """
 
 from __future__ import annotations
@@ -284,12 +282,9 @@ class BlockPool:
                 held += chunk
                 return spans
             if len(chunk) >= MIN_SPAN:
-                span = by_head[chunk[0]] = [SPAN, held, None, lo, hi]
+                by_head[chunk[0]] = span = [SPAN, held, None, lo, hi]
                 held += chunk
-                if spans is None:
-                    return [span]
-                spans.append(span)
-                return spans
+                return (spans or []) + [span]
         registered = dict.fromkeys(fresh, 1)
         used.update(registered)
         held.extend(registered)
@@ -321,7 +316,7 @@ class BlockPool:
         del self.spans[seg[0]]
         span[3] = stop
         if run is None:
-            self.cached_used.update(dict.fromkeys(seg, 1))
+            self.cached_used.update(zip(seg, repeat(1)))
             return
         span[2] = None
         self.free.unfold(run, seg[::-1])
