@@ -232,7 +232,7 @@ class BlockPool:
         if n <= self.free_anon:
             self.free_anon -= n
             return True
-        if n > self.num_free:
+        if n > self.free_anon + len(self.cached_free) + self.free_in_pieces + self.free_in_spans:  # num_free
             return False
         self.free.evict(n - self.free_anon)
         self.free_anon = 0

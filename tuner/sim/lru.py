@@ -88,9 +88,14 @@ class FreeList:
 
     def evict(self, n: int) -> None:
         """Evict the `n` least recently freed blocks (there are that many, counting the pool's whole runs)."""
-        run = self.runs[0]  # the common case first: the oldest run holds the n blocks, one by one
+        run = self.runs[0]  # the common cases first: the oldest run holds the n blocks
         rid, blocks, i, live, e = run
-        if e is None:
+        if e is not None:  # a whole run: the pool's (a free span is shortened: one call)
+            if e[2] is run:
+                n -= self.evict_whole(e, n)
+                if not n:
+                    return
+        else:
             if rid in self.taken:
                 run[3] = live = live - self.taken.pop(rid)
             stale = len(blocks) - i - live
