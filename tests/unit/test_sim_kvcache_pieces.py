@@ -7,12 +7,12 @@ from __future__ import annotations
 import random
 import sys
 from collections import Counter, OrderedDict
-from itertools import filterfalse
 
 import pytest
 
 import tuner.sim.engine as engine_mod
 import tuner.sim.kvcache as kvcache
+import tuner.sim.lru as lru
 from tuner.engine.virtual import SimRequest, run_virtual
 from tuner.knobs import Knobs
 from tuner.profiles.gpus import get_gpu
@@ -31,7 +31,7 @@ class ReferencePool:
         self.free_anon = num_blocks
         self.cached_free: OrderedDict[int, None] = OrderedDict()
         self.cached_used: dict[int, int] = {}
-        self.free_in_pieces = 0  # the engine reads it with the free list's length
+        self.free_in_pieces = self.free_in_spans = 0  # the engine reads them with the free list's length
 
     @property
     def num_free(self) -> int:
@@ -70,7 +70,14 @@ class ReferencePool:
             self.cached_free.popitem(last=False)
         return True
 
-    def release(self, hashes, n_anon, pieces=0):
+    def land(self, held, hashes, lo, hi, spans):
+        for h in hashes[lo:hi]:
+            if h not in self.cached_used and h not in self.cached_free:
+                self.cached_used[h] = 1
+                held.append(h)
+        return spans
+
+    def release(self, hashes, n_anon, pieces=0, spans=None):
         for h in reversed(hashes):
             c = self.cached_used[h] - 1
             if c:
@@ -92,7 +99,8 @@ class Holder:
     """A request's view of one pool: its prompt's hashes, the blocks it holds, as the engine keeps them."""
 
     def __init__(self, hashes):
-        self.hashes, self.held, self.pieces, self.n_blocks, self.landed = hashes, [], None, 0, False
+        self.hashes, self.held, self.pieces, self.spans, self.n_blocks, self.landed = hashes, [], None, None, 0, False
+        self.computed = 0  # blocks computed (landed) or matched
 
 
 def _chains(rng: random.Random, trunk: int, n: int, dup: bool) -> list[list[int]]:
@@ -115,18 +123,46 @@ def _chains(rng: random.Random, trunk: int, n: int, dup: bool) -> list[list[int]
     return out
 
 
-def _land(pool, h: Holder) -> None:
-    """The engine's chunk landing (`EngineCore._land_chunk`): a prompt's uncached blocks registered."""
-    used, free = pool.cached_used, pool.cached_free
-    fresh = dict.fromkeys(filterfalse(free.__contains__, filterfalse(used.__contains__, h.hashes[len(h.held):])), 1)
-    used.update(fresh)
-    h.held.extend(fresh)
-    h.landed = True
+def _rag_chains(rng: random.Random, trunk: int, n: int) -> list[list[int]]:
+    """RAG-shaped chained prompts: two corpora (shared prefixes, cut at random lengths now and then), each
+    prompt with a private question past it; the same prompt listed again now and then (a repeated question)."""
+    corpora = [[rng.getrandbits(60) for _ in range(trunk)] for _ in range(2)]
+    out = []
+    for _ in range(n):
+        corpus = rng.choice(corpora)
+        cut = rng.choice([trunk, trunk, rng.randint(0, trunk)])
+        out.append(corpus[:cut] + [rng.getrandbits(60) for _ in range(rng.randint(trunk // 4, trunk))])
+    return out + rng.sample(out, n // 4)
+
+
+def _land(pool, h: Holder, hi: int | None = None) -> None:
+    """The engine's chunk landing (`EngineCore._land_chunk`): the prompt's blocks up to `hi` (all: None)
+    computed, the uncached ones registered."""
+    lo, hi = max(h.computed, len(h.held)), len(h.hashes) if hi is None else hi
+    if hi > lo:
+        h.spans = pool.land(h.held, h.hashes, lo, hi, h.spans)
+    h.computed = max(h.computed, hi)
+    h.landed = h.computed >= len(h.hashes)
+
+
+def _held_in_spans(pool) -> dict[int, int]:
+    """The blocks of held spans, one reference each (their owner's), checking each span's entry."""
+    out: dict[int, int] = {}
+    for head, (mark, blocks, run, start, stop) in getattr(pool, "spans", {}).items():
+        assert mark == kvcache.SPAN and start < stop and blocks[start] == head
+        if run is None:
+            out.update(dict.fromkeys(blocks[start:stop], 1))
+        else:
+            assert run[4] is pool.spans[head] and run[1] is None
+    return out
 
 
 def _same(fast: BlockPool, ref: ReferencePool) -> None:
     assert fast.lru_order() == ref.lru_order()
     assert (fast.free_anon, fast.num_free) == (ref.free_anon, ref.num_free)
+    in_spans = _held_in_spans(fast)
+    assert not set(in_spans) & set(fast.cached_used) and not set(in_spans) & set(fast.cached_free)
+    assert fast.free_in_spans == sum(s[4] - s[3] for s in fast.spans.values() if s[2] is not None)
     # a block's count: its own references plus one if a piece (held, or free: then it is free) contains it
     expected = dict(ref.cached_used)
     for key, (holders, blocks, run, dirty) in fast.pieces.items():
@@ -135,7 +171,7 @@ def _same(fast: BlockPool, ref: ReferencePool) -> None:
             assert fast.in_piece[b] == key
             expected[b] = expected[b] - (holders - 1) if holders else 1
         assert dirty or {expected[b] for b in blocks} == {1}  # not dirty: no block referenced on its own
-    assert fast.cached_used == expected
+    assert {**fast.cached_used, **in_spans} == expected
     assert len(fast.in_piece) == sum(len(e[1]) for e in fast.pieces.values())
     assert fast.free_in_pieces == sum(len(e[1]) for e in fast.pieces.values() if not e[0])
     assert not set(fast.cached_free) & set(fast.cached_used)
@@ -152,13 +188,15 @@ def test_pieces_and_runs_keep_the_block_at_a_time_pool(monkeypatch, piece, trunk
     _compare(monkeypatch, piece, trunk, blocks, holders, dup)
 
 
-def _compare(monkeypatch, piece: int, trunk: int, blocks: int, holders: int, dup: bool) -> None:
-    """Random admissions, landings, decodes, releases and resets on both pools, compared after each."""
+def _compare(monkeypatch, piece: int, trunk: int, blocks: int, holders: int, dup: bool, rag: bool = False) -> None:
+    """Random admissions, landings (whole, or in chunks), decodes, releases and resets on both pools, compared
+    after each. Hash lists with a hash listed twice (`dup`) are not chained: that pool makes no spans."""
     for seed in range(4):
-        monkeypatch.setattr(kvcache, "LRU_SLACK", 65536 if seed % 2 else 0)  # odd seeds: compacted often
+        monkeypatch.setattr(lru, "LRU_SLACK", 65536 if seed % 2 else 0)  # odd seeds: compacted often
         rng = random.Random(seed)
-        fast, ref = BlockPool(blocks, piece=piece), ReferencePool(blocks)
-        chains = _chains(rng, trunk, 25, dup)
+        monkeypatch.setattr(kvcache, "MIN_SPAN", rng.choice([1, 3, piece]))
+        fast, ref = BlockPool(blocks, piece=piece, chained=not dup), ReferencePool(blocks)
+        chains = _rag_chains(rng, trunk, 25) if rag else _chains(rng, trunk, 25, dup)
         live: list[tuple[Holder, Holder]] = []
         for _ in range(600):
             op = rng.random()
@@ -176,12 +214,14 @@ def _compare(monkeypatch, piece: int, trunk: int, blocks: int, holders: int, dup
                 ref.ref(hr.held, m[1])
                 assert fast.take(need) and ref.take(need)
                 hf.n_blocks = hr.n_blocks = m[0] + need
+                hf.computed = hr.computed = m[0]
                 live.append((hf, hr))
             elif op < 0.55 and live:  # land a prefill: its fresh blocks registered
                 hf, hr = rng.choice(live)
                 if not hf.landed:
-                    _land(fast, hf)
-                    _land(ref, hr)
+                    hi = rng.choice([None, min(len(hf.hashes), hf.computed + rng.randint(1, 2 * piece))])
+                    _land(fast, hf, hi)
+                    _land(ref, hr, hi)
                     assert hf.held == hr.held
             elif op < 0.65 and live:  # a decode grows: one block more (or a refused one)
                 hf, hr = rng.choice(live)
@@ -193,14 +233,14 @@ def _compare(monkeypatch, piece: int, trunk: int, blocks: int, holders: int, dup
                     hr.n_blocks += k
             elif op < 0.97 and live:  # finish or be preempted: everything back
                 hf, hr = live.pop(rng.randrange(len(live)))
-                fast.release(hf.held, hf.n_blocks - len(hf.held), hf.pieces)
+                fast.release(hf.held, hf.n_blocks - len(hf.held), hf.pieces, hf.spans)
                 ref.release(hr.held, hr.n_blocks - len(hr.held))
             elif op >= 0.97:
                 fast.reset_prefix_cache()
                 ref.reset_prefix_cache()
             _same(fast, ref)
         for hf, hr in live:
-            fast.release(hf.held, hf.n_blocks - len(hf.held), hf.pieces)
+            fast.release(hf.held, hf.n_blocks - len(hf.held), hf.pieces, hf.spans)
             ref.release(hr.held, hr.n_blocks - len(hr.held))
         _same(fast, ref)
         assert fast.num_free == blocks and not any(e[0] for e in fast.pieces.values())  # free pieces may stay
@@ -243,11 +283,11 @@ def test_the_comparison_reaches_the_free_pieces_every_way(monkeypatch):
     wrap("_new_piece", lambda pool, before, args, out: seen.update({"no piece": out is None}))
     land = _land
 
-    def landing(pool, h):  # a prompt's block past its match that lies in a free piece: cached, not registered
+    def landing(pool, h, hi=None):  # a prompt's block past its match that lies in a free piece: cached, not registered
         if isinstance(pool, BlockPool):
             seen["registered in a free piece"] += any(not pool.pieces[pool.in_piece[b]][0]
-                                                      for b in h.hashes[len(h.held):] if b in pool.in_piece)
-        land(pool, h)
+                                                      for b in h.hashes[len(h.held):hi] if b in pool.in_piece)
+        land(pool, h, hi)
     monkeypatch.setattr(sys.modules[__name__], "_land", landing)
     for piece, trunk, blocks, holders, dup in [(4, 40, 120, 12, False), (8, 30, 90, 6, True)]:
         _compare(monkeypatch, piece, trunk, blocks, holders, dup)
@@ -267,9 +307,9 @@ def test_the_lru_stays_bounded_when_blocks_are_taken_back_and_freed_again():
         h = Holder(hashes)
         h.held = held
         _land(pool, h)
-        pool.release(h.held, len(hashes) - len(h.held), pieces)
+        pool.release(h.held, len(hashes) - len(h.held), pieces, h.spans)
     assert pool.lru_order() == hashes[::-1]
-    assert pool._entries <= 4 * len(pool.cached_free) + kvcache.LRU_SLACK
+    assert pool.free.entries <= 4 * len(pool.cached_free) + lru.LRU_SLACK
 
 
 def _rag_requests(n: int, rate: float, seed: int) -> list[SimRequest]:
@@ -287,7 +327,7 @@ def _rag_requests(n: int, rate: float, seed: int) -> list[SimRequest]:
 
 def _dump(run) -> tuple:
     pool = run.engine.pool
-    in_use = [h for h in pool.cached_used if not _in_free_piece(pool, h)]
+    in_use = [h for h in pool.cached_used if not _in_free_piece(pool, h)] + list(_held_in_spans(pool))
     return ([r.model_dump() for r in run.records], run.metrics.model_dump(), run.duration_s, run.steps,
             sorted(in_use), pool.lru_order(), pool.free_anon, pool.num_free)
 

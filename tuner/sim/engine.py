@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from itertools import filterfalse
 
 from tuner.sim.config import ResolvedConfig
 from tuner.sim.costs import CostModel, CostParams
@@ -145,7 +144,7 @@ class EngineCore:
             key_now = (-t) % B
             need = self.phase[key_now]
             if need:  # (the pool's num_free and take, inlined: this runs every step of every load run)
-                while need > pool.free_anon + len(pool.cached_free) + pool.free_in_pieces:
+                while need > pool.free_anon + len(pool.cached_free) + pool.free_in_pieces + pool.free_in_spans:
                     self._preempt_tail(t, scheduled_decodes=False)
                     preempted = True
                     need = self.phase[key_now]
@@ -299,14 +298,9 @@ class EngineCore:
         seq.computed = new = old + n
         hashes = seq.hashes
         if self.pool.caching and hashes:
-            # `BlockPool.register`, inlined: a prompt's every block passes here
-            used, free = self.pool.cached_used, self.pool.cached_free
             lo, hi = max(old // B, len(seq.held)), min(new // B, len(hashes))
-            if hi > lo:  # the chunk's full blocks not cached yet, registered (in C: a RAG prompt is 2,000)
-                fresh = dict.fromkeys(filterfalse(free.__contains__,
-                                                  filterfalse(used.__contains__, hashes[lo:hi])), 1)
-                used.update(fresh)
-                seq.held.extend(fresh)
+            if hi > lo:  # the chunk's full blocks not cached yet, registered
+                seq.spans = self.pool.land(seq.held, hashes, lo, hi, seq.spans)
         if new < seq.target:
             return
         # prefill complete: it samples one token
@@ -348,9 +342,10 @@ class EngineCore:
 
     def _release(self, seq: Seq, computed: int) -> None:
         n_blocks = seq.n_blocks if not seq.decoding else -(-computed // self.block)
-        self.pool.release(seq.held, n_blocks - len(seq.held), seq.pieces)
+        self.pool.release(seq.held, n_blocks - len(seq.held), seq.pieces, seq.spans)
         seq.held = []
         seq.pieces = None
+        seq.spans = None
         seq.n_blocks = 0
         if self.running.pop(seq.rid, None) is not None and self.lora is not None and seq.lora >= 0:
             self.lora.released(seq.lora)

@@ -15,57 +15,53 @@ holders: when the last one finishes and no block of it is referenced on its own,
 of its corpus takes it back whole; it turns back into blocks only where that pool would part them
 (eviction reaching it part-way, a request taking some of its blocks alone). `cached_used[h]` counts a
 block's own references plus one if it lies in a piece, held or free, so a piece's blocks are untouched
-when it is freed or taken back and every cached block is in `cached_used` or `cached_free` (all the
-engine's registration looks at); `in_piece` finds a block's piece where a prefix is matched block by
-block (tests/unit/test_sim_kvcache_pieces.py keeps the pool in step with the block-at-a-time one). The
-free list is a plain dict and a deque of runs in LRU order, not an OrderedDict (five times cheaper a
-block). What is still done per block runs in C (`takewhile`, `map`, `compress`, `_count_elements`),
-lazily where a hash listed twice must be handled as the one-at-a-time loop would; short lists (a chat
-prompt's) in plain loops, where C passes cost more than they save.
+when it is freed or taken back; `in_piece` finds a block's piece where a prefix is matched block by block.
+
+What is left, a RAG prompt's ~100 private blocks past its corpus, no other request holds: the blocks a
+request computes in a chunk right after its own are one *span* (its hashes in its `held` list, in no
+dict), registered, freed (to the LRU whole, tail first) and evicted (by shortening it) as one entry.
+Spans need chained hash lists (vLLM's rule: a block's hash includes its parent's, so two prompts share
+block k only if they share blocks 0..k): another prompt enters a span only by its first block, which
+`spans` indexes, and a span starts at a prompt's start or after a block in a dict, which stays cached
+while the span is (freed after it, evicted after it). A lookup that finds a span *materialises* it, its
+blocks put into the dicts as the block-at-a-time pool has them (another request matching into it, or
+computing the same blocks at once). Every cached block is in `cached_used`, `cached_free`, a free piece
+or a span. tests/unit/test_sim_kvcache_pieces.py and ..._spans.py keep the pool in step with the
+block-at-a-time one. What is still done per block runs in C (`takewhile`, `map`, `compress`,
+`_count_elements`), lazily where a hash listed twice must be handled as the one-at-a-time loop would;
+short lists (a chat prompt's) in plain loops, where C passes cost more than they save.
 """
 
 from __future__ import annotations
 
-from collections import _count_elements, deque  # type: ignore[attr-defined]
-from itertools import compress, count, islice, repeat, takewhile
+from collections import _count_elements  # type: ignore[attr-defined]
+from itertools import compress, filterfalse, islice, repeat, takewhile
 from operator import eq, not_
 from typing import Sequence
+
+from tuner.sim.lru import SHORT, FreeList, consume
 
 #: Blocks in one piece of a held prefix (1,024 tokens at vLLM's 16-token blocks): a RAG prompt's shared
 #: corpus is twenty-odd pieces; what is left past a prompt's last whole piece is held block by block.
 PIECE = 64
-#: Lists of blocks at most this long are freed in a plain loop: the C passes cost more than they save
-#: on a chat prompt's few dozen blocks.
-SHORT = 48
-#: The LRU's runs are compacted when their entries pass 4x the free-but-cached blocks plus this many (a
-#: block taken back leaves its entry behind until eviction reaches it or a compaction drops it).
-LRU_SLACK = 65536
-
-
-def _consume(it) -> None:
-    deque(it, maxlen=0)
+#: A request's freshly computed blocks, this many or more in one chunk, are registered as one span (fewer,
+#: a chat prompt's, block by block: another turn soon takes them back).
+MIN_SPAN = 32
+#: A span's entry starts with this (a piece's starts with its holders, never negative).
+SPAN = -1
 
 
 class BlockPool:
-    __slots__ = ("num_blocks", "caching", "free_anon", "cached_free", "cached_used", "pieces", "piece",
-                 "in_piece", "free_in_pieces", "_lru", "_stamp", "_entries", "_taken")
+    __slots__ = ("num_blocks", "caching", "free_anon", "free", "cached_free", "cached_used", "pieces", "piece",
+                 "in_piece", "free_in_pieces", "spans", "free_in_spans", "chained")
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True, piece: int = PIECE):
+    def __init__(self, num_blocks: int, enable_caching: bool = True, piece: int = PIECE, chained: bool = True):
         self.num_blocks = num_blocks
         self.caching = enable_caching
         self.free_anon = num_blocks
-        #: free-but-cached blocks outside free pieces: hash -> its entry's stamp, (run << 32) + its place in
-        #: the run. Their LRU order is `_lru`: [run, blocks, next, live, piece] runs, oldest first (one a
-        #: release; short releases share the newest run), whose entries are current where the block's
-        #: stamp is the entry's (a block taken back leaves a stale one); `live` counts the current ones
-        #: from `next` on, less those taken back since (counted by run in `_taken`), so a run all taken
-        #: back is skipped whole. A free piece is a run of its own (`piece`: its entry; its blocks last
-        #: first), current while the entry points back at it.
-        self.cached_free: dict[int, int] = {}
-        self._lru: deque[list] = deque()
-        self._stamp = 0
-        self._entries = 0  # entries in `_lru` from each run's next (a free piece's run: one), stale included
-        self._taken: dict[int, int] = {}
+        #: the free-but-cached blocks in LRU order; `cached_free`: those outside free pieces and spans
+        self.free = FreeList(self._evict_whole, self._whole_order)
+        self.cached_free = self.free.blocks
         self.cached_used: dict[int, int] = {}
         #: pieces, by their last block's hash: [holders, the piece's blocks, its LRU run while free (0 holders),
         #: 1 where a block of it may be referenced on its own too (its last holder then looks)]
@@ -73,10 +69,15 @@ class BlockPool:
         self.in_piece: dict[int, int] = {}  # a piece's block -> the piece's key
         self.free_in_pieces = 0  # blocks in free pieces (free, cached, outside `cached_free`)
         self.piece = piece
+        #: spans, by their first block's hash: [SPAN, the owner's held list, its LRU run while free (None while
+        #: held), start, stop]: the span's blocks are held[start:stop] (start == stop: it was materialised).
+        self.spans: dict[int, list] = {}
+        self.free_in_spans = 0  # blocks in free spans (free, cached, in no dict)
+        self.chained = chained  # the hash lists are chained (vLLM's rule): without it, no spans
 
     @property
     def num_free(self) -> int:
-        return self.free_anon + len(self.cached_free) + self.free_in_pieces
+        return self.free_anon + len(self.cached_free) + self.free_in_pieces + self.free_in_spans
 
     @property
     def usage(self) -> float:
@@ -86,14 +87,35 @@ class BlockPool:
     def match(self, hashes: Sequence[int], max_blocks: int) -> tuple[int, int]:
         """Length of the cached prefix of `hashes` (at most `max_blocks`), and how many of those blocks
         sit in the free list (taking them reduces the free count). Aligned windows of `piece` blocks
-        that are pieces count whole; the others block by block."""
+        that are pieces count whole; the others block by block. Where the blocks stop, a span may go on:
+        entered by its first block (the hashes are chained), it counts as far as it agrees."""
         if not self.caching or max_blocks <= 0:
             return 0, 0
-        pieces, W = self.pieces, self.piece
         end = min(max_blocks, len(hashes))
-        if end < W or not pieces:
-            return self._match_blocks(hashes[:end])
-        n = from_free = 0
+        n, from_free = self._match_from(hashes, 0, end)
+        spans = self.spans
+        while spans and n < end:
+            s = spans.get(hashes[n])
+            if s is None:
+                break
+            blocks, run, start, stop = s[1], s[2], s[3], s[4]
+            k = len(list(takewhile(bool, map(eq, islice(hashes, n, end), islice(blocks, start, stop)))))
+            n += k
+            if run is not None:
+                from_free += k
+            if k < stop - start or n == end:
+                break
+            k, f = self._match_from(hashes, n, end)
+            n += k
+            from_free += f
+        return n, from_free
+
+    def _match_from(self, hashes: Sequence[int], n: int, end: int) -> tuple[int, int]:
+        """`match` from block `n` to the first block cached in no dict: pieces whole, the rest block by block."""
+        pieces, W = self.pieces, self.piece
+        if end - n < W or not pieces:
+            return self._match_blocks(hashes[n:end])
+        start, from_free = n, 0
         while n < end:
             if n + W <= end:
                 seg = hashes[n:n + W]
@@ -110,7 +132,7 @@ class BlockPool:
             from_free += f
             if k < len(seg):
                 break
-        return n, from_free
+        return n - start, from_free
 
     def _match_blocks(self, seg: list[int]) -> tuple[int, int]:
         """`match` block by block: in-use and free-but-cached runs, to the first miss, in C."""
@@ -157,6 +179,9 @@ class BlockPool:
             rest += hashes[len(held) * W:]
         if not rest:
             return held
+        if self.spans:  # spans it matched into (by their first block: the hashes are chained): in blocks now
+            for h in list(filter(self.spans.__contains__, rest)):
+                self._materialise(self.spans[h])
         if self.in_piece:  # pieces some of whose blocks are referenced on their own
             keys = set(map(self.in_piece.get, rest))
             keys.discard(None)
@@ -168,8 +193,7 @@ class BlockPool:
                     self._unpiece(e, 0)
                     from_free = None
         if from_free is None or from_free > whole_free:
-            free = self.cached_free  # out of the free list, counted by run (lazy: a hash listed twice is taken once)
-            _count_elements(self._taken, map((32).__rrshift__, map(free.pop, filter(free.__contains__, rest))))
+            self.free.take_back(rest)
         _count_elements(used, rest)  # used[h] = used.get(h, 0) + 1 for each, in C
         for j, e in enumerate(held):  # windows held block by block: pieces from now on, where they can be
             if e is None:
@@ -186,7 +210,7 @@ class BlockPool:
         before = len(in_piece)
         in_piece.update(zip(seg, repeat(key)))
         if len(in_piece) - before < len(seg):  # a block listed twice
-            _consume(map(in_piece.pop, seg, repeat(None)))
+            consume(map(in_piece.pop, seg, repeat(None)))
             return None
         e = self.pieces[key] = [1, seg, None, 1]
         return e
@@ -197,170 +221,128 @@ class BlockPool:
         blocks, run = e[1], e[2]
         W = len(blocks)
         del self.pieces[blocks[-1]]
-        _consume(map(self.in_piece.__delitem__, blocks))
-        _consume(map(self.cached_used.__delitem__, blocks))
+        consume(map(self.in_piece.__delitem__, blocks))
+        consume(map(self.cached_used.__delitem__, blocks))
         self.free_in_pieces -= W
         e[2] = None
-        kept = blocks[W - evict - 1::-1] if evict < W else []
-        self.cached_free.update(zip(kept, count(run[0] << 32)))
-        run[1:] = [kept, 0, len(kept), None]
-        self._entries += len(kept) - 1
+        self.free.unfold(run, blocks[W - evict - 1::-1] if evict < W else [])
 
     def take(self, n: int) -> bool:
         """Allocate `n` fresh blocks, evicting cached ones if needed. False (and nothing taken) if short."""
         if n <= self.free_anon:
             self.free_anon -= n
             return True
-        if n > self.free_anon + len(self.cached_free) + self.free_in_pieces:
+        if n > self.free_anon + len(self.cached_free) + self.free_in_pieces + self.free_in_spans:  # num_free
             return False
-        n -= self.free_anon
+        self.free.evict(n - self.free_anon)
         self.free_anon = 0
-        run = self._lru[0]  # the common case, inlined: the oldest run holds the n blocks to evict
-        rid, blocks, i, live, e = run
-        if e is not None:
-            self._evict(n)
-            return True
-        if rid in self._taken:
-            run[3] = live = live - self._taken.pop(rid)
-        stale = len(blocks) - i - live
-        if n >= live or stale > SHORT:
-            self._evict(n)
-            return True
-        free = self.cached_free
-        if not stale:
-            _consume(map(free.__delitem__, blocks[i:i + n]))
-            j = i + n
-        else:  # a few blocks taken back lie among them: walk past them
-            j, k, get, stamp = i, n, free.get, (rid << 32) + i
-            while k:
-                h = blocks[j]
-                if get(h) == stamp:
-                    del free[h]
-                    k -= 1
-                j += 1
-                stamp += 1
-        run[2], run[3] = j, live - n
-        self._entries -= j - i
         return True
 
-    def _evict(self, n: int) -> None:
-        """Evict the `n` least recently freed cached blocks (there are that many)."""
-        free, lru, taken = self.cached_free, self._lru, self._taken
-        while n:
-            run = lru[0]
-            rid, blocks, i, live, e = run
-            if e is not None:  # a free piece's run (stale once it was taken back)
-                if e[2] is not run:
-                    self._entries -= 1
-                elif n < len(blocks):
-                    self._unpiece(e, n)  # its tail evicted, the rest now blocks of this run
-                    return
-                else:
-                    self._unpiece(e, len(blocks))
-                    n -= len(blocks)
-                lru.popleft()
-                continue
-            if rid in taken:
-                run[3] = live = live - taken.pop(rid)
-            rest = len(blocks) - i
-            if live <= n:  # the whole run goes (nothing to evict in one that was all taken back)
-                if live:
-                    seg = blocks[i:] if i else blocks
-                    _consume(map(free.__delitem__, compress(seg, self._current(rid, seg, i))))
-                    n -= live
-                self._entries -= rest
-                lru.popleft()
-                continue
-            stale = rest - live
-            seg = blocks[i:i + n + stale]  # holds at least n current entries
-            if stale:
-                current = list(self._current(rid, seg, i))
-                cut = list(compress(range(len(seg)), current))[n - 1] + 1
-                seg = seg[:cut]
-                _consume(map(free.__delitem__, compress(seg, current)))
-            else:
-                _consume(map(free.__delitem__, seg))
-            self._entries -= len(seg)
-            run[2] = i + len(seg)
-            run[3] = live - n
-            return
-
-    def _current(self, rid: int, seg: list[int], at: int):
-        """Whether each entry of `seg` (run `rid`'s entries from place `at` on) is current, lazily, in C."""
-        return map(eq, map(self.cached_free.get, seg, repeat(-1)), count((rid << 32) + at))
-
-    def _append_free(self, blocks: list[int], piece: list | None = None) -> None:
-        """`blocks` (none listed twice, none free) go to the LRU tail, in order: a run of their own, or
-        when short the newest run's end (a chat release's blocks, one run each, cost more to evict).
-        `piece`: a free piece's entry, whose blocks go whole, last first, as one entry."""
-        lru = self._lru
-        run: list
-        if piece is not None:
-            self._stamp += 1
-            piece[2] = run = [self._stamp, blocks, 0, len(blocks), piece]
-            lru.append(run)
-            self.free_in_pieces += len(blocks)
-            self._entries += 1
-        elif len(blocks) <= SHORT and lru and lru[-1][4] is None and len(lru[-1][1]) < 4096:
-            run = lru[-1]
-            at = len(run[1])
-            self.cached_free.update(zip(blocks, count((run[0] << 32) + at)))
-            run[1].extend(blocks)
-            run[3] += len(blocks)
-            self._entries += len(blocks)
+    def _evict_whole(self, e: list, n: int) -> int:
+        """The free list evicts up to `n` blocks of free piece or span `e`, last first: how many it did."""
+        if e[0] != SPAN:
+            n = min(n, len(e[1]))
+            self._unpiece(e, n)  # the rest of it now blocks of its run
+            return n
+        size = e[4] - e[3]
+        if n < size:
+            e[4] -= n
         else:
-            self._stamp = rid = self._stamp + 1
-            self.cached_free.update(zip(blocks, count(rid << 32)))
-            lru.append([rid, blocks, 0, len(blocks), None])
-            self._entries += len(blocks)
-        if self._entries > 4 * (len(self.cached_free) + self.free_in_pieces) + LRU_SLACK:
-            self._compact()  # mostly taken back: keep memory bounded
+            n = size
+            del self.spans[e[1][e[3]]]
+            e[2] = None
+            e[3] = e[4]
+        self.free_in_spans -= n
+        return n
 
-    def _compact(self) -> None:
-        """Each run keeps only its current entries, in order, renumbered; empty runs go."""
-        free, taken, runs = self.cached_free, self._taken, []
-        for run in self._lru:
-            rid, blocks, i, _, e = run
-            if e is not None:
-                if e[2] is run:
-                    runs.append(run)
-                continue
-            taken.pop(rid, None)
-            kept = list(compress(blocks[i:], self._current(rid, blocks[i:], i)))
-            if kept:
-                free.update(zip(kept, count(rid << 32)))
-                runs.append([rid, kept, 0, len(kept), None])
-        self._lru = deque(runs)
-        self._entries = sum(len(r[1]) if r[4] is None else 1 for r in runs)
+    def _whole_order(self, e: list) -> list[int]:
+        """A free piece's or span's blocks, least recently freed (last) first."""
+        return e[1][e[3]:e[4]][::-1] if e[0] == SPAN else e[1][::-1]
 
     def lru_order(self) -> list[int]:
         """The free-but-cached blocks, least recently freed first (the order eviction takes them)."""
-        out: list[int] = []
-        for run in self._lru:
-            rid, blocks, i, _, e = run
-            if e is None:
-                out += compress(blocks[i:], self._current(rid, blocks[i:], i))
-            elif e[2] is run:
-                out += blocks[::-1]
-        return out
+        return self.free.order()
 
-    def register(self, h: int) -> bool:
-        """A freshly computed anonymous block now holds prefix `h`: cache it. False if `h` was cached
-        already (another request computed the same block at the same time); it then stays anonymous."""
-        if not self.caching or h in self.cached_used or h in self.cached_free:
-            return False
-        self.cached_used[h] = 1
-        return True
+    def land(self, held: list[int], hashes: list[int], lo: int, hi: int, spans: list | None) -> list | None:
+        """Prompt blocks `lo`..`hi` - 1 of `hashes` were just computed: those not cached yet are registered
+        and appended to `held`; another request's blocks stay where they are (this one's copies anonymous).
+        A chunk of fresh blocks right after the request's own (`lo == len(held)`) is a span: one entry, not
+        one a block; it extends the request's open span. Returns the request's spans (`spans`, or a new list)."""
+        chunk = hashes[lo:hi]
+        used, free, by_head = self.cached_used, self.cached_free, self.spans
+        fresh = list(filterfalse(free.__contains__, filterfalse(used.__contains__, chunk)))
+        after_own = lo == len(held)
+        if by_head and (len(fresh) < len(chunk) or not after_own or chunk[0] in by_head):
+            if self._materialise_reached(hashes, lo, chunk, after_own):
+                fresh = list(filterfalse(free.__contains__, filterfalse(used.__contains__, chunk)))
+        if after_own and len(fresh) == len(chunk) and self.chained:
+            last = spans[-1] if spans else None
+            if last is not None and last[3] < last[4] == lo:
+                last[4] = hi
+                held += chunk
+                return spans
+            if len(chunk) >= MIN_SPAN:
+                by_head[chunk[0]] = span = [SPAN, held, None, lo, hi]
+                held += chunk
+                return (spans or []) + [span]
+        registered = dict.fromkeys(fresh, 1)
+        used.update(registered)
+        held.extend(registered)
+        return spans
 
-    def release(self, hashes: Sequence[int], n_anon: int, pieces: list | None = None) -> None:
-        """Free a request's blocks (`pieces`: as `ref` returned): cached ones go to the LRU tail in
-        reverse order (so a prompt's tail blocks are evicted before its head, as in vLLM), anonymous
-        ones back to the free count."""
-        self.free_anon += n_anon
-        if not pieces:
-            self._drop(hashes[::-1])
+    def _materialise_reached(self, hashes: list[int], lo: int, chunk: list[int], after_own: bool) -> bool:
+        """Materialise the spans that blocks of `chunk` lie in: a span in the chunk starts there (the hashes
+        are chained, and a span's first block follows a block in a dict while it is cached), or runs into
+        it from blocks before it that the request does not hold (`after_own` false). Whether any was."""
+        by_head, found = self.spans, False
+        for h in list(filter(by_head.__contains__, chunk)):
+            self._materialise(by_head[h])
+            found = True
+        if not after_own:  # back to the nearest block in a dict, or a span's first block
+            used, free = self.cached_used, self.cached_free
+            k = lo - 1
+            while k >= 0 and hashes[k] not in used and hashes[k] not in free and hashes[k] not in by_head:
+                k -= 1
+            if k >= 0 and hashes[k] in by_head:
+                self._materialise(by_head[hashes[k]])
+                found = True
+        return found
+
+    def _materialise(self, span: list) -> None:
+        """Span `span` ends: its blocks go into the dicts as the block-at-a-time pool has them (held: one
+        reference each, its owner's; free: last first, in its run's place)."""
+        blocks, run, start, stop = span[1], span[2], span[3], span[4]
+        seg = blocks[start:stop]
+        del self.spans[seg[0]]
+        span[3] = stop
+        if run is None:
+            self.cached_used.update(zip(seg, repeat(1)))
             return
-        W, hi = self.piece, len(hashes)
+        span[2] = None
+        self.free.unfold(run, seg[::-1])
+        self.free_in_spans -= len(seg)
+
+    def release(self, hashes: Sequence[int], n_anon: int, pieces: list | None = None,
+                spans: list | None = None) -> None:
+        """Free a request's blocks (`pieces`: as `ref` returned, `spans`: as `land` did): cached ones go to
+        the LRU tail in reverse order (so a prompt's tail blocks are evicted before its head, as in vLLM),
+        anonymous ones back to the free count. A span goes whole, as one entry."""
+        self.free_anon += n_anon
+        hi = len(hashes)
+        for span in reversed(spans or ()):
+            start, stop = span[3], span[4]
+            if start == stop:
+                continue  # materialised: its blocks are held one by one
+            if hi > stop:
+                self._drop(hashes[stop:hi][::-1])
+            span[2] = self.free.append_whole(span)
+            self.free_in_spans += stop - start
+            hi = start
+        if not pieces:
+            if hi:
+                self._drop(hashes[hi - 1::-1])
+            return
+        W = self.piece
         for j in range(len(pieces) - 1, -1, -1):
             e = pieces[j]
             if e is None:
@@ -374,10 +356,11 @@ class BlockPool:
             blocks = e[1]  # its last holder: free whole unless a block is referenced on its own too
             if not e[3] or max(map(self.cached_used.__getitem__, blocks)) == 1:
                 e[3] = 0
-                self._append_free(blocks, e)
+                e[2] = self.free.append_whole(e)
+                self.free_in_pieces += len(blocks)
             else:
                 del self.pieces[blocks[-1]]
-                _consume(map(self.in_piece.__delitem__, blocks))
+                consume(map(self.in_piece.__delitem__, blocks))
                 self._drop(blocks[::-1])
         if hi:
             self._drop(hashes[hi - 1::-1])
@@ -390,7 +373,7 @@ class BlockPool:
         else:
             counts = list(map(used.pop, blocks, repeat(0)))  # out of `used`, in C (a block listed twice: 0)
             if max(counts) == 1:  # every block freed (none listed twice: that would count 2)
-                self._append_free(blocks)
+                self.free.append(blocks, self.free_in_pieces + self.free_in_spans)
                 return
             if 0 in counts:  # a block listed twice: back as they were, then one at a time, as the order matters
                 used.update(zip(blocks[::-1], counts[::-1]))
@@ -400,7 +383,7 @@ class BlockPool:
                 freed = list(compress(blocks, map(not_, stay)))
                 used.update(zip(compress(blocks, stay), map((-1).__add__, compress(counts, stay))))
         if freed:
-            self._append_free(freed)
+            self.free.append(freed, self.free_in_pieces + self.free_in_spans)
 
     def _drop_each(self, blocks: list[int]) -> list[int]:
         """`_drop` a block at a time: the blocks left with no reference, in order (not yet freed)."""
@@ -416,12 +399,7 @@ class BlockPool:
         return freed
 
     def reset_prefix_cache(self) -> None:
-        self.free_anon += len(self.cached_free) + self.free_in_pieces
-        for run in self._lru:  # free pieces end with the rest of the free list
-            e = run[4]
-            if e is not None and e[2] is run:
-                self._unpiece(e, len(e[1]))
-        self.cached_free.clear()
-        self._lru.clear()
-        self._entries = 0
-        self._taken.clear()
+        self.free_anon += self.num_free - self.free_anon
+        for e in self.free.whole():  # free pieces and spans end with the rest of the free list
+            self._evict_whole(e, self.num_blocks)
+        self.free.clear()

@@ -25,6 +25,7 @@ class Seq:
     target: int = 0
     held: list[int] = field(default_factory=list)
     pieces: list | None = None  # the pieces `held` holds whole, one an aligned window (`tuner.sim.kvcache.BlockPool.ref`)
+    spans: list | None = None  # the spans of its fresh blocks in `held` (`tuner.sim.kvcache.BlockPool.land`)
     n_blocks: int = 0
     decoding: bool = False
     t0: int = 0
