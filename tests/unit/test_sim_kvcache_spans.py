@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 import tuner.sim.kvcache as kvcache
-from tests.unit.test_sim_kvcache_pieces import Holder, ReferencePool, _compare, _land, _same
+from tests.unit.test_sim_kvcache_pieces import Holder, ReferencePool, _compare, _land, _same, free_in_spans
 from tuner.sim.kvcache import BlockPool
 
 
@@ -37,7 +37,7 @@ def test_the_comparison_reaches_the_spans_every_way(monkeypatch):
         orig = getattr(BlockPool, name)
 
         def wrapped(pool, *args):
-            before = (set(pool.spans), pool.free_in_spans, [s[4] for s in args[-1] or ()] if name == "land" else None)
+            before = (set(pool.spans), free_in_spans(pool), [s[4] for s in args[-1] or ()] if name == "land" else None)
             if during:
                 context.append(during)
             try:
@@ -54,7 +54,7 @@ def test_the_comparison_reaches_the_spans_every_way(monkeypatch):
         seen["span extended"] += any(s[4] > stop for s, stop in zip(out or (), before[2]))
 
     def on_materialise(pool, before, args, out):
-        seen[f"materialised {'free' if before[1] > pool.free_in_spans else 'held'} by {context[-1]}"] += 1
+        seen[f"materialised {'free' if before[1] > free_in_spans(pool) else 'held'} by {context[-1]}"] += 1
 
     def on_reached(pool, before, args, out):
         ended = before[0] - set(pool.spans)
@@ -71,7 +71,7 @@ def test_the_comparison_reaches_the_spans_every_way(monkeypatch):
                 seen["matched past a span"] += n > p + size
 
     def on_release(pool, before, args, out):
-        seen["freed whole"] += pool.free_in_spans > before[1]
+        seen["freed whole"] += free_in_spans(pool) > before[1]
 
     def on_evict(pool, before, args, out):
         span = args[0]

@@ -144,7 +144,7 @@ class EngineCore:
             key_now = (-t) % B
             need = self.phase[key_now]
             if need:  # (the pool's num_free and take, inlined: this runs every step of every load run)
-                while need > pool.free_anon + len(pool.cached_free) + pool.free_in_pieces + pool.free_in_spans:
+                while need > pool.free_anon + len(pool.cached_free) + pool.free_whole:
                     self._preempt_tail(t, scheduled_decodes=False)
                     preempted = True
                     need = self.phase[key_now]

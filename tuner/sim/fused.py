@@ -60,7 +60,7 @@ def decode_steps(core: EngineCore, now: float, t0: float, until_rel: float, dead
         if need:
             if need <= pool.free_anon:
                 pool.free_anon -= need
-            elif need <= pool.free_anon + len(pool.cached_free) + pool.free_in_pieces + pool.free_in_spans:
+            elif need <= pool.free_anon + len(pool.cached_free) + pool.free_whole:
                 pool.take(need)
             else:
                 break  # a preemption: `step` does it

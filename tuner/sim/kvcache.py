@@ -53,7 +53,7 @@ SPAN = -1
 
 class BlockPool:
     __slots__ = ("num_blocks", "caching", "free_anon", "free", "cached_free", "cached_used", "pieces", "piece",
-                 "in_piece", "free_in_pieces", "spans", "free_in_spans", "chained")
+                 "in_piece", "free_whole", "spans", "chained")
 
     def __init__(self, num_blocks: int, enable_caching: bool = True, piece: int = PIECE, chained: bool = True):
         self.num_blocks = num_blocks
@@ -67,17 +67,17 @@ class BlockPool:
         #: 1 where a block of it may be referenced on its own too (its last holder then looks)]
         self.pieces: dict[int, list] = {}
         self.in_piece: dict[int, int] = {}  # a piece's block -> the piece's key
-        self.free_in_pieces = 0  # blocks in free pieces (free, cached, outside `cached_free`)
+        #: blocks kept whole while free: in free pieces and free spans (free, cached, outside `cached_free`)
+        self.free_whole = 0
         self.piece = piece
         #: spans, by their first block's hash: [SPAN, the owner's held list, its LRU run while free (None while
         #: held), start, stop]: the span's blocks are held[start:stop] (start == stop: it was materialised).
         self.spans: dict[int, list] = {}
-        self.free_in_spans = 0  # blocks in free spans (free, cached, in no dict)
         self.chained = chained  # the hash lists are chained (vLLM's rule): without it, no spans
 
     @property
     def num_free(self) -> int:
-        return self.free_anon + len(self.cached_free) + self.free_in_pieces + self.free_in_spans
+        return self.free_anon + len(self.cached_free) + self.free_whole
 
     @property
     def usage(self) -> float:
@@ -146,7 +146,7 @@ class BlockPool:
             from_free += f
             k += f
             k += len(list(takewhile(used.__contains__, islice(seg, k, None))))
-        if self.free_in_pieces and k:  # a free piece's blocks sit in `used` too
+        if k and self.free_whole and self.in_piece:  # a free piece's blocks sit in `used` too
             keys = set(map(self.in_piece.get, seg[:k]))
             free_keys = {key for key in keys if key is not None and not self.pieces[key][0]}
             from_free += sum(map(free_keys.__contains__, map(self.in_piece.get, seg[:k]))) if free_keys else 0
@@ -174,7 +174,7 @@ class BlockPool:
                 held.append(None)
                 rest += seg
         if whole_free:
-            self.free_in_pieces -= whole_free
+            self.free_whole -= whole_free
         if n >= W and n > len(held) * W:
             rest += hashes[len(held) * W:]
         if not rest:
@@ -223,7 +223,7 @@ class BlockPool:
         del self.pieces[blocks[-1]]
         consume(map(self.in_piece.__delitem__, blocks))
         consume(map(self.cached_used.__delitem__, blocks))
-        self.free_in_pieces -= W
+        self.free_whole -= W
         e[2] = None
         self.free.unfold(run, blocks[W - evict - 1::-1] if evict < W else [])
 
@@ -232,7 +232,7 @@ class BlockPool:
         if n <= self.free_anon:
             self.free_anon -= n
             return True
-        if n > self.free_anon + len(self.cached_free) + self.free_in_pieces + self.free_in_spans:  # num_free
+        if n > self.free_anon + len(self.cached_free) + self.free_whole:  # num_free
             return False
         self.free.evict(n - self.free_anon)
         self.free_anon = 0
@@ -252,7 +252,7 @@ class BlockPool:
             del self.spans[e[1][e[3]]]
             e[2] = None
             e[3] = e[4]
-        self.free_in_spans -= n
+        self.free_whole -= n
         return n
 
     def _whole_order(self, e: list) -> list[int]:
@@ -320,7 +320,7 @@ class BlockPool:
             return
         span[2] = None
         self.free.unfold(run, seg[::-1])
-        self.free_in_spans -= len(seg)
+        self.free_whole -= len(seg)
 
     def release(self, hashes: Sequence[int], n_anon: int, pieces: list | None = None,
                 spans: list | None = None) -> None:
@@ -336,7 +336,7 @@ class BlockPool:
             if hi > stop:
                 self._drop(hashes[stop:hi][::-1])
             span[2] = self.free.append_whole(span)
-            self.free_in_spans += stop - start
+            self.free_whole += stop - start
             hi = start
         if not pieces:
             if hi:
@@ -357,7 +357,7 @@ class BlockPool:
             if not e[3] or max(map(self.cached_used.__getitem__, blocks)) == 1:
                 e[3] = 0
                 e[2] = self.free.append_whole(e)
-                self.free_in_pieces += len(blocks)
+                self.free_whole += len(blocks)
             else:
                 del self.pieces[blocks[-1]]
                 consume(map(self.in_piece.__delitem__, blocks))
@@ -373,7 +373,7 @@ class BlockPool:
         else:
             counts = list(map(used.pop, blocks, repeat(0)))  # out of `used`, in C (a block listed twice: 0)
             if max(counts) == 1:  # every block freed (none listed twice: that would count 2)
-                self.free.append(blocks, self.free_in_pieces + self.free_in_spans)
+                self.free.append(blocks, self.free_whole)
                 return
             if 0 in counts:  # a block listed twice: back as they were, then one at a time, as the order matters
                 used.update(zip(blocks[::-1], counts[::-1]))
@@ -383,7 +383,7 @@ class BlockPool:
                 freed = list(compress(blocks, map(not_, stay)))
                 used.update(zip(compress(blocks, stay), map((-1).__add__, compress(counts, stay))))
         if freed:
-            self.free.append(freed, self.free_in_pieces + self.free_in_spans)
+            self.free.append(freed, self.free_whole)
 
     def _drop_each(self, blocks: list[int]) -> list[int]:
         """`_drop` a block at a time: the blocks left with no reference, in order (not yet freed)."""
