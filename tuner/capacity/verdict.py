@@ -158,32 +158,25 @@ class RunTable:
         return cls(sent, first, end, ratio, err, e2e, win)
 
 
-def _censor(t: RunTable, slo: SLO, now: float | None):
-    """(sent, end, ratio, err, age) as known at `now`: later sends unsent, later ends in flight, and an
-    in-flight request already past the TTFT or E2E bound known bad."""
+def _censored_ratios(t: RunTable, slo: SLO, now: float | None, idx: np.ndarray, age: np.ndarray) -> np.ndarray:
+    """The scored requests' ratios as known at `now` (`idx`, `age`: as `_scored` gave them): nan while in
+    flight, inf for one in flight already past the TTFT or E2E bound (known bad)."""
     if now is None:
-        return t.sent, t.end, t.ratio, t.err, np.where(np.isfinite(t.end), t.e2e, 0.0)
-    sent = np.where(t.sent <= now, t.sent, np.nan)
-    ended = t.end <= now
-    end = np.where(ended, t.end, np.inf)
-    ratio = np.where(ended, t.ratio, np.nan)
-    err = t.err & ended
-    age = np.where(ended, t.e2e, np.where(np.isnan(sent), 0.0, now - sent))
+        return t.ratio[idx]
+    ended = t.end[idx] <= now
     th = slo.thresholds
-    bad = np.zeros(len(sent), dtype=bool)
+    bad = np.zeros(len(idx), dtype=bool)
     if "ttft" in th:
-        no_first = ~(t.first <= now)
-        bad |= no_first & (age > th["ttft"].max_ms / 1000.0)
+        bad |= ~(t.first[idx] <= now) & (age > th["ttft"].max_ms / 1000.0)
     if "e2el" in th:
         bad |= age > th["e2el"].max_ms / 1000.0
-    ratio = np.where(~ended & bad & ~np.isnan(sent), np.inf, ratio)
-    return sent, end, ratio, err, age
+    return np.where(ended, t.ratio[idx], np.where(bad, np.inf, np.nan))
 
 
 def _scored(t: RunTable, now: float | None, window: tuple[float, float] | None
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-    """The scored requests as known at `now` (`_censor`'s view of them alone: all an undecided look needs):
-    indices, send times, ages (E2E once ended, else time in flight so far) and errors."""
+    """The scored requests as known at `now` (later sends unsent, later ends in flight): indices, send
+    times, ages (E2E once ended, else time in flight so far) and errors; all an undecided look needs."""
     s = t.sent
     if now is None:
         idx = np.flatnonzero(((s >= window[0]) & (s <= window[1])) if window is not None else
@@ -220,19 +213,22 @@ def _growth(s: np.ndarray, e: np.ndarray, t0: float, t1: float, batches: int = 6
     return slope, se, float(inflight.max())
 
 
-def _in_flight_fit(table: RunTable, sent: np.ndarray, end: np.ndarray, w_sent: np.ndarray, p99: float
+def _in_flight_fit(table: RunTable, now: float | None, w_sent: np.ndarray, p99: float
                    ) -> tuple[float, float, float, float, float, int]:
-    """The in-flight count's fit over the scored window (`sent`, `end`: censored at the look): its span
-    (g0, g1), slope, standard error and peak (`_growth`), and the sends inside it. The count fills up over
-    the lifetime of nearly every request from the first send (an M/G/inf system is in steady state after
-    its longest service), and over the window's last two thirds (near saturation, latencies creep up as
-    the batch fills: a slower transient)."""
-    lo, hi = float(w_sent.min()), float(w_sent.max())
-    g0 = max(lo + (hi - lo) / 3, float(np.nanmin(sent)) + (p99 or 0.0))
+    """The in-flight count's fit over the scored window, as known at `now`: its span (g0, g1), slope,
+    standard error and peak (`_growth`), and the sends inside it. The count fills up over the lifetime of
+    nearly every request from the first send (an M/G/inf system is in steady state after its longest
+    service), and over the window's last two thirds (near saturation, latencies creep up as the batch
+    fills: a slower transient)."""
     s_e = table.sorted_times()
-    if s_e is None:
+    if s_e is None:  # censored at `now`: later sends unsent, later ends in flight
+        sent, end = table.sent, table.end
+        if now is not None:
+            sent, end = np.where(sent <= now, sent, np.nan), np.where(end <= now, end, np.inf)
         ok = ~np.isnan(sent)
         s_e = np.sort(sent[ok]), np.sort(end[ok])
+    lo, hi = float(w_sent.min()), float(w_sent.max())
+    g0 = max(lo + (hi - lo) / 3, float(s_e[0][0]) + (p99 or 0.0))  # s_e[0][0]: the first send
     growth, growth_se, peak = _growth(*s_e, g0, hi)
     return g0, hi, growth, growth_se, peak, int(((w_sent >= g0) & (w_sent <= hi)).sum())
 
@@ -307,12 +303,11 @@ def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: Stead
         # intervals: only what shows it is undecided is filled in.
         return Verdict(False, False, "inconclusive", n=n, errors=errors, offered_rps=offered, span_s=span,
                        p99_e2e_s=p99)
-    sent, end, ratio, _, _ = _censor(table, slo, now)
-    r = ratio[idx]
+    r = _censored_ratios(table, slo, now, idx, w_age)
     known = ~np.isnan(r)
     good = int((r[known] <= 1.0).sum())
     unknown = int((~known).sum())
-    g0, g1, growth, growth_se, peak, fit_sends = _in_flight_fit(table, sent, end, w_sent, p99)
+    g0, g1, growth, growth_se, peak, fit_sends = _in_flight_fit(table, now, w_sent, p99)
     served = _served(offered, growth)
     z = Z95 if final else Z_STOP
     order = np.argsort(w_sent, kind="stable")
