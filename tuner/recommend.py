@@ -1,5 +1,22 @@
 """The recommendation policy: which measured configuration the tool tells the user to deploy.
 
+The rule (a study whose search found something better than vLLM's defaults measures it, its leave-one-
+knob-out configurations and the defaults on common request windows, `tuner.search.earn`):
+
+- **A change is recommended** only when its paired gain over vLLM's defaults is significant (its 95%
+  interval excludes zero: `tuner.capacity.paired`) and its estimate clears the practical floor
+  (`--noise-floor`, default 5%): `gain_counts`.
+- **Every knob earns its place**: the configuration without it, measured on the same windows, serves
+  significantly less (`knob_earns`); an output-changing knob (quantization, FP8 KV, speculative decoding)
+  must also be worth the floor on its own. Knobs are tried for removal in a fixed order (output-changing
+  first, then the knob table's order), never by a prediction, so the same question gets the same knob
+  set; a knob that does not earn its place is dropped and the smaller configuration goes on.
+- **Near-ties are an answer**: configurations whose paired difference is not significant are tied, and
+  the simpler one is recommended (the tie is listed).
+
+Without that paired evidence (a study stored before it, or one stopped before it), the older rule below
+applies to the knee searches' capacities.
+
 Written down once, here; `recommend` decides, and the CLI summary, the report's headline,
 `tuned-config.yaml` and `gate.yaml` all read its answer (through the report, which stores it in
 `report.json`, and the gate, which calls it on the same storage), so the four can never disagree.
@@ -31,12 +48,55 @@ from typing import Iterable, Literal
 
 from pydantic import BaseModel, Field
 
+from tuner.capacity.paired import TEST, Estimate, capacity as window_capacity, paired_ratio
 from tuner.knobs import KNOB_SPECS
+from tuner.storage.earned import ATTR, EarnedLog
 from tuner.storage.records import TrialRecord
 from tuner.storage.select import pick_configs
 from tuner.storage.status import study_status
 
 OUTPUT_KNOBS = tuple(k for k, spec in KNOB_SPECS.items() if spec.changes_outputs)
+#: A knob that changes no output earns its place with a significant share of at least this much (a share
+#: significant but below 1% is real and worthless: no operator should carry a flag for it).
+SHARE_FLOOR = 0.01
+
+
+def gain_counts(gain: Estimate | None, floor: float) -> bool:
+    """A configuration is worth recommending over vLLM's defaults: its paired gain is significant and its
+    estimate clears the practical floor."""
+    return gain is not None and gain.low > 0 and gain.value >= floor
+
+
+def knob_earns(knob: str, share: Estimate | None, floor: float) -> bool:
+    """A knob stays: the configuration without it serves significantly less (paired), by at least
+    `SHARE_FLOOR`, and by the floor itself when the knob changes outputs."""
+    if share is None:
+        return False
+    need = floor if knob in OUTPUT_KNOBS else SHARE_FLOOR
+    return share.low > 0 and share.value >= need
+
+
+#: A comparison is settled early only on at least this many windows.
+MIN_WINDOWS = 4
+
+
+def gain_settled(gain: Estimate | None, floor: float) -> bool:
+    """More windows cannot change `gain_counts`' answer at the usual level: the whole interval is above the
+    floor, or below it."""
+    return gain is not None and gain.n >= MIN_WINDOWS and (gain.low >= floor or gain.high < floor)
+
+
+def share_settled(knob: str, share: Estimate | None, floor: float) -> bool:
+    """The same for `knob_earns`: the whole interval of the knob's share is above what it needs, or below."""
+    need = floor if knob in OUTPUT_KNOBS else SHARE_FLOOR
+    return share is not None and share.n >= MIN_WINDOWS and (share.low >= need or share.high < need)
+
+
+def removal_order(knobs: list[str]) -> list[str]:
+    """The order in which knobs are tried for removal: output-changing first (a tie without one is the
+    simpler answer), then the knob table's order. Fixed, so it never depends on a noisy prediction."""
+    table = list(KNOB_SPECS)
+    return sorted(knobs, key=lambda k: (k not in OUTPUT_KNOBS, table.index(k) if k in table else len(table), k))
 
 
 @dataclass
@@ -109,12 +169,24 @@ class Recommendation(BaseModel):
     best_gain_pct: float | None = None
     best_significant: bool = False               # the best's gain over the defaults clears the floor
     why: str = ""                                # one sentence: why this and not the best measured
+    #: measured on the common windows (`tuner.search.earn`): the gain's 95% interval, the test, each knob's
+    #: paired share, and the configurations tied with the recommendation
+    paired: bool = False
+    gain_low_pct: float | None = None
+    gain_high_pct: float | None = None
+    capacity_low_rps: float | None = None
+    capacity_high_rps: float | None = None
+    test: str = ""
+    shares: list["PairedShare"] = Field(default_factory=list)
+    ties: list[str] = Field(default_factory=list)
 
     def line(self) -> str:
         """The one line the CLI prints and the report's headline opens with."""
         if self.kind == "none":
             return "no recommendation: no configuration met the SLO"
         cap = f"{self.capacity_rps:.2f} req/s" if self.capacity_rps else "no capacity"
+        if self.paired and self.capacity_low_rps and self.capacity_high_rps:
+            cap += f" [{self.capacity_low_rps:.2f}, {self.capacity_high_rps:.2f}]"
         if self.kind == "defaults":
             forced = " ".join(f"{k}={v}" for k, v in self.knobs.items())  # what the host forced, if anything
             head = f"keep vLLM's defaults{f' (with {forced}, as this host needs)' if forced else ''} " \
@@ -122,6 +194,8 @@ class Recommendation(BaseModel):
         else:
             kn = " ".join(f"{k}={v}" for k, v in self.knobs.items())
             gain = f" ({self.gain_pct:+.1f}%)" if self.gain_pct is not None else ""
+            if self.paired and self.gain_low_pct is not None and self.gain_high_pct is not None:
+                gain = f" ({self.gain_pct:+.1f}%, 95% interval [{self.gain_low_pct:+.1f}%, {self.gain_high_pct:+.1f}%], paired)"
             head = f"recommended (trial {self.trial}): {cap}{gain} with {kn}"
         return head + (f"; {self.why}" if self.why else "")
 
@@ -131,8 +205,35 @@ class Recommendation(BaseModel):
             return None
         kn = " ".join(f"{k}={v}" for k, v in self.best_knobs.items()) or "vLLM's defaults"
         gain = f" ({self.best_gain_pct:+.1f}%)" if self.best_gain_pct is not None else ""
+        if self.paired:
+            cap = f"{self.best_capacity_rps:.2f} req/s" if self.best_capacity_rps else "no capacity"
+            tail = ("; the recommendation is it less the knobs that earned no significant share"
+                    if self.kind == "tuned" else "; its gain does not count (above)")
+            return f"the search's best (trial {self.best_trial}, paired): {cap}{gain} with {kn}{tail}"
         tag = "best measured" + ("" if self.best_significant else ", not significant")
         return f"{tag} (trial {self.best_trial}): {self.best_capacity_rps:.2f} req/s{gain} with {kn}"
+
+
+class PairedShare(BaseModel):
+    """One knob's measured, paired share: what the configuration loses without it (`a / b - 1`)."""
+
+    knob: str
+    share_pct: float | None = None
+    low_pct: float | None = None
+    high_pct: float | None = None
+    kept: bool = False
+    with_trial: int = 0
+    without_trial: int | None = None
+    windows: int = 0
+
+    def text(self) -> str:
+        if self.share_pct is None:
+            return f"{self.knob}: n/a"
+        return (f"{self.knob} {self.share_pct:+.1f}% [{self.low_pct:+.1f}%, {self.high_pct:+.1f}%] "
+                f"(measured, paired, {self.windows} windows): {'kept' if self.kept else 'dropped'}")
+
+
+Recommendation.model_rebuild()
 
 
 @dataclass
@@ -217,6 +318,72 @@ def _why(r: Recommendation, best: _Config, pick: _Config, best_neutral: float | 
     return what
 
 
+def _est_pct(e: Estimate | None) -> tuple[float | None, float | None, float | None]:
+    return (None, None, None) if e is None else (100 * e.value, 100 * e.low, 100 * e.high)
+
+
+def _windows(trials: dict[int, TrialRecord], numbers: list[int]) -> list:
+    """A configuration's windows: those of all its paired trials."""
+    return [w for n in numbers if n in trials for w in trials[n].windows]
+
+
+def recommend_earned(log, trials: dict[int, TrialRecord], floor: float,
+                     defaults: dict | None) -> Recommendation | None:
+    """The rule of this module's docstring over the paired trials the study's `earned` log names
+    (`tuner.storage.earned.EarnedLog`); None where the log holds no paired measurement of the defaults."""
+    d_w = _windows(trials, log.defaults_trials)
+    if not d_w:
+        return None
+    d, best = trials[log.defaults_trials[0]], trials.get(log.best_trials[0]) if log.best_trials else None
+    best_w = _windows(trials, log.best_trials)
+    pick, pick_w = (trials.get(log.final_trials[-1]), _windows(trials, log.final_trials)) if log.final_trials \
+        else (d, d_w)
+    if pick is None:
+        return None
+    shares = []
+    for st in log.steps:
+        with_w, without_w = _windows(trials, st.with_trials), _windows(trials, st.without_trials)
+        est = paired_ratio(with_w, without_w) if with_w and without_w else None
+        v, lo, hi = _est_pct(est)
+        shares.append(PairedShare(knob=st.knob, share_pct=v, low_pct=lo, high_pct=hi, kept=st.kept,
+                                  with_trial=st.with_trials[-1],
+                                  without_trial=st.without_trials[-1] if st.without_trials else None,
+                                  windows=est.n if est else 0))
+    gain = paired_ratio(pick_w, d_w) if log.final_trials else None
+    g, glo, ghi = _est_pct(gain)
+    best_gain = paired_ratio(best_w, d_w) if best_w else None
+    cap = window_capacity(pick_w)
+    ties = [f"trial {st.with_trials[-1]} ({' '.join(f'{k}={v}' for k, v in trials[st.with_trials[-1]].knobs.items())})"
+            for st in log.steps if not st.kept and st.with_trials[-1] in trials]
+    rec = Recommendation(
+        kind="tuned" if log.final_trials else "defaults", trial=pick.number, knobs=dict(pick.knobs),
+        capacity_rps=cap.rps if cap else pick.capacity_rps, gain_pct=g, floor=floor,
+        best_trial=best.number if best else d.number, best_knobs=dict(best.knobs) if best else {},
+        best_capacity_rps=(c.rps if (c := window_capacity(best_w)) else best.capacity_rps) if best else None,
+        best_gain_pct=_est_pct(best_gain)[0], best_significant=gain_counts(best_gain, floor),
+        paired=True, gain_low_pct=glo, gain_high_pct=ghi, capacity_low_rps=cap.low if cap else None,
+        capacity_high_rps=cap.high if cap else None, test=TEST, shares=shares, ties=ties)
+    return rec.model_copy(update={"why": _why_paired(rec, best_gain, log)})
+
+
+def _why_paired(r: Recommendation, best_gain: Estimate | None, log) -> str:
+    if r.kind == "tuned":
+        kept = [s.knob for s in r.shares if s.kept]
+        dropped = [s.knob for s in r.shares if not s.kept]
+        out = f"the paired gain is significant and clears the {r.floor:.0%} floor"
+        if dropped:
+            out += f"; {', '.join(dropped)} dropped (no significant share)"
+        return out + ("; every knob kept earned a significant share" if kept else "")
+    if not log.best_trials:
+        return "the search found nothing better than vLLM's defaults" + (f" ({log.note})" if log.note else "")
+    if best_gain is None:
+        return "the search's best could not be compared with the defaults on the same windows"
+    if best_gain.low <= 0:
+        return (f"the best measured gain, {best_gain.text()} (paired), is not significant")
+    return (f"the best measured gain, {best_gain.text()} (paired), is significant but under the "
+            f"{r.floor:.0%} floor")
+
+
 def recommend_study(data) -> Recommendation:
     """The recommendation for a stored study (`tuner.storage.reader.StudyData`): what the report and the
     gate both call, so the configuration the report recommends is the one the gate holds."""
@@ -227,7 +394,13 @@ def recommend_study(data) -> Recommendation:
     floor = effective_floor(info.settings.noise_floor, spreads)
     if status != "tuned":
         return Recommendation(kind="none", floor=floor)
+    log = EarnedLog.read({ATTR: getattr(data, "earned", None)})
+    if log is not None:
+        by_number = {t.record.number: t.record for t in data.trials if t.state == "COMPLETE"}
+        earned = recommend_earned(log, by_number, info.settings.noise_floor, info.vllm_defaults)
+        if earned is not None:
+            return earned
     base_t, best_t = pick_configs(data.trials, data.outcome)
-    measured = [t.record for t in data.trials if t.state == "COMPLETE"]
+    measured = [t.record for t in data.trials if t.state == "COMPLETE" and t.record.role != "paired"]
     return recommend(measured, base_t.record if base_t else None, best_t.record if best_t else None,
                      floor=floor, defaults=info.vllm_defaults)

@@ -108,6 +108,9 @@ class SearchSettings(BaseModel):
     max_trials: int = Field(15, ge=1, le=MAX_TRIALS, strict=True)
     confirm: bool = True
     attribute: bool = False  # measure each knob's share of a multi-knob step (`tuner.search.attribute`)
+    #: the paired check after the search (`tuner.search.earn`): common request windows a configuration at
+    #: most; 0: off, the knee searches' capacities and the noise floor decide (`tuner.recommend`)
+    windows: int = Field(0, ge=0, le=64, strict=True)
     time_budget_s: float | None = Field(None, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
     noise_floor: float | None = Field(None, ge=0, lt=1, allow_inf_nan=False)  # None: the knee's precision
     plateau: int = Field(3, ge=1, strict=True)
@@ -173,7 +176,7 @@ OPTIONS: dict[str, str] = {
     "start_rate": "load.start_rate", "drop_overlong": "load.drop_overlong",
     "precision": "knee.precision",
     "search_space": "search.search_space", "strategy": "search.strategy", "max_trials": "search.max_trials",
-    "confirm": "search.confirm", "attribute": "search.attribute", "time_budget": "search.time_budget_s",
+    "confirm": "search.confirm", "attribute": "search.attribute", "windows": "search.windows", "time_budget": "search.time_budget_s",
     "noise_floor": "search.noise_floor", "plateau": "search.plateau",
     "out": "outputs.out", "storage": "outputs.storage", "resume": "outputs.resume",
     "write_outputs": "outputs.write_outputs", "json_out": "outputs.print_json",

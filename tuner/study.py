@@ -36,7 +36,9 @@ from tuner.profiles.host import describe_host
 from tuner.profiles.models import get_model
 from tuner.quality import check_inputs as check_quality_inputs, study_check
 from tuner.report import write_report
+from tuner.capacity.windows import plan_for
 from tuner.search.attribute import attribute_study
+from tuner.search.earn import earn
 from tuner.search.runner import NullReporter, Reporter, TrialRunner
 from tuner.search.space import SearchSpace, fit_to_workload, load_space
 from tuner.search.strategies import StrategyRun, get as get_strategy, names as strategy_names
@@ -287,8 +289,12 @@ def run_tune(settings: RunSettings, reporter: Reporter | None = None) -> tuple[O
         outcome = strategy.run(StrategyRun(runner=runner, budget=budget, settings=settings, workload=workload,
                                            slo=slo, load=load, say=say))
         if outcome.incumbent is not None:
+            paired = settings.search.windows > 0
             attribute_study(runner, budget, outcome, outcome.twin, noise_floor=settings.noise_floor,
-                            verify=settings.search.attribute, say=say)
+                            verify=settings.search.attribute, say=say, simplify_launch=not paired)
+            if paired:
+                earn(runner, budget, outcome, plan_for(settings.seed, settings.search.windows),
+                     floor=settings.noise_floor, say=say or (lambda m: None))
     outcome.status, outcome.status_text = study_status(
         r for recs in runner.finished_all().values() for r in recs)
     study.set_user_attr("outcome", {"stop_reason": outcome.stop_reason, "status": outcome.status,

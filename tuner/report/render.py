@@ -61,6 +61,31 @@ def _recommendation(rep: Report) -> list[Block]:
     if rec.kind == "defaults":
         out.append(Block("p", "`tuned-config.yaml` sets nothing and `gate.yaml` holds vLLM's defaults to their "
                               "measured capacity."))
+    return out + _paired(rec)
+
+
+def _paired(rec) -> list[Block]:
+    """The paired evidence the recommendation rests on (`tuner.search.earn`): the test, each knob's
+    measured share with its interval, and the ties."""
+    if not rec.paired:
+        return []
+    text = (f"Decided on common request windows: every configuration below was measured on the same "
+            f"requests, arrivals and rates ({rec.test}). A change is recommended only when its paired gain "
+            f"over vLLM's defaults is significant and clears the {rec.floor:.0%} floor; a knob stays only when "
+            f"the configuration without it measures significantly less.")
+    out = [Block("p", text)]
+    if rec.shares:
+        rows = [["knob", "share (measured, paired)", "95% interval", "windows", "trials (with / without)",
+                 "in the recommendation"]]
+        for s in rec.shares:
+            rows.append([s.knob, _pct(s.share_pct), f"[{_pct(s.low_pct)}, {_pct(s.high_pct)}]"
+                         if s.low_pct is not None else "n/a", str(s.windows),
+                         f"{s.with_trial} / {s.without_trial if s.without_trial is not None else '-'}",
+                         "yes" if s.kept else "no (no significant share)"])
+        out.append(Block("table", rows=rows))
+    if rec.ties:
+        out.append(Block("p", "Tied with the recommendation (no significant difference, more knobs): "
+                              + "; ".join(rec.ties) + "."))
     return out
 
 
@@ -124,8 +149,8 @@ def _attribution(rep: Report, figures: set[str] = frozenset()) -> list[Block]:
                  "twin: the step's configuration with that knob left as before, predicted, against the step "
                  "predicted whole. Those shares are labelled predicted: they were not measured (`--attribute` "
                  "measures them with one launch each); knobs that interact need not add up to the step's "
-                 "measured total. A knob whose share is within the noise floor is dropped from the "
-                 "recommendation, and the simpler configuration is launched to confirm it.")
+                 "measured total. Predicted shares decide nothing: which knobs the recommendation keeps is "
+                 "measured, paired (the table under Recommendation).")
     out += [Block("table", rows=rows), Block("p", text)]
     if rep.simplification is not None and rep.simplification.note:
         out.append(Block("p", rep.simplification.note))

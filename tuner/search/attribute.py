@@ -137,7 +137,7 @@ def _config_key(knobs: dict) -> str:
 def attribute(runner: TrialRunner, budget: Budget, outcome: Outcome, *, noise_floor: float,
               predict: Callable[[dict, float], float | None] | None = None, fit_after: int = -1,
               verify: bool = False, say: Callable[[str], None] = lambda m: None,
-              predict_many: PredictMany | None = None) -> SharesLog | None:
+              predict_many: PredictMany | None = None, simplify_launch: bool = True) -> SharesLog | None:
     """Shares of every multi-knob step of the incumbent chain, the simpler configuration and its
     confirming launch; stored as the study attribute `shares`. None when no step changed several knobs."""
     recs = {r.number: r for rs in runner.finished_all().values() for r in rs}
@@ -163,6 +163,9 @@ def attribute(runner: TrialRunner, budget: Budget, outcome: Outcome, *, noise_fl
             + ", ".join(f"{s.knob} {_share_text(s)}" for s in step.knobs))
     if not steps:
         return None
+    if not simplify_launch:  # the paired check decides which knobs stay (`tuner.search.earn`)
+        runner.study.set_user_attr(ATTR, log.model_dump(mode="json"))
+        return log
     final = chain[-1]
     # the joint check costs a prediction per knob; skipped where no launch would follow (`_confirm`)
     worth = not chain[0].capacity_rps or (final.capacity_rps or 0.0) > chain[0].capacity_rps * (1 + floor)
@@ -214,7 +217,8 @@ def _key(runner: TrialRunner, knobs: dict) -> str:
 
 
 def attribute_study(runner: TrialRunner, budget: Budget, outcome: Outcome, twin=None, *, noise_floor: float,
-                    verify: bool = False, say: Callable[[str], None] | None = None) -> SharesLog | None:
+                    verify: bool = False, say: Callable[[str], None] | None = None,
+                    simplify_launch: bool = True) -> SharesLog | None:
     """`attribute` with the study's fitted twin (`tuner.twin.twin.Twin`, None for strategies without
     one: then only `--attribute`'s launches give shares)."""
     predict = predict_many = None
@@ -235,4 +239,4 @@ def attribute_study(runner: TrialRunner, budget: Budget, outcome: Outcome, twin=
             return predict_many([(knobs, rate)])[0]
     return attribute(runner, budget, outcome, noise_floor=noise_floor, predict=predict,
                      fit_after=twin.after_trial if twin is not None else -1, verify=verify,
-                     say=say or (lambda m: None), predict_many=predict_many)
+                     say=say or (lambda m: None), predict_many=predict_many, simplify_launch=simplify_launch)

@@ -23,11 +23,13 @@ from tuner.knobs import Knobs, fixing
 from tuner.capacity.knee import KneeSearch, KneeSettings
 from tuner.search.lessons import Lessons, learn
 from tuner.capacity.measure import LoadSettings, latency_quantiles, measure
+from tuner.capacity.paired import capacity as paired_capacity
+from tuner.capacity.windows import WindowPlan, measure_windows
 from tuner.quality import QualityCheck
 from tuner.storage.quality import load_reference, save_reference
 from tuner.storage.optuna_study import (EXTRA_KNOBS, TrialState, ask, enqueue, finished_records, heartbeats,
                                         interrupt, split_knobs, tell, trial_knobs)
-from tuner.storage.records import Diagnosis, LearnedConstraint, LoadRunSummary, TrialRecord
+from tuner.storage.records import Diagnosis, LearnedConstraint, LoadRunSummary, TrialRecord, WindowCapacity
 from tuner.search.space import SearchSpace
 from tuner.slo import SLO
 from tuner.workload.model import Workload
@@ -140,15 +142,22 @@ class TrialRunner:
     def evaluate(self, knobs: Knobs, *, role: str = "candidate", changed_knob: str | None = None,
                  race_rate: float | None = None, start_rate: float | None = None,
                  incumbent: float | None = None, accept_above: float | None = None,
-                 accept: Callable[[TrialRecord], bool] | None = None, fresh: bool = False) -> TrialRecord:
+                 accept: Callable[[TrialRecord], bool] | None = None, fresh: bool = False,
+                 windows: WindowPlan | None = None,
+                 enough: Callable[[list[WindowCapacity]], bool] | None = None) -> TrialRecord:
         """Measure `knobs` (or read back the stored result of an earlier identical trial, unless `fresh`:
         a second launch of the same configuration). The trial
         becomes the incumbent (`accepted`) when its capacity beats `accept_above` (None: any capacity),
-        or when `accept(record)` says so. The space's `layout` fills the host first."""
+        or when `accept(record)` says so. The space's `layout` fills the host first. With `windows`, the
+        launch measures the study's common windows instead of a knee search (role `paired`; a stored
+        paired trial of the configuration is read back, and only such a trial; `enough` may end its windows
+        early: `tuner.capacity.windows.measure_windows`)."""
         knobs = self.space.layout(knobs)
         key = knobs.key()
+        stored = [r for r in self.finished_all().get(key, []) if (r.role == "paired") == (windows is not None)]
+        if windows is not None:
+            key, role = key + "#paired", "paired"
         nth = self.served[key] if fresh else 0
-        stored = self.finished_all().get(key, [])
         if nth < len(stored):  # measured before (by this process, or before an interruption): reused
             done = stored[nth]
             self.served[key] = max(self.served[key], nth + 1)
@@ -165,7 +174,7 @@ class TrialRunner:
             trial = self.ask()
         return self.run_trial(trial, role=role, changed_knob=changed_knob, race_rate=race_rate,
                               start_rate=start_rate, incumbent=incumbent, accept_above=accept_above,
-                              accept=accept)
+                              accept=accept, windows=windows, enough=enough)
 
     def ask(self, choices: dict[str, list[Any]] | None = None) -> optuna.Trial:
         """The next trial (`tuner.storage.optuna_study.ask`; `choices` default: the space's), remembered as
@@ -190,7 +199,9 @@ class TrialRunner:
     def _run_trial(self, trial: optuna.Trial, *, role: str, changed_knob: str | None = None,
                    race_rate: float | None = None, start_rate: float | None = None,
                    incumbent: float | None = None, accept_above: float | None = None,
-                  accept: Callable[[TrialRecord], bool] | None = None) -> TrialRecord:
+                  accept: Callable[[TrialRecord], bool] | None = None,
+                  windows: WindowPlan | None = None,
+                  enough: Callable[[list[WindowCapacity]], bool] | None = None) -> TrialRecord:
         knobs = self.space.layout(trial_knobs({k: trial.params.get(k) for k in self.space.knobs}, trial.user_attrs))
         rec = TrialRecord(number=trial.number, role=role, knobs=knobs,
                           changed_knob=changed_knob, incumbent_before=incumbent)
@@ -233,6 +244,8 @@ class TrialRunner:
             with server:
                 if self.check_quality(server, rec):  # over the SLO's quality bound: rejected
                     return self._tell(trial, rec, TrialState.PRUNED, t0)
+                if windows is not None:
+                    return self._measure_windows(trial, rec, server, windows, start_rate, knobs, t0, enough)
                 t_load = time.perf_counter()
                 result = search.run(start_rate or self.start_rate, race_rate, self._incumbent_points(race_rate))
                 result.finish(search.knee.saturation_rate)
@@ -282,6 +295,26 @@ class TrialRunner:
         state = TrialState.FAIL if result.requests_failed or result.client_bound else \
             TrialState.PRUNED if result.raced_out else TrialState.COMPLETE
         return self._tell(trial, rec, state, t0)
+
+    def _measure_windows(self, trial: optuna.Trial, rec: TrialRecord, server: Any, plan: WindowPlan,
+                         start_rate: float | None, knobs: Knobs, t0: float,
+                         enough: Callable[[list[WindowCapacity]], bool] | None) -> TrialRecord:
+        """A paired trial: the launch's capacity on each common window (`tuner.capacity.windows`); its
+        capacity is their geometric mean and its interval (`tuner.capacity.paired`)."""
+        t_load = time.perf_counter()  # an interrupt is handled as in any trial (`_run_trial`)
+        rec.windows, engine_s = measure_windows(
+            server, self.workload, self.slo, self.load, plan, start_rate or self.start_rate, knee=self.knee,
+            max_num_seqs=knobs.max_num_seqs or self.defaults.get("max_num_seqs"),
+            on_point=lambda p: self.reporter.point(trial.number, p), enough=enough)
+        rec.load_wall_s = time.perf_counter() - t_load
+        self.engine_s += engine_s
+        rec.engine_s = engine_s
+        cap = paired_capacity(rec.windows)
+        if cap is not None:
+            rec.capacity_rps, rec.capacity_low_rps, rec.capacity_high_rps = cap.rps, cap.low, cap.high
+        else:
+            rec.no_capacity_reason = "met the SLO at no rate on some of the common request windows"
+        return self._tell(trial, rec, TrialState.COMPLETE, t0)
 
     def check_quality(self, server: Any, rec: TrialRecord) -> bool:
         """The launch's quality evidence on `rec` (`tuner.quality`); True when it breaks the SLO's bound:

@@ -45,6 +45,7 @@ class StudyData(BaseModel):
     outcome: dict = {}           # the runner's `outcome` attribute: stop reason, baseline and tuned trial
     twin: dict = {}              # `--strategy twin`: its fits, ranking and predictions (`tuner.storage.twin`)
     shares: dict = {}            # each knob's share of multi-knob steps (`tuner.storage.shares`)
+    earned: dict = {}            # the paired check after the search (`tuner.storage.earned`)
     quality_reference: dict = {}  # the baseline's answers the quality check compares with (`tuner.storage.quality`)
 
 
@@ -119,4 +120,5 @@ def load_study_data(run_dir: str | Path) -> StudyData:
     return StudyData(run_dir=str(run_dir), storage_url=url, study_name=name, info=info, trials=trials,
                      outcome=outcome if isinstance(outcome, dict) else {},
                      twin=study.user_attrs.get("twin") or {}, shares=study.user_attrs.get("shares") or {},
+                     earned=study.user_attrs.get("earned") or {},
                      quality_reference=study.user_attrs.get("quality_reference") or {})

@@ -187,6 +187,15 @@ class LearnedConstraint(BaseModel):
         return f"{self.knob} {rule} (trial {self.trial}, {self.failure}{nxt})"
 
 
+class WindowCapacity(BaseModel):
+    """One request window's capacity on the study's common rate grid (`tuner.capacity.windows`)."""
+
+    seed: int                          # the window: its request sample and arrival pattern
+    capacity_rps: float | None = None  # the highest grid rate that passed (None: none did)
+    runs: int = 0                      # load runs it took
+    bracketed: bool = True             # the next grid rate was measured and failed
+
+
 class TrialRecord(BaseModel):
     """Everything one trial did. Stored as the Optuna user attribute `record`."""
 
@@ -194,8 +203,10 @@ class TrialRecord(BaseModel):
     number: int = 0
     #: simplify: the recommendation less the knobs within noise (`tuner.search.attribute`); attribute:
     #: a leave-one-knob-out launch (`--attribute`)
+    #: paired: the configuration measured on the study's common windows (`tuner.capacity.windows`), for
+    #: the paired comparisons that decide the recommendation (`tuner.search.earn`)
     role: Literal["baseline", "candidate", "confirm", "grid", "tpe", "random", "gate", "simplify",
-                  "attribute"] = "candidate"
+                  "attribute", "paired"] = "candidate"
     #: set knobs only; {} = vLLM's defaults. Given a `Knobs` value, stored as its `set_only()`; read back
     #: as one with `config`.
     knobs: dict = Field(default_factory=dict)
@@ -232,6 +243,9 @@ class TrialRecord(BaseModel):
     load_wall_s: float = 0.0
     #: how far this launch's outputs moved from the baseline's (`tuner.quality`); None: not checked
     quality: QualityResult | None = None
+    #: a paired trial's capacity on each of the study's common windows (its `capacity_rps` is their
+    #: geometric mean, `capacity_low_rps`/`capacity_high_rps` that mean's 95% interval)
+    windows: list[WindowCapacity] = Field(default_factory=list)
 
     @field_validator("knobs", mode="before")
     @classmethod
