@@ -24,7 +24,7 @@ from tuner.knobs import Knobs
 from tuner.profiles.gpus import GPUProfile, get_gpu
 from tuner.floors import NAMES, ContextCheck, GateFloor, Lengths, context_check, gate_floors
 from tuner.profiles.models import get_model
-from tuner.recommend import recommend_study
+from tuner.recommend import recommended_record
 from tuner.sim.config import ResolvedConfig, resolve
 from tuner.sim.costs import CostModel, single_stream
 from tuner.slo import SLO
@@ -274,9 +274,7 @@ def plan_from_run(run_dir: str, **overrides) -> Plan:
     and no --rate-per-instance stands in for it."""
     data = load_study_data(run_dir)
     # the recommended configuration (`tuner.recommend`), the one the report's plan and the gate size
-    chosen = recommend_study(data).trial
-    tuned = next((t for t in data.trials if t.number == chosen), None) if chosen is not None else None
-    rec = tuned.record if tuned else None
+    rec = recommended_record(data)
     if overrides.get("rate_per_instance") is None and not (rec and (rec.capacity_low_rps or rec.capacity_rps)):
         raise NoCapacity(*_why_no_capacity(data, run_dir))
     return plan_for_study(data.info, rec, where=run_dir, **overrides)

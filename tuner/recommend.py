@@ -3,12 +3,15 @@
 The rule (a study whose search found something better than vLLM's defaults measures it, its leave-one-
 knob-out configurations and the defaults on common request windows, `tuner.search.earn`):
 
-- **A change is recommended** only when its paired gain over vLLM's defaults is significant (its 95%
-  interval excludes zero: `tuner.capacity.paired`) and its estimate clears the practical floor
-  (`--noise-floor`, default 5%): `gain_counts`.
+- **A change is recommended** only when the lower end of its paired gain's 95% interval over vLLM's
+  defaults (`tuner.capacity.paired`) clears the practical floor (`--noise-floor`, default 5%):
+  `gain_counts`. A gain whose interval straddles the floor is not shown to be worth a change; the answer
+  is then the defaults, whichever side of the floor one sample's estimate fell, which is what keeps the
+  answer from flipping between seeds when the true gain sits near the floor.
 - **Every knob earns its place**: the configuration without it, measured on the same windows, serves
-  significantly less (`knob_earns`); an output-changing knob (quantization, FP8 KV, speculative decoding)
-  must also be worth the floor on its own. Knobs are tried for removal in a fixed order (output-changing
+  significantly less (`knob_earns`: the share's interval excludes zero); an output-changing knob
+  (quantization, FP8 KV, speculative decoding) must clear the floor with its share's lower end, as a
+  whole change must. Knobs are tried for removal in a fixed order (output-changing
   first, then the knob table's order), never by a prediction, so the same question gets the same knob
   set; a knob that does not earn its place is dropped and the smaller configuration goes on.
 - **Near-ties are an answer**: configurations whose paired difference is not significant are tied, and
@@ -62,18 +65,19 @@ SHARE_FLOOR = 0.01
 
 
 def gain_counts(gain: Estimate | None, floor: float) -> bool:
-    """A configuration is worth recommending over vLLM's defaults: its paired gain is significant and its
-    estimate clears the practical floor."""
-    return gain is not None and gain.low > 0 and gain.value >= floor
+    """A configuration is worth recommending over vLLM's defaults: the lower end of its paired gain's
+    interval clears the practical floor."""
+    return gain is not None and gain.low > 0 and gain.low >= floor
 
 
 def knob_earns(knob: str, share: Estimate | None, floor: float) -> bool:
     """A knob stays: the configuration without it serves significantly less (paired), by at least
-    `SHARE_FLOOR`, and by the floor itself when the knob changes outputs."""
+    `SHARE_FLOOR`; a knob that changes outputs must clear the floor with its share's lower end."""
     if share is None:
         return False
-    need = floor if knob in OUTPUT_KNOBS else SHARE_FLOOR
-    return share.low > 0 and share.value >= need
+    if knob in OUTPUT_KNOBS:
+        return share.low > 0 and share.low >= floor
+    return share.low > 0 and share.value >= SHARE_FLOOR
 
 
 #: A comparison is settled early only on at least this many windows.
@@ -89,7 +93,8 @@ def gain_settled(gain: Estimate | None, floor: float) -> bool:
 def share_settled(knob: str, share: Estimate | None, floor: float) -> bool:
     """The same for `knob_earns`: the whole interval of the knob's share is above what it needs, or below."""
     need = floor if knob in OUTPUT_KNOBS else SHARE_FLOOR
-    return share is not None and share.n >= MIN_WINDOWS and (share.low >= need or share.high < need)
+    return share is not None and share.n >= MIN_WINDOWS and (share.low >= max(need, 0.0) and share.low > 0
+                                                              or share.high < need)
 
 
 def removal_order(knobs: list[str]) -> list[str]:
@@ -177,6 +182,10 @@ class Recommendation(BaseModel):
     capacity_low_rps: float | None = None
     capacity_high_rps: float | None = None
     test: str = ""
+    defaults_trial: int | None = None            # vLLM's defaults on the common windows
+    defaults_capacity_rps: float | None = None
+    defaults_low_rps: float | None = None
+    defaults_high_rps: float | None = None
     shares: list["PairedShare"] = Field(default_factory=list)
     ties: list[str] = Field(default_factory=list)
 
@@ -198,6 +207,15 @@ class Recommendation(BaseModel):
                 gain = f" ({self.gain_pct:+.1f}%, 95% interval [{self.gain_low_pct:+.1f}%, {self.gain_high_pct:+.1f}%], paired)"
             head = f"recommended (trial {self.trial}): {cap}{gain} with {kn}"
         return head + (f"; {self.why}" if self.why else "")
+
+    def baseline_line(self) -> str | None:
+        """vLLM's defaults as the paired check measured them (the capacity every gain is relative to)."""
+        if not self.paired or self.defaults_trial is None:
+            return None
+        cap = (f"{self.defaults_capacity_rps:.2f} req/s [{self.defaults_low_rps:.2f}, {self.defaults_high_rps:.2f}]"
+               if self.defaults_capacity_rps and self.defaults_low_rps is not None
+               and self.defaults_high_rps is not None else "no capacity on every window")
+        return f"vLLM's defaults on the common windows (trial {self.defaults_trial}): {cap}"
 
     def best_line(self) -> str | None:
         """The best measured configuration, when it is not the recommended one."""
@@ -362,7 +380,9 @@ def recommend_earned(log, trials: dict[int, TrialRecord], floor: float,
         best_capacity_rps=(c.rps if (c := window_capacity(best_w)) else best.capacity_rps) if best else None,
         best_gain_pct=_est_pct(best_gain)[0], best_significant=gain_counts(best_gain, floor),
         paired=True, gain_low_pct=glo, gain_high_pct=ghi, capacity_low_rps=cap.low if cap else None,
-        capacity_high_rps=cap.high if cap else None, test=TEST, shares=shares, ties=ties)
+        capacity_high_rps=cap.high if cap else None, test=TEST, shares=shares, ties=ties,
+        defaults_trial=d.number, defaults_capacity_rps=dc.rps if (dc := window_capacity(d_w)) else None,
+        defaults_low_rps=dc.low if dc else None, defaults_high_rps=dc.high if dc else None)
     return rec.model_copy(update={"why": _why_paired(rec, best_gain, log)})
 
 
@@ -370,7 +390,7 @@ def _why_paired(r: Recommendation, best_gain: Estimate | None, log) -> str:
     if r.kind == "tuned":
         kept = [s.knob for s in r.shares if s.kept]
         dropped = [s.knob for s in r.shares if not s.kept]
-        out = f"the paired gain is significant and clears the {r.floor:.0%} floor"
+        out = f"the paired gain's 95% interval clears the {r.floor:.0%} floor"
         if dropped:
             out += f"; {', '.join(dropped)} dropped (no significant share)"
         return out + ("; every knob kept earned a significant share" if kept else "")
@@ -380,8 +400,8 @@ def _why_paired(r: Recommendation, best_gain: Estimate | None, log) -> str:
         return "the search's best could not be compared with the defaults on the same windows"
     if best_gain.low <= 0:
         return (f"the best measured gain, {best_gain.text()} (paired), is not significant")
-    return (f"the best measured gain, {best_gain.text()} (paired), is significant but under the "
-            f"{r.floor:.0%} floor")
+    return (f"the best measured gain, {best_gain.text()} (paired), is significant but its interval does "
+            f"not clear the {r.floor:.0%} floor")
 
 
 def recommend_study(data) -> Recommendation:
@@ -404,3 +424,17 @@ def recommend_study(data) -> Recommendation:
     measured = [t.record for t in data.trials if t.state == "COMPLETE" and t.record.role != "paired"]
     return recommend(measured, base_t.record if base_t else None, best_t.record if best_t else None,
                      floor=floor, defaults=info.vllm_defaults)
+
+
+def recommended_record(data, rec: Recommendation | None = None) -> TrialRecord | None:
+    """The recommended trial's record, carrying the recommendation's capacity: where the paired check
+    decided, the geometric mean over every window of the configuration (which may span two paired
+    launches), so the plan, `--verify` and the gate size what the headline states. None: no trial."""
+    rec = rec or recommend_study(data)
+    t = next((t for t in data.trials if t.number == rec.trial), None) if rec.trial is not None else None
+    if t is None:
+        return None
+    if not rec.paired:
+        return t.record
+    return t.record.model_copy(update={"capacity_rps": rec.capacity_rps, "capacity_low_rps": None,
+                                       "capacity_high_rps": rec.capacity_high_rps})

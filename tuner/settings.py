@@ -109,8 +109,9 @@ class SearchSettings(BaseModel):
     confirm: bool = True
     attribute: bool = False  # measure each knob's share of a multi-knob step (`tuner.search.attribute`)
     #: the paired check after the search (`tuner.search.earn`): common request windows a configuration at
-    #: most; 0: off, the knee searches' capacities and the noise floor decide (`tuner.recommend`)
-    windows: int = Field(0, ge=0, le=64, strict=True)
+    #: most; 0: off, the knee searches' capacities and the noise floor decide (`tuner.recommend`); None:
+    #: the engine's default (`tuner.capacity.windows.default_windows`)
+    windows: int | None = Field(None, ge=0, le=64, strict=True)
     time_budget_s: float | None = Field(None, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
     noise_floor: float | None = Field(None, ge=0, lt=1, allow_inf_nan=False)  # None: the knee's precision
     plateau: int = Field(3, ge=1, strict=True)

@@ -36,7 +36,7 @@ from tuner.profiles.host import describe_host
 from tuner.profiles.models import get_model
 from tuner.quality import check_inputs as check_quality_inputs, study_check
 from tuner.report import write_report
-from tuner.capacity.windows import plan_for
+from tuner.capacity.windows import default_windows, plan_for
 from tuner.search.attribute import attribute_study
 from tuner.search.earn import earn
 from tuner.search.runner import NullReporter, Reporter, TrialRunner
@@ -289,12 +289,13 @@ def run_tune(settings: RunSettings, reporter: Reporter | None = None) -> tuple[O
         outcome = strategy.run(StrategyRun(runner=runner, budget=budget, settings=settings, workload=workload,
                                            slo=slo, load=load, say=say))
         if outcome.incumbent is not None:
-            paired = settings.search.windows > 0
+            windows = settings.search.windows
+            windows = default_windows(engine.virtual_time) if windows is None else windows
             attribute_study(runner, budget, outcome, outcome.twin, noise_floor=settings.noise_floor,
-                            verify=settings.search.attribute, say=say, simplify_launch=not paired)
-            if paired:
-                earn(runner, budget, outcome, plan_for(settings.seed, settings.search.windows),
-                     floor=settings.noise_floor, say=say or (lambda m: None))
+                            verify=settings.search.attribute, say=say, simplify_launch=not windows)
+            if windows:
+                earn(runner, budget, outcome, plan_for(settings.seed, windows), floor=settings.noise_floor,
+                     say=say or (lambda m: None))
     outcome.status, outcome.status_text = study_status(
         r for recs in runner.finished_all().values() for r in recs)
     study.set_user_attr("outcome", {"stop_reason": outcome.stop_reason, "status": outcome.status,

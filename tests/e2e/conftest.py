@@ -51,10 +51,11 @@ def tune(*args: str | Path, timeout: float = 400, cwd: Path | None = None,
 def study_args(out: Path, engine: str = "sim-http", *extra: str | Path, space: Path = SPACE2,
                max_trials: int = 3, strategy: str = "guided") -> list[str]:
     """The tiny study every end-to-end test runs, on `engine`."""
-    # --strategy guided, --no-confirm: these tests count launches of a fixed plan (the default, the twin,
+    # --strategy guided, --no-confirm, --windows 0 (no paired check after the search): these tests count
+    # launches of a fixed plan (the default, the twin,
     # has its own in test_tune_twin.py; the confirmation launches theirs in tests/unit/test_strategy.py)
     args = ["--workload", WORKLOAD, "--slo", SLO, "--engine", engine, "--search-space", space,
-            "--max-trials", str(max_trials), "--strategy", strategy, "--no-confirm", "--out", out]
+            "--max-trials", str(max_trials), "--strategy", strategy, "--no-confirm", "--windows", "0", "--out", out]
     if engine in ("sim", "sim-http"):
         args += ["--gpu", GPU, "--model", MODEL]
     if engine != "sim":

@@ -1,6 +1,7 @@
-"""`tune --windows N`: the recommendation decided on common request windows (`tuner.search.earn`).
+"""The recommendation decided on common request windows (`tuner.search.earn`; `--windows`, on by default
+on the in-process simulator).
 
-The README's main job (chat on the simulated RTX 4090), short load runs: after the search, vLLM's defaults
+The README's main job (chat on the simulated RTX 4090): after the search, vLLM's defaults
 and the search's best are launched on the same windows; a change is recommended only with a significant
 paired gain that clears the floor, and every knob it keeps has a measured, paired share whose interval
 excludes zero. The CLI, report.md, tuned-config.yaml and gate.yaml carry the same answer."""
@@ -13,8 +14,8 @@ import optuna
 import pytest
 import yaml
 
-from tests.conftest import ROOT
-from tests.e2e.conftest import GPU, MODEL, sqlite_url, tune
+from tests.e2e.conftest import sqlite_url
+from tests.e2e.test_report_cli import tuned_run
 from tuner.capacity.paired import paired_ratio
 from tuner.recommend import Recommendation, changed_knobs
 from tuner.storage.earned import EarnedLog
@@ -24,12 +25,10 @@ pytestmark = [pytest.mark.e2e]
 
 @pytest.fixture(scope="module")
 def paired_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("paired") / "run"
-    p = tune("--workload", ROOT / "workloads" / "chat.jsonl", "--slo", ROOT / "workloads" / "chat.slo.yaml",
-             "--engine", "sim", "--gpu", GPU, "--model", MODEL, "--max-trials", "2", "--requests-per-run", "400",
-             "--windows", "5", "--out", out, timeout=900)
-    assert p.returncode == 0, p.stderr
-    return out, p.stdout
+    """The README's main job (the session's cached run, `tests/e2e/test_report_cli.py`): the in-process
+    simulator runs the paired check by default."""
+    out = tuned_run(tmp_path_factory, 4)
+    return out, out.with_suffix(".stdout").read_text()
 
 
 def test_the_answer_rests_on_paired_windows_and_every_kept_knob_earned_its_place(paired_run):
@@ -39,7 +38,7 @@ def test_the_answer_rests_on_paired_windows_and_every_kept_knob_earned_its_place
     assert r.paired and "paired t-test" in r.test
     study = optuna.load_study(study_name=None, storage=sqlite_url(out))
     log = EarnedLog.read(study.user_attrs)
-    assert log is not None and len(log.window_seeds) == 5 and log.defaults_trials
+    assert log is not None and len(log.window_seeds) == 12 and log.defaults_trials
     records = {t.number: t.user_attrs["record"] for t in study.trials if "record" in t.user_attrs}
     for n in log.defaults_trials + log.best_trials + log.final_trials:
         assert records[n]["role"] == "paired" and records[n]["windows"]

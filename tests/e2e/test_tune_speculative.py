@@ -41,9 +41,11 @@ def test_a_tight_tpot_slo_at_low_concurrency_turns_speculation_on_and_gains(tmp_
     rep = (tmp_path / "run" / "report.json").read_text()
     import json
 
-    tuned = json.loads(rep)["tuned"]
+    tuned, rec = json.loads(rep)["tuned"], json.loads(rep)["recommendation"]
     assert "speculative_config" in tuned["knobs"]
-    assert tuned["capacity_rps"] > 1.2 * base["capacity_rps"]
+    # the gain as the paired check measured it, against vLLM's defaults on the same windows: its 95%
+    # interval clears the floor (speculation changes no output here, as a knob it still must)
+    assert rec["paired"] and rec["gain_pct"] > 20 and rec["gain_low_pct"] >= 100 * rec["floor"], rec
     # the counters the engine exported give the stated acceptance back: 1 + a + a^2 tokens a step
     km = next(r["knee_metrics"] for r in recs if r["knobs"].get("speculative_config") and r["knee_metrics"])
     assert km["spec_acceptance_length"] == pytest.approx(expected_tokens(0.35, 2), rel=0.03)

@@ -92,8 +92,9 @@ def est(value, half, n=8):
     return Estimate(value=value, low=value - half, high=value + half, n=n)
 
 
-def test_gain_counts_needs_significance_and_the_floor():
-    assert gain_counts(est(0.08, 0.04), 0.05)
+def test_gain_counts_needs_the_intervals_lower_end_to_clear_the_floor():
+    assert gain_counts(est(0.10, 0.04), 0.05)
+    assert not gain_counts(est(0.08, 0.04), 0.05)  # significant, estimate above the floor, interval not
     assert not gain_counts(est(0.08, 0.09), 0.05)  # not significant
     assert not gain_counts(est(0.04, 0.01), 0.05)  # significant, under the floor
     assert not gain_counts(None, 0.05)
@@ -102,7 +103,8 @@ def test_gain_counts_needs_significance_and_the_floor():
 def test_an_output_changing_knob_must_be_worth_the_floor_a_neutral_one_only_significant():
     assert knob_earns("max_num_seqs", est(0.02, 0.01), 0.05)
     assert not knob_earns("kv_cache_dtype", est(0.02, 0.01), 0.05)
-    assert knob_earns("kv_cache_dtype", est(0.07, 0.03), 0.05)
+    assert not knob_earns("kv_cache_dtype", est(0.07, 0.03), 0.05)  # its interval does not clear the floor
+    assert knob_earns("kv_cache_dtype", est(0.09, 0.03), 0.05)
     assert not knob_earns("max_num_seqs", est(0.0, 0.0), 0.05)
     assert not knob_earns("max_num_seqs", est(0.005, 0.001), 0.05)  # significant and worthless
 
@@ -128,9 +130,9 @@ def _rec(n, knobs, caps):
 
 def test_recommend_earned_states_the_reduced_configuration_its_interval_and_each_share():
     d = _rec(2, {}, [6.0, 7.0, 6.5, 6.8])
-    x = _rec(3, {"max_num_seqs": 512, "kv_cache_dtype": "fp8"}, [6.6, 7.7, 7.1, 7.5])
+    x = _rec(3, {"max_num_seqs": 512, "kv_cache_dtype": "fp8"}, [6.6, 7.7, 7.15, 7.48])
     x_no_fp8 = _rec(4, {"max_num_seqs": 512}, [6.0, 7.0, 6.5, 6.8])
-    f = _rec(5, {"kv_cache_dtype": "fp8"}, [6.6, 7.7, 7.1, 7.5])
+    f = _rec(5, {"kv_cache_dtype": "fp8"}, [6.6, 7.7, 7.15, 7.48])
     log = EarnedLog(floor=0.05, test="t", defaults_trials=[2], best_trials=[3], final_trials=[5], steps=[
         RemovalStep(knob="kv_cache_dtype", with_trials=[3], without_trials=[4], kept=True),
         RemovalStep(knob="max_num_seqs", with_trials=[3], without_trials=[5], kept=False)])

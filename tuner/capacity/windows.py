@@ -55,6 +55,17 @@ def window_seeds(seed: int, n: int) -> tuple[int, ...]:
     return tuple(int(x) % (2 ** 31 - 1) for x in state)
 
 
+#: Windows a configuration at most where `--windows` is not given, in virtual time (`default_windows`).
+VIRTUAL_WINDOWS = 12
+
+
+def default_windows(virtual_time: bool) -> int:
+    """`--windows` not given: `VIRTUAL_WINDOWS` on the in-process simulator (CPU seconds, not engine time);
+    off on real-time engines, where a window is a few full load runs and the paired check's cost and its
+    agreement with an independent client have not been measured yet."""
+    return VIRTUAL_WINDOWS if virtual_time else 0
+
+
 def plan_for(seed: int, count: int, step: float = 0.025) -> WindowPlan:
     """`count` windows of the study seeded `seed`. On the main job one window's paired capacity ratio
     spreads by ~6% (30 windows, 1,000 requests each: FP8 KV against the defaults +7.7%, sd 6.3%), so 12

@@ -52,11 +52,12 @@ def register(app: typer.Typer) -> None:
         attribute: bool = typer.Option(default("attribute"), help="Measure each knob's share of a step that changed "
                                        "several knobs: one launch per knob, with that knob left out (without it "
                                        "the shares are the fitted twin's predictions, labelled so)."),
-        windows: int = typer.Option(default("windows"), help="Decide the recommendation on common request "
-                                    "windows (paired, with intervals; every knob earned by a measurement): "
-                                    "this many windows a configuration at most, one launch a configuration "
-                                    "beyond --max-trials. 0: off (the knee searches' capacities and the noise "
-                                    "floor decide)."),
+        windows: Optional[int] = typer.Option(default("windows"), help="Decide the recommendation on common "
+                                              "request windows (paired, with intervals; every knob earned by a "
+                                              "measurement): this many windows a configuration at most, one "
+                                              "launch a configuration beyond --max-trials. 0: off (the knee "
+                                              "searches' capacities and the noise floor decide). Default: 12 on "
+                                              "the in-process simulator, off on real-time engines."),
         drop_overlong: bool = typer.Option(default("drop_overlong"), "--drop-overlong", help="Leave out (and count) "
                                            "the requests whose prompt + output exceed the model's context: "
                                            "vLLM refuses them, so they can never meet the SLO."),
@@ -191,7 +192,7 @@ def _summary(outcome, run_dir: Path, json_out: bool) -> None:
         from tuner.recommend import Recommendation
 
         r = Recommendation.model_validate(rep["recommendation"])
-        print(f"baseline (vLLM defaults, trial {rows['baseline']['trial']}): "
+        print(r.baseline_line() or f"baseline (vLLM defaults, trial {rows['baseline']['trial']}): "
               f"{f'{b:.2f} req/s' if b else 'no rate met the SLO'}")
         print(r.line())
         if r.best_line():

@@ -25,7 +25,8 @@ from tuner.report.quality import changing, floor_of, tuned_sentence
 from tuner.report.time_use import time_use
 from tuner.report.twin import twin_section
 from tuner.recommend import (OUTPUT_KNOBS as QUALITY_KNOBS, Recommendation, Spread,  # noqa: F401
-                             effective_floor, launch_spreads as _spreads, recommend_study)
+                             effective_floor, launch_spreads as _spreads, recommend_study,
+                             recommended_record)
 from tuner.storage.shares import SharesLog
 from tuner.storage.select import (attribution, closest_run, knee_curve, pick_configs,
                                   saturation_throughput)
@@ -107,17 +108,31 @@ def _extra_args_config(args: list[str] | tuple[str, ...]) -> dict:
     return out
 
 
-def _summary(label: str, t: TrialView | None) -> ConfigSummary:
+def _knee_trial(trials: list[TrialView], t: TrialView | None) -> TrialView | None:
+    """The knee search of a paired trial's configuration (its load runs, diagnosis and latencies at its
+    knee: the paired trial measured windows, not a knee), or the trial itself."""
+    if t is None or t.record.role != "paired":
+        return t
+    return next((x for x in trials if x.state == "COMPLETE" and x.record.role != "paired"
+                 and x.record.knobs == t.record.knobs), None)
+
+
+def _summary(label: str, t: TrialView | None, trials: list[TrialView] = ()) -> ConfigSummary:
+    """`t`'s capacity; where `t` is a paired trial, what only a knee search measures (the load runs, the
+    diagnosis, the latencies at the knee) comes from the configuration's knee search, if it had one."""
     if t is None:
         return ConfigSummary(label=label)
     r = t.record
+    k = _knee_trial(list(trials), t)
+    kr = k.record if k is not None else None
     return ConfigSummary(label=label, trial=t.number, knobs=r.knobs, serve_args=serve_args(r.knobs),
                          capacity_rps=r.capacity_rps, capacity_upper_rps=r.capacity_upper_rps,
                          capacity_low_rps=r.capacity_low_rps, capacity_high_rps=r.capacity_high_rps,
-                         no_capacity_reason=r.no_capacity_reason, kv_cache_tokens=r.kv_cache_tokens, knee=knee_curve(r.load_runs),
-                         saturation_rps=saturation_throughput(r.load_runs),
-                         diagnosis=r.diagnosis, knee_metrics=r.knee_metrics,
-                         latency_at_capacity=r.latency_at_capacity, quality=r.quality)
+                         no_capacity_reason=r.no_capacity_reason, kv_cache_tokens=r.kv_cache_tokens,
+                         knee=knee_curve(kr.load_runs) if kr else [],
+                         saturation_rps=saturation_throughput(kr.load_runs) if kr else None,
+                         diagnosis=kr.diagnosis if kr else None, knee_metrics=kr.knee_metrics if kr else None,
+                         latency_at_capacity=kr.latency_at_capacity if kr else None, quality=r.quality)
 
 
 def _pct(b: float | None, t: float | None) -> float | None:
@@ -316,14 +331,25 @@ def build_report(run_dir: str | Path) -> Report:
                                        if t.state not in ("RUNNING", "WAITING"))
     rec = recommend_study(data)  # the one decision the headline, the config file and the gate all show
     by_number = {t.number: t for t in data.trials}
+    if rec.paired and rec.defaults_trial in by_number:
+        base_t = by_number[rec.defaults_trial]  # compared on the same windows as what is recommended
+        best_t = by_number.get(rec.best_trial, best_t) if rec.best_trial is not None else best_t
     tuned_t = by_number.get(rec.trial) if rec.kind != "none" else None
     if status != "tuned":
         best_t = None  # nothing is "best": no configuration met the SLO (or none launched)
     forced = base_t.record.knobs if base_t is not None else {}
     base = _summary("baseline (vLLM defaults" + (f"; {', '.join(f'{k}={v}' for k, v in forced.items())} to fit "
-                                                 "this host)" if forced else ")"), base_t)
-    tuned = _summary("keep vLLM's defaults" if rec.kind == "defaults" else "recommended", tuned_t)
-    best = _summary("best measured" + ("" if rec.best_significant else ", not significant"), best_t)
+                                                 "this host)" if forced else ")"), base_t, data.trials)
+    tuned = _summary("keep vLLM's defaults" if rec.kind == "defaults" else "recommended", tuned_t, data.trials)
+    best = _summary(("the search's best" if rec.paired else "best measured")
+                    + ("" if rec.best_significant else ", not significant"), best_t, data.trials)
+    if rec.paired:  # a configuration's windows may span two paired launches: the merged capacity
+        base = base.model_copy(update={"capacity_rps": rec.defaults_capacity_rps,
+                                       "capacity_low_rps": rec.defaults_low_rps,
+                                       "capacity_high_rps": rec.defaults_high_rps})
+        tuned = tuned.model_copy(update={"capacity_rps": rec.capacity_rps, "capacity_low_rps": rec.capacity_low_rps,
+                                         "capacity_high_rps": rec.capacity_high_rps})
+        best = best.model_copy(update={"capacity_rps": rec.best_capacity_rps})
     # the headline compares the defaults with what is recommended, or, when that is the defaults, with
     # the best measured configuration (labelled as not significant)
     shown = best if tuned_t is not None and tuned_t is base_t and best_t is not None else tuned
@@ -336,7 +362,7 @@ def build_report(run_dir: str | Path) -> Report:
     plan = plan_text = None
     if slo.peak_rate and tuned.capacity_rps:
         try:
-            plan = plan_for_study(info, tuned_t.record if tuned_t else None, where=str(run_dir))
+            plan = plan_for_study(info, recommended_record(data, rec) if tuned_t else None, where=str(run_dir))
             plan_text = format_plan(plan)
         except UserError as e:
             plan_text = f"no capacity plan: {e.format()}"

@@ -69,10 +69,14 @@ def _paired(rec) -> list[Block]:
     measured share with its interval, and the ties."""
     if not rec.paired:
         return []
-    text = (f"Decided on common request windows: every configuration below was measured on the same "
-            f"requests, arrivals and rates ({rec.test}). A change is recommended only when its paired gain "
-            f"over vLLM's defaults is significant and clears the {rec.floor:.0%} floor; a knob stays only when "
-            f"the configuration without it measures significantly less.")
+    text = (f"Decided on common request windows: every configuration named here was measured on the same "
+            f"requests, arrivals and rates ({rec.test}); its capacity is the geometric mean over the windows "
+            f"of each window's highest passing rate, with its 95% interval. A change is recommended only when "
+            f"the lower end of its paired gain's 95% interval over vLLM's defaults clears the {rec.floor:.0%} "
+            f"floor; a knob stays only when the configuration without it measures significantly less (an "
+            f"output-changing knob: by at least the floor, at the lower end of its interval).")
+    if rec.baseline_line():
+        text += f" Measured so: {rec.baseline_line()}."
     out = [Block("p", text)]
     if rec.shares:
         rows = [["knob", "share (measured, paired)", "95% interval", "windows", "trials (with / without)",
@@ -102,7 +106,10 @@ def _headline(rep: Report) -> list[Block]:
         rows.append([f"{name} ({r.unit})", _n(r.baseline), _n(r.tuned), _pct(r.change_pct)])
     where = ("the baseline's capacity" if rep.baseline.capacity_rps is not None else
              "the baseline's lowest measured rate (it met the SLO nowhere)")
-    note = (f"Capacity is each configuration's highest passing offered rate. The \"at ~{_n(h.compare_rate_rps)} "
+    how = ("the paired capacity on the common windows (above); the other rows come from each configuration's "
+           "knee search, where it had one" if rep.recommendation is not None and rep.recommendation.paired
+           else "each configuration's highest passing offered rate")
+    note = (f"Capacity is {how}. The \"at ~{_n(h.compare_rate_rps)} "
             f"req/s\" rows compare both at the same offered load, {where}, using each configuration's load "
             f"run closest to it")
     if h.tuned_closest_rate is not None:

@@ -1,0 +1,123 @@
+"""One answer: the same study under seeds 0-4 (issue 57's item 1), on the scenarios it names.
+
+Each study is `tune` as a user runs it (the default strategy and the default paired check), only
+`--seed` changing; two run side by side on a 2-core host. For each seed: the decision (keep the
+defaults, or which knobs), the paired gain over vLLM's defaults with its 95% interval, the search's best
+and its paired gain, the launches the paired check spent, and the study's wall time. Then the agreement:
+how many of the seeds give the most common decision with the same knob set.
+
+    python benchmarks/one_answer.py [--scenarios main strict rag] [--seeds 0 1 2 3 4] [--jobs 2]
+
+Printed: markdown (the `one_answer` section of benchmarks/RESULTS.md), progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = {
+    "main": ("the README's main job: chat, p99 TTFT <= 300 ms / TPOT <= 50 ms, Qwen2.5-7B on an RTX 4090",
+             ["--workload", "workloads/chat.jsonl", "--slo", "workloads/chat.slo.yaml", "--gpu", "rtx4090",
+              "--model", "qwen2.5-7b"]),
+    "strict": ("strict-TPOT chat: p99 TTFT <= 500 ms / TPOT <= 25 ms, Qwen2.5-7B on an RTX 4090",
+               ["--workload", "workloads/chat.jsonl", "--slo", "workloads/chat-strict.slo.yaml", "--gpu",
+                "rtx4090", "--model", "qwen2.5-7b"]),
+    "rag": ("32k-token RAG on the H100: Llama-3.1-8B, the rag space",
+            ["--workload", "workloads/rag.jsonl", "--slo", "workloads/rag.slo.yaml", "--gpu", "h100", "--model",
+             "llama-3.1-8b", "--search-space", "rag"]),
+}
+
+
+def run_one(scenario: str, seed: int, base: Path) -> dict:
+    out = base / f"{scenario}-{seed}"
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "tuner.cli", *SCENARIOS[scenario][1], "--seed", str(seed),
+                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    wall = time.perf_counter() - t0
+    row = {"scenario": scenario, "seed": seed, "wall_s": wall, "rc": p.returncode}
+    rep_path = out / "report.json"
+    if not rep_path.exists():
+        row["error"] = (p.stderr.strip().splitlines() or ["no report"])[-1][:200]
+        return row
+    rep = json.loads(rep_path.read_text())
+    r = rep["recommendation"]
+    study_attrs = _earned(out)
+    row.update(kind=r["kind"], knobs=r["knobs"], gain=r.get("gain_pct"), low=r.get("gain_low_pct"),
+               high=r.get("gain_high_pct"), paired=r.get("paired"), best_knobs=r.get("best_knobs"),
+               best_gain=r.get("best_gain_pct"), capacity=r.get("capacity_rps"),
+               defaults=r.get("defaults_capacity_rps"), launches=study_attrs.get("launches"),
+               line=p.stdout.strip().splitlines()[-6:] if p.stdout else [])
+    print(f"{scenario} seed {seed}: {wall:.1f} s, {r['kind']} {r['knobs']}", file=sys.stderr)
+    return row
+
+
+def _earned(out: Path) -> dict:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name=None, storage=f"sqlite:///{out / 'study.db'}")
+    return study.user_attrs.get("earned") or {}
+
+
+def _answer(row: dict) -> str:
+    if "kind" not in row:
+        return "error"
+    if row["kind"] != "tuned":
+        return row["kind"]
+    return " ".join(f"{k}={v}" for k, v in sorted(row["knobs"].items()))
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{x:+.1f}%"
+
+
+def report(rows: list[dict]) -> str:
+    out = [f"Host: {platform.node()}, {platform.processor() or platform.machine()}; "
+           f"{time.strftime('%Y-%m-%d %H:%M')}.", ""]
+    for sc in dict.fromkeys(r["scenario"] for r in rows):
+        mine = sorted((r for r in rows if r["scenario"] == sc), key=lambda r: r["seed"])
+        answers = collections.Counter(_answer(r) for r in mine)
+        top, count = answers.most_common(1)[0]
+        out += [f"**{sc}**: {SCENARIOS[sc][0]}. The same decision and knob set in **{count} of {len(mine)}** "
+                f"seeds (`{top}`).", "",
+                "| seed | answer | paired gain [95%] | defaults (req/s, windows) | search's best | its paired gain "
+                "| paired launches | wall s |", "|---|---|---|---|---|---|---|---|"]
+        for r in mine:
+            if "kind" not in r:
+                out.append(f"| {r['seed']} | error: {r.get('error')} | | | | | | {r['wall_s']:.1f} |")
+                continue
+            gain = f"{_pct(r['gain'])} [{_pct(r['low'])}, {_pct(r['high'])}]" if r["gain"] is not None else "-"
+            best = " ".join(f"{k}={v}" for k, v in (r["best_knobs"] or {}).items()) or "defaults"
+            out.append(f"| {r['seed']} | {_answer(r)} | {gain} | "
+                       f"{r['defaults']:.2f} | {best} | {_pct(r['best_gain'])} | {r['launches']} | "
+                       f"{r['wall_s']:.1f} |" if r["defaults"] else
+                       f"| {r['seed']} | {_answer(r)} | {gain} | n/a | {best} | {_pct(r['best_gain'])} | "
+                       f"{r['launches']} | {r['wall_s']:.1f} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    ap.add_argument("--jobs", type=int, default=2)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(a.jobs) as pool:
+        jobs = [pool.submit(run_one, sc, s, Path(tmp)) for sc in a.scenarios for s in a.seeds]
+        rows = [j.result() for j in jobs]
+    print(report(rows))
+
+
+if __name__ == "__main__":
+    main()
