@@ -6,7 +6,11 @@ defaults, or which knobs), the paired gain over vLLM's defaults with its 95% int
 and its paired gain, the launches the paired check spent, and the study's wall time. Then the agreement:
 how many of the seeds give the most common decision with the same knob set.
 
-    python benchmarks/one_answer.py [--scenarios main strict rag] [--seeds 0 1 2 3 4] [--jobs 2]
+    python benchmarks/one_answer.py [--scenarios main strict rag] [--seeds 0 1 2 3 4] [--jobs 2] [--json F]
+                                    [--truth-windows 40]
+
+Then (`--truth-windows`, `benchmarks/one_answer_truth.py`) every answer is scored against the careful
+truth: each configuration the studies named, measured on many more windows than a study spends.
 
 Printed: markdown (the `one_answer` section of benchmarks/RESULTS.md), progress on stderr.
 """
@@ -25,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 SCENARIOS = {
     "main": ("the README's main job: chat, p99 TTFT <= 300 ms / TPOT <= 50 ms, Qwen2.5-7B on an RTX 4090",
              ["--workload", "workloads/chat.jsonl", "--slo", "workloads/chat.slo.yaml", "--gpu", "rtx4090",
@@ -112,11 +117,21 @@ def main() -> None:
     ap.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--json", type=Path, help="also write the rows here (benchmarks/one_answer_truth.py reads them)")
+    ap.add_argument("--truth-windows", type=int, default=40,
+                    help="then score every answer against the careful truth on this many windows (0: skip)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(a.jobs) as pool:
         jobs = [pool.submit(run_one, sc, s, Path(tmp)) for sc in a.scenarios for s in a.seeds]
         rows = [j.result() for j in jobs]
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=1, default=str))
     print(report(rows))
+    if a.truth_windows:
+        from one_answer_truth import truth_report
+
+        print("### Against the careful truth\n")
+        print(truth_report(rows, a.truth_windows, 0.05, a.jobs))
 
 
 if __name__ == "__main__":
