@@ -14,7 +14,7 @@ import optuna
 import pytest
 import yaml
 
-from tests.e2e.conftest import sqlite_url
+from tests.e2e.conftest import sqlite_url, tune
 from tests.e2e.test_report_cli import tuned_run
 from tuner.capacity.paired import paired_ratio
 from tuner.recommend import Recommendation, changed_knobs
@@ -75,3 +75,42 @@ def test_the_stored_shares_are_recomputed_from_the_windows(paired_run):
     for step, share in zip(log.steps, rep.shares):
         est = paired_ratio(wins(step.with_trials), wins(step.without_trials))
         assert share.share_pct == pytest.approx(100 * est.value)
+
+
+def test_ctrl_c_in_the_paired_check_resumes_to_the_same_answer_without_repeating_a_finished_launch(
+        tmp_path, spawn):
+    """Ctrl-C while the search's best is being measured on the common windows, then `--resume`: the
+    paired launch of the defaults is read back (not launched again), the cut one is run again, and the
+    answer is the uninterrupted study's."""
+    from optuna.trial import TrialState
+
+    from tests.e2e.conftest import load_trials, study_args, wait_for
+
+    whole = tmp_path / "whole"
+    p = tune(*study_args(whole, "sim", "--windows", "12"))
+    assert p.returncode == 0, p.stderr
+    out = tmp_path / "cut"
+    args = study_args(out, "sim", "--windows", "12")
+    run = spawn(args, tmp_path / "tune.log")
+
+    def in_second_paired_trial():
+        said = run.output()
+        if run.poll() is not None:
+            raise AssertionError(f"tune ended before the cut:\n{said}")
+        heads = [i for i in range(len(said)) if said.startswith("(paired)", i)]
+        return len(heads) >= 2 and " req/s " in said[heads[1]:]
+
+    wait_for(in_second_paired_trial, 120, 0.05, "the second paired trial under load")
+    run.ctrl_c()
+    assert run.wait(timeout=60) == 130, run.output()
+    resumed = tune(*args, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    trials = load_trials(sqlite_url(out))
+    paired = [t for t in trials if t.user_attrs.get("record", {}).get("role") == "paired"]
+    done = [t for t in paired if t.state == TrialState.COMPLETE]
+    cut = [t for t in paired if t.user_attrs["record"].get("interrupted")]
+    assert len(cut) == 1 and len(done) == 2, [(t.number, t.state) for t in paired]
+    assert len({json.dumps(t.user_attrs["record"]["knobs"], sort_keys=True) for t in done}) == 2
+    a = Recommendation.model_validate(json.loads((whole / "report.json").read_text())["recommendation"])
+    b = Recommendation.model_validate(json.loads((out / "report.json").read_text())["recommendation"])
+    assert (a.kind, a.knobs, a.capacity_rps, a.gain_pct) == (b.kind, b.knobs, b.capacity_rps, b.gain_pct)
