@@ -6,8 +6,9 @@ grid on each window, the study's run size), on many more windows, drawn from a s
 (`--windows`, default 40). That is the truth the studies' answers are scored against:
 
 - a configuration's true capacity: the geometric mean over the truth's windows, with its 95% interval;
-- the true best: the highest; the true tied set: the configurations whose paired difference from the true
-  best is not significant, or within the floor of it;
+- the true best: the highest; the true tied set: the configurations the truth cannot show to be more than
+  the floor below the true best (the upper end of the paired difference's 95% interval is within the
+  floor: a difference the truth's own windows cannot tell from the floor is a tie at the floor);
 - each study's regret: the true best's capacity over its answer's, less one.
 
 Configurations run two at a time (one process each) on a 2-core host.
@@ -97,8 +98,8 @@ def truth_report(rows: list[dict], windows: int, floor: float, jobs: int) -> str
         for k in caps:
             if not caps[k]:
                 continue
-            d = paired_ratio(wins[best], wins[k])
-            if k == best or d is None or not d.significant or d.value <= a.floor:
+            d = paired_ratio(wins[k], wins[best])
+            if k == best or d is None or d.high >= -a.floor:
                 tied.add(k)
         out += [f"**{sc}** (truth: {a.windows} windows each, seed {TRUTH_SEED}):", "",
                 "| configuration | true capacity [95%] | vs the true best (paired) | in the true tied set |",

@@ -101,8 +101,9 @@ def test_gain_counts_needs_the_intervals_lower_end_to_clear_the_floor():
 
 
 def test_an_output_changing_knob_must_be_worth_the_floor_a_neutral_one_only_significant():
-    assert knob_earns("max_num_seqs", est(0.02, 0.01), 0.05)
-    assert not knob_earns("kv_cache_dtype", est(0.02, 0.01), 0.05)
+    assert knob_earns("max_num_seqs", est(0.03, 0.01), 0.05)
+    assert not knob_earns("max_num_seqs", est(0.02, 0.01), 0.05)  # significant, under half the floor
+    assert not knob_earns("kv_cache_dtype", est(0.03, 0.01), 0.05)
     assert not knob_earns("kv_cache_dtype", est(0.07, 0.03), 0.05)  # its interval does not clear the floor
     assert knob_earns("kv_cache_dtype", est(0.09, 0.03), 0.05)
     assert not knob_earns("max_num_seqs", est(0.0, 0.0), 0.05)
