@@ -344,12 +344,16 @@ def build_report(run_dir: str | Path) -> Report:
     best = _summary(("the search's best" if rec.paired else "best measured")
                     + ("" if rec.best_significant else ", not significant"), best_t, data.trials)
     if rec.paired:  # a configuration's windows may span two paired launches: the merged capacity
-        base = base.model_copy(update={"capacity_rps": rec.defaults_capacity_rps,
-                                       "capacity_low_rps": rec.defaults_low_rps,
-                                       "capacity_high_rps": rec.defaults_high_rps})
-        tuned = tuned.model_copy(update={"capacity_rps": rec.capacity_rps, "capacity_low_rps": rec.capacity_low_rps,
-                                         "capacity_high_rps": rec.capacity_high_rps})
-        best = best.model_copy(update={"capacity_rps": rec.best_capacity_rps})
+        if rec.defaults_capacity_rps is not None:
+            base = base.model_copy(update={"capacity_rps": rec.defaults_capacity_rps,
+                                           "capacity_low_rps": rec.defaults_low_rps,
+                                           "capacity_high_rps": rec.defaults_high_rps})
+        if rec.capacity_rps is not None:
+            tuned = tuned.model_copy(update={"capacity_rps": rec.capacity_rps,
+                                             "capacity_low_rps": rec.capacity_low_rps,
+                                             "capacity_high_rps": rec.capacity_high_rps})
+        if rec.best_capacity_rps is not None and best_t is not None and best_t.number == rec.best_trial:
+            best = best.model_copy(update={"capacity_rps": rec.best_capacity_rps})
     # the headline compares the defaults with what is recommended, or, when that is the defaults, with
     # the best measured configuration (labelled as not significant)
     shown = best if tuned_t is not None and tuned_t is base_t and best_t is not None else tuned
