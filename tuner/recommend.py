@@ -128,7 +128,7 @@ def launch_spreads(records: Iterable[TrialRecord]) -> list[Spread]:
     launch-to-launch spread, which no single launch's bracket shows."""
     groups: dict[str, list[TrialRecord]] = {}
     for r in sorted(records, key=lambda r: r.number):
-        if r.launched and r.capacity_rps:
+        if r.launched and r.capacity_rps and r.role != "paired":  # a paired capacity is another measure
             groups.setdefault(_key(r.knobs), []).append(r)
     out = []
     for rs in groups.values():

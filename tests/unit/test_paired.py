@@ -155,3 +155,15 @@ def test_recommend_earned_keeps_the_defaults_when_the_best_gain_is_not_significa
     assert rec.kind == "defaults" and rec.knobs == {}
     assert "not significant" in rec.why
     assert "does not count" in rec.best_line()
+
+
+def test_a_paired_capacity_is_not_a_launch_to_launch_spread():
+    """The knee search's capacity and the paired check's of one configuration are two measures, not two
+    launches of one: no spread is read from them (it would raise the older rule's floor)."""
+    from tuner.recommend import launch_spreads
+
+    knee = TrialRecord(number=0, role="baseline", knobs={}, launched=True, capacity_rps=7.2)
+    paired = TrialRecord(number=2, role="paired", knobs={}, launched=True, capacity_rps=6.5)
+    again = TrialRecord(number=3, role="confirm", knobs={}, launched=True, capacity_rps=7.0)
+    assert launch_spreads([knee, paired]) == []
+    assert [s.capacities for s in launch_spreads([knee, paired, again])] == [[7.2, 7.0]]

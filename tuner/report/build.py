@@ -236,11 +236,17 @@ def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: 
         out.append(tuned_sentence(changing(tuned.knobs), tuned.quality, quality_floor))
     configured = info.settings.noise_floor
     floor = effective_floor(configured, spreads)
-    out.append(f"Noise floor: capacities are bracketed to within {info.settings.knee.precision:.0%} and "
-               f"differences below "
-               f"{floor:.0%} are not meaningful; each capacity is the highest offered rate that "
-               f"kept attainment at the SLO target under open-loop {info.settings.load.arrival} arrivals of this "
-               "workload.")
+    if rec is not None and rec.paired:
+        out.append(f"Paired: the capacities compared are each configuration's geometric mean over the common "
+                   f"request windows, with 95% intervals ({rec.test}); a change must clear the {configured:.0%} "
+                   f"floor with the lower end of its gain's interval, under open-loop {info.settings.load.arrival} "
+                   "arrivals of this workload.")
+    else:
+        out.append(f"Noise floor: capacities are bracketed to within {info.settings.knee.precision:.0%} and "
+                   f"differences below "
+                   f"{floor:.0%} are not meaningful; each capacity is the highest offered rate that "
+                   f"kept attainment at the SLO target under open-loop {info.settings.load.arrival} arrivals of "
+                   "this workload.")
     for sp in spreads:
         caps = " and ".join(f"{c:.3g}" for c in sp.capacities)
         out.append(f"Launch-to-launch spread: {sp.label} launched {len(sp.capacities)} times measured {caps} "
@@ -249,7 +255,11 @@ def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: 
                       if sp.spread > configured else f", within the {configured:.0%} floor")
                    + "; the lower capacity stands.")
     for c in (base, tuned) if tuned.trial != base.trial else (base,):
-        if c.capacity_rps:
+        if c.capacity_rps and rec is not None and rec.paired:
+            out.append(f"{c.label.capitalize()}'s capacity {c.capacity_rps:.3g} req/s: 95% interval "
+                       f"[{c.capacity_low_rps or 0:.3g}, {c.capacity_high_rps or 0:.3g}] over the common windows "
+                       "(the spread of the request samples, not of one search's bracket).")
+        elif c.capacity_rps:
             lo, hi = c.capacity_low_rps, c.capacity_high_rps
             out.append(f"{c.label.capitalize()}'s capacity {c.capacity_rps:.3g} req/s: "
                        + (f"it passed with its interval clear of the target at {lo:.3g} req/s"
@@ -297,6 +307,10 @@ def _recommendation_caveats(rec: Recommendation | None, gain_pct: float | None, 
         return []
     if rec.best_trial == rec.trial:
         return []
+    if rec.paired:  # the paired check's words (`tuner.recommend.recommend_earned`): the why holds the figures
+        what = "keep vLLM's defaults" if rec.kind == "defaults" else "recommend the smaller configuration"
+        return [f"The search's best (trial {rec.best_trial}) against vLLM's defaults on the common windows: "
+                f"{rec.why}; so the recommendation, `tuned-config.yaml` and `gate.yaml` {what}."]
     if rec.kind == "defaults":
         return [f"The best measured configuration (trial {rec.best_trial}) gained {rec.best_gain_pct:+.1f}% over "
                 f"vLLM's defaults, within the {rec.floor:.0%} noise floor: not significant, so the "

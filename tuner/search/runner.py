@@ -123,7 +123,7 @@ class TrialRunner:
         decisions from storage: grid, tpe, random). Returns the launches counted."""
         for recs in self.finished_all().values():
             for r in recs:
-                if counts_as_launch(r):
+                if counts_as_launch(r) and r.role != "paired":  # the paired check is beyond --max-trials
                     self.counted.add(r.number)
         return self.launches
 
