@@ -47,7 +47,7 @@ from tuner.search.worker import work
 from tuner.settings import OutputSettings, RunSettings, WorkerOptions, from_options, host_engine
 from tuner.sim.config import resolve
 from tuner.slo import SLO, load_slo
-from tuner.storage.optuna_study import STUDY_NAME, close_orphans, open_study  # noqa: F401  (re-exported)
+from tuner.storage.optuna_study import STUDY_NAME, close_orphans, open_study, waiting  # noqa: F401  (re-exported)
 from tuner.storage.records import StudyInfo
 from tuner.storage.status import study_status
 from tuner.tokens import token_counter_for
@@ -293,7 +293,7 @@ def run_tune(settings: RunSettings, reporter: Reporter | None = None) -> tuple[O
             windows = default_windows(engine.virtual_time) if windows is None else windows
             attribute_study(runner, budget, outcome, outcome.twin, noise_floor=settings.noise_floor,
                             verify=settings.search.attribute, say=say, simplify_launch=not windows)
-            if windows:
+            if windows and not waiting(study):  # trials left queued for workers: the study is not done
                 earn(runner, budget, outcome, plan_for(settings.seed, windows), floor=settings.noise_floor,
                      say=say or (lambda m: None))
     outcome.status, outcome.status_text = study_status(
