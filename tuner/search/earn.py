@@ -30,20 +30,11 @@ from tuner.capacity.paired import TEST, paired_ratio
 from tuner.capacity.windows import WindowPlan
 from tuner.knobs import Knobs
 from tuner.recommend import changed_knobs, gain_counts, gain_settled, knob_earns, removal_order, share_settled
+from tuner.search.attribute import without  # `knobs` with one knob as in the defaults' launch
 from tuner.search.runner import TrialRunner
 from tuner.search.strategy import Budget, Outcome
 from tuner.storage.earned import ATTR, EarnedLog, RemovalStep
 from tuner.storage.records import WindowCapacity
-
-
-def without(knobs: dict, base: dict, knob: str) -> dict:
-    """`knobs` with `knob` as vLLM's defaults (as the host allowed them, `base`) have it."""
-    out = dict(knobs)
-    if base.get(knob) is not None:
-        out[knob] = base[knob]
-    else:
-        out.pop(knob, None)
-    return out
 
 
 @dataclass
