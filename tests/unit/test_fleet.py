@@ -206,3 +206,17 @@ def test_export_carries_n_args_policy_and_threshold(tmp_path):
     spec = yaml.safe_load((tmp_path / "ca" / "values.yaml").read_text())["servingEngineSpec"]["modelSpec"][0]
     assert "--enable-scale-out" in spec["vllmConfig"]["extraArgs"]
     assert "--enable-scale-out" in (tmp_path / "ca" / "router.txt").read_text()
+
+
+def test_the_verified_n_is_compared_with_the_plan_at_the_peak_not_with_its_headroom():
+    from tuner.fleet.render import lines
+    from tuner.fleet.verify import FleetVerification, PolicyResult
+
+    v = FleetVerification(run_dir="r", peak=50, target=0.99, plan_n=11, plan_spare=1, plan_at_peak=8,
+                          plan_headroom=0.7, cold_start_s=0, cold_start_source="given",
+                          policies=[PolicyResult(policy="round_robin", verified_n=7),
+                                    PolicyResult(policy="random", verified_n=10)])
+    text = "\n".join(lines(v))
+    assert "round_robin: plan N at the peak = 8 (arithmetic, no headroom; the plan's 11 adds its 0.7 headroom), " \
+           "verified N = 7: agrees with the plan within one replica" in text
+    assert "random: plan N at the peak = 8" in text and "verified N = 10: 2 more than the plan's arithmetic" in text

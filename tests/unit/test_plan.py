@@ -28,6 +28,10 @@ def test_reference_worked_example_is_ten_instances():
     assert p.instances_with_spare == 11 and p.gpus_with_spare == 11
     assert p.binding_gate == "speed"
     assert "ceil(9.14) = 10" in format_plan(p)
+    # the peak itself, with no headroom: ceil(50 / 7.8125) = ceil(6.4) = 7, the N a fleet simulation checks
+    assert p.instances_at_peak == 7
+    assert "at the peak with no headroom: ceil(50 / 7.812) = 7" in format_plan(p)
+    assert "adds 3 for growth and bursts" in format_plan(p)
 
 
 def test_an_exact_quotient_is_not_rounded_up_by_float_error():

@@ -20,6 +20,23 @@ RC = {"svg.hashsalt": "slo-tuner", "svg.fonttype": "path", "font.size": 9, "axes
       "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False}
 
 
+def _plan_n(v: FleetVerification) -> str:
+    if v.plan_at_peak is None or v.plan_at_peak == v.plan_n:
+        return f"plan N = {v.plan_n} (arithmetic)"
+    return (f"plan N at the peak = {v.plan_at_peak} (arithmetic, no headroom; the plan's {v.plan_n} adds its "
+            f"{v.plan_headroom:g} headroom)")
+
+
+def _agreement(v: FleetVerification, verified: int | None) -> str:
+    """Whether the fleet simulation agrees with the plan's arithmetic at the peak (within one replica)."""
+    plan = v.plan_at_peak or v.plan_n
+    if verified is None:
+        return ""
+    d = verified - plan
+    return (": agrees with the plan within one replica" if abs(d) <= 1 else
+            f": {abs(d)} {'more' if d > 0 else 'fewer'} than the plan's arithmetic")
+
+
 def lines(v: FleetVerification) -> list[str]:
     """The verification's findings, one per line, the numbers as measured in virtual time."""
     out = [f"fleet verification of {v.run_dir}: {v.model} on {v.gpu}, tuned knobs {v.knobs or 'vLLM defaults'}, "
@@ -28,7 +45,7 @@ def lines(v: FleetVerification) -> list[str]:
     for p in v.policies:
         tried = ", ".join(f"N={c.replicas}: {c.attainment:.4f}" for c in p.checks)
         got = f"verified N = {p.verified_n}" if p.verified_n else "not met within 4x the plan"
-        out.append(f"{p.policy}: plan N = {v.plan_n} (arithmetic), {got}  [{tried}]")
+        out.append(f"{p.policy}: {_plan_n(v)}, {got}{_agreement(v, p.verified_n)}  [{tried}]")
         if p.n_minus_1 is not None:
             c = p.n_minus_1
             out.append(f"  one replica down at the peak (N-1 = {c.replicas}): attainment {c.attainment:.4f}, "

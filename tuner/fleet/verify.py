@@ -74,8 +74,12 @@ class FleetVerification(BaseModel):
     run_dir: str
     peak: float
     target: float
-    plan_n: int
+    plan_n: int                          # the plan's instances, headroom included
     plan_spare: int
+    #: the plan's instances at the peak with no headroom (ceil(peak / rate)): what the verified N is
+    #: compared with (the SLO at the peak is what the fleet simulation checks; headroom is a margin on top)
+    plan_at_peak: int | None = None
+    plan_headroom: float | None = None
     policies: list[PolicyResult]
     scenarios: list[Scenario] = Field(default_factory=list)
     spare_check: FleetCheck | None = None
@@ -242,9 +246,11 @@ def verify(run_dir: str, *, policy_names: list[str], workload: str | None = None
     cold, cold_src = cold_start_of(rec, run_dir, cold_start_s)
     if plan.instances is None:
         raise UserError(plan.reason or "the plan is infeasible on this hardware", file=run_dir)
-    results = [verify_n(setup, p, start_n or plan.instances) for p in policy_names]
+    at_peak = plan.instances_at_peak or plan.instances
+    results = [verify_n(setup, p, start_n or at_peak) for p in policy_names]
     ver = FleetVerification(run_dir=run_dir, peak=setup.peak, target=float(setup.slo.target),
-                            plan_n=plan.instances, plan_spare=plan.spare_instances, policies=results,
+                            plan_n=plan.instances, plan_spare=plan.spare_instances, plan_at_peak=at_peak,
+                            plan_headroom=plan.headroom, policies=results,
                             cold_start_s=cold, cold_start_source=cold_src, knobs=rec.config.set_only(),  # type: ignore[attr-defined]
                             gpu=plan.gpu, model=get_model(plan.model).name if plan.model else None, tp=plan.tp, notes=list(setup.notes),
                             price_per_gpu_hour=price if price is not None else plan.price_per_gpu_hour)
