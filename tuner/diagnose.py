@@ -112,6 +112,17 @@ def diagnose(fail: LoadRunSummary | None, fail_metrics: MetricsDigest | None,
     return Diagnosis(kind=kind, summary=why, evidence=ev, knobs=knobs, directions=dict(directions))
 
 
+def why_none_with(why_none: str | None, diag: Diagnosis | None) -> str | None:
+    """A "no rate met the SLO" line (`tuner.capacity.explain`, read from the requests that broke the
+    bound) with what the engine's metrics say binds, where that is the adapter slots: the requests'
+    own figures (long prompts, prefills ahead of them) are then waits for an adapter slot, and the
+    request-level remedies (a faster GPU) would not change it; raising max_loras would."""
+    if why_none is None or diag is None or diag.kind != "adapter_slots":
+        return why_none
+    seen = why_none.split("; would change it: ")[0]
+    return f"{seen}; by vLLM's metrics, {diag.summary}"
+
+
 def _adapter_slots(point: LoadRunSummary, m: MetricsDigest, batch_full: bool, kv_bound: bool,
                    ev: dict) -> str | None:
     """Adapter thrash: requests wait whose adapters do not run (vLLM's `waiting_lora_adapters` less the

@@ -48,6 +48,23 @@ def test_adapter_thrash_is_diagnosed_and_more_slots_answer_it(tmp_path: Path) ->
     assert "LoRA adapters: the hot and the cold tenants" in (out / "report.md").read_text()
 
 
+def test_the_default_strategy_follows_the_diagnosis_when_the_defaults_meet_the_slo_at_no_rate(tmp_path: Path) -> None:
+    """Issue 57: vLLM's defaults (one adapter slot) meet the SLO at no rate, which leaves the twin no knee to
+    fit; the default strategy hands the study to the diagnosis, whose first knob is the adapter slots, and
+    the baseline's "no" names them (not only the requests' long prompts)."""
+    out = tmp_path / "run"
+    p = tune("--workload", str(W), "--slo", str(SLO), "--lora-dir", str(CAT), "--search-space", "multitenant-lora",
+             "--gpu", "rtx4090", "--model", "qwen2.5-7b", "--max-trials", "3", "--out", str(out), cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "(the diagnosis led: the baseline met the SLO at no rate)" in p.stdout, p.stdout[-3000:]
+    rep = json.loads((out / "report.json").read_text())
+    base = rep["baseline"]
+    assert base["capacity_rps"] is None and "wait for adapter slots" in base["no_capacity_reason"]
+    assert "Raise max_loras" in base["no_capacity_reason"]
+    r = rep["recommendation"]
+    assert r["kind"] == "tuned" and r["knobs"].get("max_loras", 1) > 1 and r["capacity_rps"] > 0
+
+
 def test_one_adapter_gets_no_lora_knob(tmp_path: Path) -> None:
     w = tmp_path / "one.jsonl"
     w.write_text("".join(json.dumps({"prompt_tokens": 200, "output_tokens": 20, "model": "lora-000"}) + "\n"

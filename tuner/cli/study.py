@@ -285,6 +285,8 @@ class RichReporter:
             elif rec.no_capacity_reason:
                 cap += f": {rec.no_capacity_reason}"
             diag = f"; binds: {rec.diagnosis.kind} ({rec.diagnosis.summary})" if rec.diagnosis else ""
+            if rec.diagnosis and rec.no_capacity_reason and rec.diagnosis.summary in rec.no_capacity_reason:
+                diag = f"; binds: {rec.diagnosis.kind}"  # the reason says it already
             beat = " [green]beats the incumbent[/]" if rec.accepted and rec.role == "candidate" else ""
             self.console.print(f"   capacity {cap}{beat}{diag}")
         if rec.quality is not None and rec.quality.status != "reference":

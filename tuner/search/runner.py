@@ -16,7 +16,7 @@ from typing import Any, Callable, Protocol
 import optuna
 
 from tuner import signals
-from tuner.diagnose import diagnose
+from tuner.diagnose import diagnose, why_none_with
 from tuner.engine.base import Engine
 from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs, fixing
@@ -290,6 +290,7 @@ class TrialRunner:
         if not result.raced_out:
             passing = next((p for p in rec.load_runs if p.rate == result.capacity), None)
             rec.diagnosis = diagnose(result.fail_summary, rec.knee_metrics, passing)
+            rec.no_capacity_reason = why_none_with(rec.no_capacity_reason, rec.diagnosis)
             if result.pass_records:
                 rec.latency_at_capacity = latency_quantiles(result.pass_records)
         state = TrialState.FAIL if result.requests_failed or result.client_bound else \

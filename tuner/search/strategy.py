@@ -40,6 +40,7 @@ class Outcome:
     status: str = "tuned"           # or "no_launch" / "no_pass" (tuner.storage.status), set by run_tune
     status_text: str | None = None  # why there is no result, in one line
     twin: Any = None                # `--strategy twin`: the fitted twin (it predicts the knobs' shares)
+    handed_over: bool = False       # `--strategy twin` handed the study to the diagnosis-led search
 
 
 def _order(value: Any, values: list[Any], direction: str) -> list[Any]:

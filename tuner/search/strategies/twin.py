@@ -25,6 +25,7 @@ from typing import Callable
 from tuner.knobs import Knobs
 from tuner.search.runner import TrialRunner
 from tuner.search.strategies import StrategyRun, register_strategy
+from tuner.search.strategies.guided import guided
 from tuner.search.strategy import (Budget, Outcome, accept_floor, clearly_better_at_same_load,
                                    fitted_baseline, normalize)
 from tuner.sim.lora import LoraSetup
@@ -40,8 +41,13 @@ def run(run: StrategyRun) -> Outcome:
     s = run.settings
     twin = Twin.build(s.engine.gpu, s.engine.model, run.workload, run.slo, run.load, seed=s.seed,
                       lora=LoraSetup.from_dir(s.engine.lora_dir, s.engine.model))
-    outcome = twin_search(run.runner, run.budget, twin, noise_floor=s.noise_floor, on_fit=run.say)
-    outcome.twin = twin
+    def diagnosis_leads() -> Outcome:
+        return guided(run.runner, run.budget, noise_floor=s.noise_floor, plateau=s.search.plateau,
+                      confirm=s.search.confirm)
+
+    outcome = twin_search(run.runner, run.budget, twin, noise_floor=s.noise_floor, on_fit=run.say,
+                          no_knee=diagnosis_leads)
+    outcome.twin = None if outcome.handed_over else twin  # the shares: predicted only where it ranked
     return outcome
 
 
@@ -59,7 +65,12 @@ def _save(runner: TrialRunner, log: TwinLog) -> None:
 
 
 def twin_search(runner: TrialRunner, budget: Budget, twin: Twin, *, noise_floor: float,
-                on_fit: Callable[[str], None] | None = None) -> Outcome:
+                on_fit: Callable[[str], None] | None = None,
+                no_knee: Callable[[], Outcome] | None = None) -> Outcome:
+    """The twin's search (the module's docstring). A baseline that meets the SLO at no rate leaves the
+    twin no knee to fit its SLO and capacity scales to, and a fit to it ranks the space on nothing: where
+    the baseline's diagnosis names knobs that answer its binding constraint (adapter slots, the KV pool),
+    `no_knee` (the diagnosis-led search) takes the study from there instead."""
     say = on_fit or (lambda msg: None)
     log = TwinLog(gpu=twin.gpu.key or twin.gpu.name, model=twin.model.name)
     stored = TwinLog.read(runner.study.user_attrs)
@@ -70,6 +81,14 @@ def twin_search(runner: TrialRunner, budget: Budget, twin: Twin, *, noise_floor:
         return Outcome(base, None, f"the load client could not measure the baseline: {base.launch_failure_message}")
     if base.launch_failure_kind == "requests_failed" and not (base.diagnosis and base.diagnosis.knobs):
         return Outcome(base, None, f"the baseline failed its requests: {base.launch_failure_message}")
+    if no_knee is not None and base.launched and not base.capacity_rps and base.diagnosis \
+            and base.diagnosis.knobs and budget.left(runner):
+        say(f"the baseline meets the SLO at no rate (binds: {base.diagnosis.kind}): no knee to fit the twin "
+            f"to; the diagnosis leads ({', '.join(base.diagnosis.knobs)})")
+        out = no_knee()
+        out.handed_over = True
+        out.stop_reason = f"{out.stop_reason} (the diagnosis led: the baseline met the SLO at no rate)"
+        return out
     fitres = twin.refit(_launched(runner))
     if fitres is None:
         return Outcome(base, None, "the baseline measured no load run: nothing to fit the twin to")
