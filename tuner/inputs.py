@@ -10,6 +10,7 @@ before anything is written, so a bad `--out` ends in one line instead of a trace
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from pathlib import Path
 from typing import Any, Iterable
@@ -75,6 +76,32 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise DuplicateKey(k)
         out[k] = v
     return out
+
+
+class JSONLimit(ValueError):
+    """A JSON text past a bound the parser enforces (an integer's digits, the nesting depth): one line for
+    the user, never Python's own traceback (`ValueError: Exceeds the limit (4300 digits)`,
+    `RecursionError`)."""
+
+
+def json_limits(call):
+    """Run `call()` (a JSON decode), its parser limits turned into `JSONLimit` (see `loads_json`)."""
+    try:
+        return call()
+    except RecursionError:
+        raise JSONLimit("nested too deep (thousands of levels): not an input record") from None
+    except ValueError as e:
+        if isinstance(e, (json.JSONDecodeError, DuplicateKey)) or "digits" not in str(e):
+            raise
+        raise JSONLimit("a number with more than 4,300 digits: not an input value") from None
+
+
+def loads_json(text: str) -> Any:
+    """`json.loads` for every JSON input (workload lines, adapter configs, model config.json, quality task
+    files): duplicate keys refused (`DuplicateKey`), and the parser's own limits turned into `JSONLimit`:
+    CPython refuses integers of more than 4,300 digits with a bare ValueError and raises RecursionError on
+    nesting near its stack limit. A caller reports either with its file and line."""
+    return json_limits(lambda: json.loads(text, object_pairs_hook=unique_keys))
 
 
 def parse_yaml(text: str, path: str | Path) -> tuple[Any, Any]:

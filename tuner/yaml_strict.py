@@ -76,7 +76,12 @@ def load(text: str, path: str | Path) -> tuple[Any, Any]:
     """(data, composed node tree) of one YAML document, every limit above checked first."""
     if len(text) > MAX_YAML_CHARS:
         raise UserError(f"larger than {MAX_YAML_CHARS // (1024 * 1024)} MiB: not an input file", file=path)
-    loader = _Loader(text)
+    try:
+        loader = _Loader(text)  # the reader refuses control characters here, before any parsing
+    except yaml.reader.ReaderError as e:
+        line = text.count("\n", 0, max(0, e.position)) + 1
+        raise UserError(f"invalid YAML: a control character (#x{e.character if isinstance(e.character, int) else ord(e.character):04x}) "
+                        "is not allowed in YAML text", file=path, line=line) from None
     try:
         root = loader.get_single_node()
         _check_expansion(root, path)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT
 from tests.e2e.conftest import GPU, MODEL, SLO, SPACE2, WORKLOAD, tune
 
 pytestmark = pytest.mark.e2e
@@ -59,6 +60,13 @@ FILES: dict[str, bytes] = {
                                                                      "load_in_4bit": True}}, indent=1).encode(),
     "badjson/config.json": b'{"num_hidden_layers": 2,\n "hidden_size": 128,,\n}\n',
     "g.yaml": b"engine: sim\n",
+    # -- the parsers' own limits (issue 60): a number of 5,001 digits, nesting 100,000 deep, a control byte
+    "digits.jsonl": b'{"prompt_tokens": 9, "output_tokens": ' + b"9" * 5001 + b"}\n",
+    "deep.jsonl": b"[" * 100_000 + b"]" * 100_000 + b"\n",
+    "deep_list.json": b"[" + b"[" * 100_000 + b"]" * 100_000 + b"]\n",
+    "digits/config.json": json.dumps(CONFIG).replace('"hidden_size": 128', '"hidden_size": ' + "1" * 5001).encode(),
+    "slo_ctrl.yaml": b"name: x\nttft: {max_ms: 300}\x01\n",
+    "space_ctrl.yaml": b"knobs:\n  max_num_seqs: {values: [8, 64]}\x07\n",
     # -- YAML structure (one strict reader for every YAML file: tuner.yaml_strict)
     "slo_dup.yaml": b"ttft: {max_ms: 300}\ntpot: {max_ms: 50}\nttft: {max_ms: 900}\n",
     "space_dup.yaml": b"knobs:\n  max_num_seqs: {values: [8, 64]}\n  max_num_seqs: {values: [16]}\n",
@@ -115,6 +123,7 @@ FILES: dict[str, bytes] = {
     "space_host_gpus.yaml": b"host_gpus: 100000000\nknobs:\n  tensor_parallel_size: {values: [1, 2]}\n",
 }
 
+EXAMPLE_RUN = ROOT / "reports" / "chat-rtx4090-qwen2.5-7b"  # the shipped example study (read, never written)
 TUNE = ["--workload", str(WORKLOAD), "--slo", str(SLO), "--engine", "sim", "--gpu", GPU, "--model", MODEL,
         "--search-space", str(SPACE2), "--max-trials", "1", "--out", "run"]
 
@@ -196,6 +205,12 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("model-bitsandbytes", tune_with(model="bnb"), ["bnb/config.json", "quantization_config.quant_method",
                                                     "bitsandbytes", "not supported"]),
     ("model-bad-json", tune_with(model="badjson"), ["badjson/config.json:2:", "not valid JSON"]),
+    ("model-config-huge-integer", tune_with(model="digits"), ["digits/config.json", "more than 4,300 digits"]),
+    ("workload-huge-integer", tune_with(workload="digits.jsonl"), ["digits.jsonl:1:", "more than 4,300 digits"]),
+    ("workload-nested-deep", tune_with(workload="deep.jsonl"), ["deep.jsonl:1:", "nested too deep"]),
+    ("workload-list-nested-deep", tune_with(workload="deep_list.json"), ["deep_list.json:1:", "nested too deep"]),
+    ("slo-control-byte", tune_with(slo="slo_ctrl.yaml"), ["slo_ctrl.yaml:2:", "control character (#x0001)"]),
+    ("space-control-byte", tune_with(search_space="space_ctrl.yaml"), ["space_ctrl.yaml:2:", "#x0007"]),
     # -- tune plan / report / gate / workload
     ("plan-tokens-per-s-negative", ["plan", "--tokens-per-s", "-5", "--mean-output-tokens", "10",
                                     "--peak-rate", "10"], ["--tokens-per-s: must be a number > 0"]),
@@ -310,8 +325,8 @@ CASES: list[tuple[str, list[str], list[str]]] = [
      ["/proc/w.jsonl", "--out", "cannot create"]),
     ("plan-rate-tiny-peak-huge", ["plan", "--rate-per-instance", "1e-300", "--peak-rate", "1e300"],
      ["--rate-per-instance: must be between"]),
-    ("report-out-in-proc", ["report", "corrupt", "--out", "/proc/x"], ["--out", "cannot create"]),
-    ("report-corrupt-db", ["report", "corrupt"], ["corrupt", "study storage"]),
+    ("report-out-in-proc", ["report", str(EXAMPLE_RUN), "--out", "/proc/x"], ["--out", "cannot create"]),
+    ("report-corrupt-db", ["report", "corrupt"], ["corrupt/study.db", "not an SQLite database"]),
     ("workload-duplicate-key", tune_with(workload="w_dup.jsonl"), ["w_dup.jsonl:2:", "output_tokens", "twice"]),
     ("model-duplicate-key", tune_with(model="m_dup"), ["m_dup/config.json:", "vocab_size", "twice"]),
     ("space-knob-value-huge", tune_with(search_space="space_knob_huge.yaml"),
@@ -511,3 +526,34 @@ def test_an_interrupt_before_the_study_exists_does_not_claim_it_was_saved(
     err = capsys.readouterr().err
     assert "nothing was saved" in err and "--resume" not in err and "is saved" not in err
     assert not (tmp_path / "cut").exists()
+
+
+@pytest.mark.parametrize("db", ["empty", "other-tool", "not-sqlite"])
+def test_a_read_only_command_never_writes_into_a_study_it_refuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture, db: str) -> None:
+    """Issue 60: Optuna creates its tables in any SQLite file it opens, so `tune report` and `tune plan` on a
+    run whose study.db is empty or another tool's wrote 114,688 bytes into it before refusing it."""
+    import hashlib
+    import sqlite3
+
+    run = tmp_path / "run"
+    run.mkdir()
+    f = run / "study.db"
+    if db == "empty":
+        f.write_bytes(b"")
+    elif db == "other-tool":
+        con = sqlite3.connect(f)
+        con.execute("CREATE TABLE notes (x TEXT)")
+        con.commit()
+        con.close()
+    else:
+        f.write_bytes(b"just some text, not a database\n" * 10)
+    digest = hashlib.sha256(f.read_bytes()).hexdigest()
+    monkeypatch.chdir(tmp_path)
+    for argv in (["report", "run", "--out", "rep"], ["plan", "run"], ["plan", "run", "--verify"]):
+        before = _tree(tmp_path)
+        assert _run_main(monkeypatch, argv) == 2, argv
+        err = capsys.readouterr().err
+        check_line(2, "", err, ["study.db", "not a"])
+        assert _tree(tmp_path) == before, argv
+        assert hashlib.sha256(f.read_bytes()).hexdigest() == digest, f"{argv} wrote into {f}"

@@ -131,3 +131,23 @@ def test_a_space_fits_the_workloads_adapters(tmp_path: Path) -> None:
     # vLLM's default rank (16) cannot hold a rank-64 adapter: the space must turn max_lora_rank
     with pytest.raises(UserError, match="vLLM's default max_lora_rank 16 is below the largest adapter's rank"):
         fit_to_workload(SearchSpace(knobs={"max_loras": {"values": [1, 4]}}), {"adapters": 3, "max_adapter_rank": 64}, p)
+
+
+@pytest.mark.parametrize("config,says", [
+    (b'{"r": ' + b"1" * 5001 + b"}", "more than 4,300 digits"),
+    (b'{"r": 8, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deep"),
+])
+def test_an_adapter_config_past_the_json_parser_limits_is_one_line(tmp_path: Path, config: bytes, says: str) -> None:
+    d = make_adapter(tmp_path, "alice")
+    (d / "adapter_config.json").write_bytes(config)
+    with pytest.raises(UserError) as e:
+        read_lora_dir(tmp_path)
+    assert says in str(e.value) and "adapter_config.json" in str(e.value)
+
+
+def test_a_catalog_with_a_control_byte_names_its_line(tmp_path: Path) -> None:
+    p = tmp_path / "cat.yaml"
+    p.write_bytes(b"rank: 16\nadapters: [a, b]\x1b\n")
+    with pytest.raises(UserError) as e:
+        read_lora_dir(p)
+    assert "cat.yaml:2" in str(e.value) and "control character (#x001b)" in str(e.value)

@@ -65,6 +65,9 @@ def test_mcnemar_one_sided() -> None:
     ('{"prompt": "2+2=", "regex": "("}', "regex does not compile"),
     ('{"prompt": "2+2=", "expected": "4", "answer": 4}', "answer: unknown field"),
     ('[1, 2]', "expected a JSON object"),
+    ('{"prompt": "2+2=", "expected": "4", "n": ' + "7" * 5001 + "}", "more than 4,300 digits"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deep"),
+    ('{"prompt": "a", "prompt": "b", "expected": "4"}', "prompt: given twice"),
 ])
 def test_a_malformed_task_line_names_file_and_line(tmp_path: Path, line: str, expected: str) -> None:
     p = tmp_path / "tasks.jsonl"
@@ -131,3 +134,9 @@ def test_the_report_says_what_was_measured_per_case() -> None:
     assert "NOT measured (this study ran no quality check)" in tuned_sentence(fp8, None, None)
     assert "sets no output-changing knob" in tuned_sentence({}, None, None)
     assert cell(sim).endswith("(SIMULATED)") and cell(floor).startswith("floor:")
+
+
+def test_a_task_file_that_is_a_directory_says_so(tmp_path: Path) -> None:
+    with pytest.raises(UserError) as e:
+        load_tasks(tmp_path)
+    assert "is a directory, not a task file" in str(e.value)

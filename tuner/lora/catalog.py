@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from tuner.errors import UserError
-from tuner.inputs import DuplicateKey, parse_yaml, read_text, unique_keys, yaml_line
+from tuner.inputs import DuplicateKey, JSONLimit, loads_json, parse_yaml, read_text, yaml_line
 from tuner.knobs import KNOB_SPECS, VLLM_MAX_LORA_RANKS
 
 #: A names-only catalog's rank when it states none: vLLM's default `--max-lora-rank`.
@@ -106,7 +106,9 @@ def read_adapter_folder(folder: Path) -> Adapter:
                         f"{CONFIG_FILE} + {WEIGHT_FILES[0]})", file=folder, field="--lora-dir")
     text = read_text(cfg_path, "adapter config")
     try:
-        cfg = json.loads(text, object_pairs_hook=unique_keys)
+        cfg = loads_json(text)
+    except JSONLimit as e:
+        raise UserError(str(e), file=cfg_path) from None
     except json.JSONDecodeError as e:
         raise UserError(f"invalid JSON: {e.msg}", file=cfg_path, line=e.lineno) from None
     except DuplicateKey as e:

@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuner.errors import UserError
-from tuner.inputs import DuplicateKey, read_text, unique_keys
+from tuner.inputs import DuplicateKey, JSONLimit, loads_json, read_text
 from tuner.validation import first_error
 
 # Bytes per weight of a quantized linear layer, and the extra GEMM work the dequantisation adds once the
@@ -219,7 +219,9 @@ def load_hf_config(path: str | Path) -> ModelProfile:
         p = p / "config.json"
     text = read_text(p, "config.json", field="--model")
     try:
-        cfg = json.loads(text, object_pairs_hook=unique_keys)
+        cfg = loads_json(text)
+    except JSONLimit as e:
+        raise UserError(str(e), file=str(p)) from None
     except json.JSONDecodeError as e:
         raise UserError(f"not valid JSON: {e.msg}", file=str(p), line=e.lineno) from None
     except DuplicateKey as e:

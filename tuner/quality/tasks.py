@@ -23,6 +23,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tuner.errors import UserError
+from tuner.inputs import DuplicateKey, JSONLimit, loads_json, read_text
 from tuner.validation import first_error
 
 DEFAULT_MAX_TOKENS = 64
@@ -55,18 +56,17 @@ class Task(BaseModel):
 
 def load_tasks(path: Path) -> list[Task]:
     """Every task of the file; a malformed line is a `UserError` with file, line and field."""
-    if not path.is_file():
-        raise UserError("no such task file", file=str(path), field="quality.tasks")
+    lines = read_text(path, "task file", field="quality.tasks").splitlines()
     out: list[Task] = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError:
-        raise UserError("not UTF-8 text", file=str(path)) from None
     for no, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            raw = json.loads(line)
+            raw = loads_json(line)
+        except JSONLimit as e:
+            raise UserError(str(e), file=str(path), line=no) from None
+        except DuplicateKey as e:
+            raise UserError("given twice", file=str(path), line=no, field=e.key) from None
         except json.JSONDecodeError as e:
             raise UserError(f"not JSON: {e.msg}", file=str(path), line=no) from None
         if not isinstance(raw, dict):

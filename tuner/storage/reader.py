@@ -65,7 +65,31 @@ def storage_url(run_dir: str | Path) -> str:
     db = d / "study.db"
     if not db.exists():
         raise UserError("no study.db or storage.txt: not a run directory of `tune`", file=d)
+    check_optuna_sqlite(db)
     return f"sqlite:///{db.resolve()}"
+
+
+def check_optuna_sqlite(db: Path) -> None:
+    """`db` is an Optuna storage, checked through a read-only connection before Optuna opens it: Optuna's
+    storage creates its tables in any SQLite file it is given, so a command that only reads a study (the
+    report, the plan, the gate) would otherwise write Optuna's schema into an empty file or another
+    tool's database before saying it is not a study."""
+    import sqlite3
+
+    if not db.is_file():
+        raise UserError("study.db is not a file: not a run directory of `tune`", file=db)
+    try:
+        con = sqlite3.connect(f"file:{db.resolve()}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            con.close()
+    except sqlite3.Error as e:
+        raise UserError(f"not an SQLite database ({e}): not a study of `tune`", file=db) from None
+    missing = {"studies", "trials", "study_user_attributes"} - tables
+    if missing:
+        raise UserError("not an Optuna study database (no " + ", ".join(sorted(missing)) + " table): not a "
+                        "study of `tune`", file=db)
 
 
 def study_name(run_dir: str | Path) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from tuner.errors import UserError
-from tuner.inputs import DuplicateKey, check_out_file, decode_utf8, unique_keys
+from tuner.inputs import DuplicateKey, JSONLimit, check_out_file, decode_utf8, json_limits, loads_json, unique_keys
 from tuner.workload.formats import (ALIASES, AZURE_COLUMNS, FORMATS, TUNER_ONLY_KEYS, RecordError,
                                     guess_from_record)
 from tuner.workload.model import Workload
@@ -73,7 +73,9 @@ def _jsonl_records(text: str) -> Iterator[tuple[int, Any]]:
         if not line.strip():
             continue
         try:
-            yield n, json.loads(line, object_pairs_hook=unique_keys)
+            yield n, loads_json(line)
+        except JSONLimit as e:
+            yield n, RecordError(None, str(e))
         except json.JSONDecodeError as e:
             yield n, _bad_json(e)
         except DuplicateKey as e:
@@ -106,7 +108,9 @@ def _json_list_records(text: str, path: Path) -> Iterator[tuple[int, Any]]:
         line += text.count("\n", counted, i)
         counted = i
         try:
-            obj, end = dec.raw_decode(text, i)
+            obj, end = json_limits(lambda: dec.raw_decode(text, i))
+        except JSONLimit as e:
+            raise fail(i, str(e)) from None
         except json.JSONDecodeError as e:
             raise fail(e.pos, f"invalid JSON: {e.msg}") from None
         except DuplicateKey as e:
