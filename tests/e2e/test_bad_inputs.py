@@ -109,6 +109,10 @@ FILES: dict[str, bytes] = {
     "gate_dup.yaml": (GATE + "capacity_rps: 6\n").encode(),
     "gate_tol.yaml": (GATE + "tolerance: 1.5\n").encode(),
     "gate_ok.yaml": (GATE + "load: {requests: 50}\n").encode(),
+    "gate_kl.yaml": (GATE + "quality:\n  reference: {path: r.json, sha256: x}\n  bound: {max_kl: -1}\n").encode(),
+    "gate_bound_key.yaml": (GATE + "quality:\n  reference: {path: r.json, sha256: x}\n  bound: {max_k: 1}\n"
+                            ).encode(),
+    "gate_schema.yaml": (GATE + "schema_version: 99\n").encode(),
     "gatedir/README": b"a folder, not a gate\n",
     # -- stored studies
     "corrupt/study.db": bytes(range(256)) * 16,
@@ -297,6 +301,9 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("gate-duplicate-key", ["gate", "gate_dup.yaml"], ["gate_dup.yaml:8:", "duplicate key 'capacity_rps'"]),
     ("gate-tolerance-above-1", ["gate", "gate_tol.yaml"], ["gate_tol.yaml:8:", "tolerance: must be < 1"]),
     ("gate-is-a-directory", ["gate", "gatedir"], ["gatedir", "is a directory"]),
+    ("gate-quality-bound-negative", ["gate", "gate_kl.yaml"], ["gate_kl.yaml:10:", "quality.bound.max_kl"]),
+    ("gate-quality-bound-unknown-key", ["gate", "gate_bound_key.yaml"], ["quality.bound.max_k"]),
+    ("gate-schema-unknown", ["gate", "gate_schema.yaml"], ["gate_schema.yaml:8:", "schema_version"]),
     # -- numbers: 0, negative, NaN, infinity, huge
     ("max-trials-huge", tune_with(max_trials="100000000000"), ["--max-trials: must be <= 100000"]),
     ("requests-per-run-huge", tune_with(requests_per_run="1000000000000"), ["--requests-per-run: must be <="]),

@@ -17,6 +17,7 @@ from tuner.inputs import file_sha256, parse_yaml, read_text, yaml_line
 from tuner.knobs import Knobs
 from tuner.limits import MAX_RATE_RPS, MAX_SEED, check_load
 from tuner.recommend import recommend_study
+from tuner.slo import QualityBound
 from tuner.storage.quality import ATTR, load_reference
 from tuner.storage.reader import load_study_data
 from tuner.validation import first_error
@@ -50,13 +51,13 @@ class GateQuality(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     reference: FileRef
-    bound: dict
+    bound: QualityBound   # the SLO's `quality:` as the study read it, checked again when the gate is loaded
 
 
 class GateFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    schema_version: int = 1
+    schema_version: int = Field(1, ge=1, le=1, strict=True)  # the one this tool writes and reads
     created_unix: float = 0.0
     tool_version: str = ""
     engine: str

@@ -6,17 +6,20 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from tuner.capacity.knee import find_capacity
 from tuner.capacity.measure import CLIENT_BOUND_RERUNS, measure, measure_run, rerun_client_bound, run_size, summarize
 from tuner.engine.registry import create, engine_class, spec_of
 from tuner.errors import UserError
-from tuner.inputs import file_sha256
+from tuner.inputs import file_sha256, read_text
 from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs
 from tuner.quality import recheck
 from tuner.settings import EngineSettings, host_engine
-from tuner.slo import QualityBound, load_slo
+from tuner.slo import load_slo
 from tuner.storage.quality import QualityReference
+from tuner.validation import first_error
 from tuner.workload.loader import load_workload
 from tuner.gate.file import GateFile, apply_overrides, default_load, find_input, load_gate, load_settings
 from tuner.gate.output import Check, GateResult, write_junit
@@ -199,8 +202,12 @@ def _check_quality(gate: GateFile, gate_dir: Path, server, simulated: bool) -> C
     assert gate.quality is not None
     t0 = time.perf_counter()
     p = find_input(gate.quality.reference, gate_dir, None, "quality-reference")
-    ref = QualityReference.model_validate_json(p.read_text(encoding="utf-8"))
-    res = recheck(server, ref, QualityBound(**gate.quality.bound), simulated=simulated)
+    try:
+        ref = QualityReference.model_validate_json(read_text(p, "quality reference"))
+    except ValidationError as e:
+        field, msg = first_error(e)
+        raise UserError(f"not the quality reference `tune` wrote: {msg}", file=p, field=field or None) from None
+    res = recheck(server, ref, gate.quality.bound, simulated=simulated)
     if res.status != "measured":
         return Check(name="quality", passed=True, skipped=True, message=f"quality {res.line()}",
                      seconds=time.perf_counter() - t0)
