@@ -241,6 +241,17 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     # -- output folders and files (created and removed once to prove they can be written)
     ("out-in-proc", tune_with(out="/proc/x"), ["/proc/x", "--out", "cannot create"]),
     ("out-in-proc-deeper", tune_with(out="/proc/x/y/run"), ["--out", "cannot create"]),
+    # -- an option given without the option it acts with (tuner.cli.needs)
+    ("vllm-python-with-sim", [*tune_with(), "--vllm-python", "/usr/bin/python3"],
+     ["--vllm-python: acts only with --engine vllm"]),
+    ("time-scale-with-sim", tune_with(time_scale="2"), ["--time-scale: acts only with --engine sim-http"]),
+    ("slo-missing", tune_with(slo=None), ["--slo: give --workload and --slo"]),
+    ("plan-policy-without-verify", ["plan", str(EXAMPLE_RUN), "--policy", "random"], ["--policy: acts only with --verify"]),
+    ("plan-stop-replica-without-real-router", ["plan", str(EXAMPLE_RUN), "--verify", "--stop-replica-at", "3"],
+     ["--stop-replica-at: acts only with --real-router"]),
+    ("bench-lora-assignment-without-modules", ["bench", "--url", "http://127.0.0.1:9", "--workload", str(WORKLOAD),
+                                               "--lora-assignment", "round-robin"],
+     ["--lora-assignment: acts only with --lora-modules"]),
     ("bench-json-is-a-dir", ["bench", "--url", "http://127.0.0.1:9", "--workload", str(WORKLOAD), "--json", "emptydir"],
      ["emptydir", "--json", "is a directory"]),
     ("bench-json-under-a-file", ["bench", "--url", "http://127.0.0.1:9", "--workload", str(WORKLOAD), "--json",

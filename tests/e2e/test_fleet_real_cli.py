@@ -159,5 +159,5 @@ def test_the_router_not_installed_says_how(tmp_path, monkeypatch, capsys):
 
 def test_real_router_needs_verify(tmp_path):
     assert_user_error(tune("plan", RUN, "--real-router", cwd=ROOT, env=tune_env()),
-                      "--real-router: runs the verified fleet: give --verify too")
+                      "--real-router: acts only with --verify")
     assert os.listdir(tmp_path) == []

@@ -15,6 +15,7 @@ from typing import Optional
 
 import typer
 
+from tuner.cli.needs import Needs, check_needs, flag_set
 from tuner.errors import UserError
 
 ARRIVALS = ("poisson", "gamma", "trace")
@@ -125,7 +126,12 @@ def _model_of(names: list[str], model: str | None) -> str:
     return names[0]
 
 
+#: `tune bench`'s options that act only beside another (`tuner.cli.needs`)
+BENCH_NEEDS: Needs = {"--lora-assignment": ("--lora-modules", flag_set("lora_modules"))}
+
+
 def bench(
+    ctx: typer.Context,
     url: str = typer.Option(..., "--url", help="Base URL of the running server, e.g. http://127.0.0.1:8000."),
     workload: Path = typer.Option(..., "--workload", "-w", help="Workload file (any supported format)."),
     model: Optional[str] = typer.Option(None, help="Model to request (default: the server's first)."),
@@ -160,6 +166,7 @@ def bench(
     from tuner.slo import load_slo
     from tuner.workload.loader import load_workload
 
+    check_needs(ctx, BENCH_NEEDS)
     if api not in ("completions", "chat"):
         raise UserError(f"must be completions or chat, got {api!r}", field="--api")
     rate = _check(request_rate, arrival, burstiness, max_concurrency, json_out)

@@ -11,6 +11,7 @@ from typing import Optional
 
 import typer
 
+from tuner.cli.needs import Needs, check_needs, flag_set
 from tuner.errors import UserError
 from tuner.settings import default
 
@@ -44,7 +45,18 @@ def report(run_dir: Path = typer.Argument(..., help="Run directory of `tune` (st
     print(f"wrote {where}/report.html, report.md, report.json, tuned-config.yaml, gate.yaml")
 
 
-def plan(run_dir: Optional[Path] = typer.Argument(None, help="Run directory (optional: or give numbers)."),
+#: `tune plan`'s options that act only beside another (`tuner.cli.needs`)
+PLAN_NEEDS: Needs = {
+    **{f: ("--verify", flag_set("verify")) for f in (
+        "--policy", "--replicas", "--cold-start-s", "--surge-s", "--session-key", "--arrivals", "--fleet-out",
+        "--export", "--workload", "--real-router")},
+    **{f: ("--real-router", flag_set("real_router")) for f in (
+        "--real-duration", "--real-replicas", "--time-scale", "--stop-replica-at")},
+}
+
+
+def plan(ctx: typer.Context,
+         run_dir: Optional[Path] = typer.Argument(None, help="Run directory (optional: or give numbers)."),
          rate_per_instance: Optional[float] = typer.Option(None, "--rate-per-instance",
                                                            help="Measured knee of one instance, req/s."),
          tokens_per_s: Optional[float] = typer.Option(None, "--tokens-per-s",
@@ -94,9 +106,7 @@ def plan(run_dir: Optional[Path] = typer.Argument(None, help="Run directory (opt
 
     Exit code 1 when the SLO is infeasible on the hardware (a threshold below its single-stream floor, or
     requests longer than the model's context); 3 or 4 for a run that measured no capacity (as `tune`)."""
-    if real_router and not verify:
-        raise UserError("runs the verified fleet: give --verify too (tune plan --verify RUN --real-router)",
-                        field="--real-router")
+    check_needs(ctx, PLAN_NEEDS)
     if verify:
         from tuner.cli.fleet import RealRouterOptions, run_verify
 

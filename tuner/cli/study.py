@@ -11,6 +11,7 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 
+from tuner.cli.needs import Needs, check_needs
 from tuner.errors import UserError
 from tuner.knobs import Knobs
 from tuner.storage.records import LoadRunSummary, TrialRecord
@@ -27,6 +28,14 @@ def _sigterm_to_interrupt() -> None:
 
 VLLM_ARG_HELP = ("vllm, sim-http: one more `vllm serve` argument, after the knobs (repeatable); write it "
                  "with '=': --vllm-arg=--enforce-eager --vllm-arg=--kv-cache-memory-bytes=4194304")
+
+
+#: `tune`'s options that act only beside another (`tuner.cli.needs`)
+TUNE_NEEDS: Needs = {
+    "--vllm-python": ("--engine vllm", lambda p: p.get("engine") == "vllm"),
+    "--vllm-command": ("--engine vllm", lambda p: p.get("engine") == "vllm"),
+    "--time-scale": ("--engine sim-http", lambda p: p.get("engine") == "sim-http"),
+}
 
 
 def register(app: typer.Typer) -> None:
@@ -85,7 +94,9 @@ def register(app: typer.Typer) -> None:
         if ctx.invoked_subcommand is not None:
             return
         if workload is None or slo is None:
-            raise UserError("give --workload and --slo (see tune --help)", field="--workload")
+            raise UserError("give --workload and --slo (see tune --help)",
+                            field="--workload" if workload is None else "--slo")
+        check_needs(ctx, TUNE_NEEDS)
         from tuner.preflight import keep_only_saved
         from tuner.study import run_tune, settings_from_options
 
