@@ -76,18 +76,19 @@ def plan_for(seed: int, count: int, step: float = 0.025) -> WindowPlan:
 def measure_windows(server: Server, workload: Workload, slo: SLO, load: LoadSettings, plan: WindowPlan,
                     start_rate: float, *, knee: KneeSettings | None = None, max_num_seqs: int | None = None,
                     on_point: Callable[[LoadRunSummary], None] | None = None,
-                    enough: Callable[[list[WindowCapacity]], bool] | None = None
-                    ) -> tuple[list[WindowCapacity], float]:
+                    enough: Callable[[list[WindowCapacity]], bool] | None = None,
+                    out: list[WindowCapacity] | None = None) -> tuple[list[WindowCapacity], float]:
     """Each window's capacity on the launched `server` (see the module docstring), and the engine seconds
     it took. `start_rate`: where every window's search starts; the study gives every configuration the
     same one (vLLM's defaults' knee), so no configuration's window capacity is anchored to another's
     (a search that starts at the other's capacity finds the boundary nearest it, and shrank the differences). `enough(windows so far)`: the comparison these
-    windows are for is decided, the rest of the plan's windows are not measured."""
+    windows are for is decided, the rest of the plan's windows are not measured. `out`: the list each
+    finished window is appended to as it finishes (an interrupted caller keeps what was done)."""
     knee = knee or KneeSettings()
     warm = KneeSearch(server, workload, slo, load, knee, max_num_seqs=max_num_seqs)
     warm.warm_up(start_rate)
     engine_s = warm.result.engine_s
-    out: list[WindowCapacity] = []
+    out = [] if out is None else out
     salt = 1 + 10_000 * (load.seed % 100_000)
     start = plan.index(max(start_rate, knee.min_rate))
     floor_k = plan.index(knee.min_rate) + 1

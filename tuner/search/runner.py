@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol
 
 import optuna
@@ -80,6 +80,8 @@ class TrialRunner:
     served: Counter = field(default_factory=Counter)
     #: the study's quality check (`tuner.quality`); None: nothing in the study changes an output
     quality: QualityCheck | None = None
+    #: interrupted paired launches whose finished windows a later launch of this process carries
+    salvaged: set[int] = field(default_factory=set)
 
     @property
     def launches(self) -> int:
@@ -303,10 +305,14 @@ class TrialRunner:
         """A paired trial: the launch's capacity on each common window (`tuner.capacity.windows`); its
         capacity is their geometric mean and its interval (`tuner.capacity.paired`)."""
         t_load = time.perf_counter()  # an interrupt is handled as in any trial (`_run_trial`)
-        rec.windows, engine_s = measure_windows(
-            server, self.workload, self.slo, self.load, plan, start_rate or self.start_rate, knee=self.knee,
+        earlier, rec.windows_from = self._salvage(knobs, plan, enough)
+        rec.windows = list(earlier)  # the windows measured below are appended as each finishes
+        rest = replace(plan, seeds=tuple(s for s in plan.seeds if s not in {w.seed for w in earlier}))
+        _, engine_s = measure_windows(
+            server, self.workload, self.slo, self.load, rest, start_rate or self.start_rate, knee=self.knee,
             max_num_seqs=knobs.max_num_seqs or self.defaults.get("max_num_seqs"),
-            on_point=lambda p: self.reporter.point(trial.number, p), enough=enough)
+            on_point=lambda p: self.reporter.point(trial.number, p),
+            enough=enough, out=rec.windows)
         rec.load_wall_s = time.perf_counter() - t_load
         self.engine_s += engine_s
         rec.engine_s = engine_s
@@ -316,6 +322,36 @@ class TrialRunner:
         else:
             rec.no_capacity_reason = "met the SLO at no rate on some of the common request windows"
         return self._tell(trial, rec, TrialState.COMPLETE, t0)
+
+    def _salvage(self, knobs: Knobs, plan: WindowPlan,
+                 enough: Callable[[list[WindowCapacity]], bool] | None) -> tuple[list[WindowCapacity], list[int]]:
+        """The finished windows of this configuration's interrupted paired launches, on `plan`'s seeds
+        (each interrupted launch lends its windows once), and those launches' trial numbers. Nothing
+        where they would leave no window to measure, or already decide the comparison: the launch then
+        measures the plan as if uninterrupted, so a resumed study answers as an uninterrupted one."""
+        key, got, trials = knobs.key(), {}, []
+        for t in sorted(self.study.get_trials(deepcopy=False), key=lambda t: t.number):
+            raw = t.user_attrs.get("record")
+            if t.number in self.salvaged or raw is None or raw.get("role") != "paired" \
+                    or not raw.get("interrupted"):
+                continue
+            rec = TrialRecord(**raw)
+            mine = [w for w in rec.windows if w.seed in plan.seeds and w.seed not in got]
+            if rec.config.key() != key or not mine:
+                continue
+            got.update((w.seed, w) for w in mine)
+            trials.append(t.number)
+        order = [got[s] for s in plan.seeds if s in got]
+        # only a prefix of the plan's order is lent: the windows after it are measured as they would be
+        prefix = []
+        for s, w in zip(plan.seeds, order):
+            if w.seed != s:
+                break
+            prefix.append(w)
+        if not prefix or len(prefix) == len(plan.seeds) or (enough is not None and enough(prefix)):
+            return [], []
+        self.salvaged.update(trials)
+        return prefix, trials
 
     def check_quality(self, server: Any, rec: TrialRecord) -> bool:
         """The launch's quality evidence on `rec` (`tuner.quality`); True when it breaks the SLO's bound:

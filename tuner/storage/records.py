@@ -246,6 +246,9 @@ class TrialRecord(BaseModel):
     #: a paired trial's capacity on each of the study's common windows (its `capacity_rps` is their
     #: geometric mean, `capacity_low_rps`/`capacity_high_rps` that mean's 95% interval)
     windows: list[WindowCapacity] = Field(default_factory=list)
+    #: paired: earlier launches of this configuration, interrupted, whose finished windows this trial
+    #: carries (they are not measured again: a Ctrl-C repeats no finished window)
+    windows_from: list[int] = Field(default_factory=list)
 
     @field_validator("knobs", mode="before")
     @classmethod
