@@ -7,6 +7,8 @@ Shared by the workload loaders and `tuner.slo` so every input file reports error
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 from pydantic import ValidationError
@@ -38,6 +40,9 @@ def _fmt_number(v: Any) -> str:
     return str(v)
 
 
+_BOUNDS = ("greater_than", "greater_than_equal", "less_than", "less_than_equal")
+
+
 def first_error(e: ValidationError, rename: dict[str, str] | None = None) -> tuple[str | None, str]:
     """(dotted field path, short message) of the first error; `rename` maps model names to file names.
 
@@ -47,6 +52,10 @@ def first_error(e: ValidationError, rename: dict[str, str] | None = None) -> tup
     err = next((x for x in errors if x["type"] == "extra_forbidden"), errors[0])
     loc = [rename.get(p, p) if rename and isinstance(p, str) else p for p in err["loc"]]
     field = ".".join(str(p) for p in loc) or None
+    value = err.get("input")
+    if isinstance(value, float) and not math.isfinite(value) and err["type"] in _BOUNDS:
+        # NaN fails every bound, so the bound's own words ("must be <= 1") would point the wrong way
+        return field, f"must be a finite number, got {value}"
     template = _TEMPLATES.get(err["type"])
     if template is None:
         msg = err["msg"]

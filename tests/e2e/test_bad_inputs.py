@@ -65,6 +65,8 @@ FILES: dict[str, bytes] = {
     "deep.jsonl": b"[" * 100_000 + b"]" * 100_000 + b"\n",
     "deep_list.json": b"[" + b"[" * 100_000 + b"]" * 100_000 + b"]\n",
     "digits/config.json": json.dumps(CONFIG).replace('"hidden_size": 128', '"hidden_size": ' + "1" * 5001).encode(),
+    "slo_nan_target.yaml": b"ttft: {max_ms: 300}\ntarget: .nan\n",
+    "gzipped.jsonl": b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03not really\n",
     "slo_ctrl.yaml": b"name: x\nttft: {max_ms: 300}\x01\n",
     "space_ctrl.yaml": b"knobs:\n  max_num_seqs: {values: [8, 64]}\x07\n",
     # -- YAML structure (one strict reader for every YAML file: tuner.yaml_strict)
@@ -213,6 +215,8 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("workload-huge-integer", tune_with(workload="digits.jsonl"), ["digits.jsonl:1:", "more than 4,300 digits"]),
     ("workload-nested-deep", tune_with(workload="deep.jsonl"), ["deep.jsonl:1:", "nested too deep"]),
     ("workload-list-nested-deep", tune_with(workload="deep_list.json"), ["deep_list.json:1:", "nested too deep"]),
+    ("slo-target-nan", tune_with(slo="slo_nan_target.yaml"), ["slo_nan_target.yaml:2:", "target: must be a finite number"]),
+    ("workload-gzip-without-gz-name", tune_with(workload="gzipped.jsonl"), ["gzipped.jsonl", "gzip-compressed data"]),
     ("slo-control-byte", tune_with(slo="slo_ctrl.yaml"), ["slo_ctrl.yaml:2:", "control character (#x0001)"]),
     ("space-control-byte", tune_with(search_space="space_ctrl.yaml"), ["space_ctrl.yaml:2:", "#x0007"]),
     # -- tune plan / report / gate / workload

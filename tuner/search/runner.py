@@ -329,7 +329,9 @@ class TrialRunner:
         (each interrupted launch lends its windows once), and those launches' trial numbers. Nothing
         where they would leave no window to measure, or already decide the comparison: the launch then
         measures the plan as if uninterrupted, so a resumed study answers as an uninterrupted one."""
-        key, got, trials = knobs.key(), {}, []
+        key = knobs.key()
+        got: dict[int, WindowCapacity] = {}
+        trials: list[int] = []
         for t in sorted(self.study.get_trials(deepcopy=False), key=lambda t: t.number):
             raw = t.user_attrs.get("record")
             if t.number in self.salvaged or raw is None or raw.get("role") != "paired" \
@@ -343,7 +345,7 @@ class TrialRunner:
             trials.append(t.number)
         order = [got[s] for s in plan.seeds if s in got]
         # only a prefix of the plan's order is lent: the windows after it are measured as they would be
-        prefix = []
+        prefix: list[WindowCapacity] = []
         for s, w in zip(plan.seeds, order):
             if w.seed != s:
                 break

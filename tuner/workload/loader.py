@@ -56,6 +56,9 @@ def _read_text(path: Path) -> str:
     if len(raw) > MAX_WORKLOAD_BYTES:
         raise UserError(f"larger than {MAX_WORKLOAD_BYTES // 2 ** 30} GiB (uncompressed): take a slice of it",
                         file=path)
+    if path.suffix != ".gz" and raw[:2] == b"\x1f\x8b":  # gzip's magic bytes under another name
+        raise UserError("gzip-compressed data: name the file *.gz (it is read compressed) or decompress it",
+                        file=path)
     return decode_utf8(raw, path, "utf-8-sig")
 
 
