@@ -200,3 +200,47 @@ def check_resume(stored: dict, now: dict) -> None:
             was = "" if field.endswith("sha256") or field == "search_space" else f" ({_at(stored, field)})"
             raise UserError(f"this study was started with another {what}{was}; resume it with the options it "
                             "was started with, or start a new study in another --out", field=option)
+
+
+#: a safetensors header is JSON of tensor names, dtypes and shapes: kB for an adapter, a few MB for a large
+#: model; the format itself refuses headers over 100 MB
+MAX_SAFETENSORS_HEADER = 100 * 2**20
+
+
+def safetensors_header(path: Path) -> dict:
+    """The JSON header of a safetensors file (8 bytes of little-endian length, then that much JSON: the
+    format's own layout), read without loading a tensor. A file that is not one is a `UserError` naming it."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ValueError(f"{len(head)} bytes, shorter than the 8 that give its header's length")
+            n = int.from_bytes(head, "little")
+            if not 2 <= n <= MAX_SAFETENSORS_HEADER:
+                raise ValueError(f"a header length of {n} bytes")
+            header = loads_json(f.read(n).decode("utf-8"))
+    except OSError as e:
+        raise UserError(f"cannot read: {e.strerror}", file=str(path)) from None
+    except ValueError as e:  # JSON, UTF-8, the length, JSONLimit and DuplicateKey are ValueErrors
+        raise UserError(f"not a safetensors file ({str(e)[:120]})", file=str(path)) from None
+    if not isinstance(header, dict):
+        raise UserError("not a safetensors file (its header is not a JSON object)", file=str(path))
+    return header
+
+
+def check_model_files(model: str) -> None:
+    """A local model for a real engine, read as far as is cheap before anything launches: a `.gguf` file
+    starts with the GGUF magic, and a folder's safetensors files have headers. vLLM would otherwise fail in
+    its worker, minutes in, after the run directory was made. A hub id (not a local path) is vLLM's to fetch."""
+    p = Path(model)
+    if p.is_file() and p.suffix.lower() == ".gguf":
+        try:
+            with p.open("rb") as f:
+                magic = f.read(4)
+        except OSError as e:
+            raise UserError(f"cannot read: {e.strerror}", file=model, field="--model") from None
+        if magic != b"GGUF":
+            raise UserError(f"not a GGUF file (it starts with {magic!r}, not b'GGUF')", file=model, field="--model")
+    elif p.is_dir():
+        for weights in sorted(p.glob("*.safetensors")):
+            safetensors_header(weights)

@@ -181,6 +181,7 @@ def prepare(settings: RunSettings, space: SearchSpace | None = None) -> tuple[Wo
         raise UserError(problem[1], file=name if Path(name).exists() else None,
                         field=f"knobs.{problem[0]}" if Path(name).exists() else "--search-space")
     engine.check_extra_args(settings.engine.extra_args)
+    engine.check_model(settings.engine.model)
     check_max_model_len(space, workload, name)
     return workload, slo, fit_lora(settings, workload, space, name)
 

@@ -127,6 +127,10 @@ FILES: dict[str, bytes] = {
     "gate_engine.yaml": GATE.replace("engine: sim", "engine: tgi").encode(),
     "space_knob_huge.yaml": b"knobs:\n  max_num_seqs: {values: [8, 100000000000000]}\n",
     "space_host_gpus.yaml": b"host_gpus: 100000000\nknobs:\n  tensor_parallel_size: {values: [1, 2]}\n",
+    # -- a real engine's model (issue 58): a GGUF that is not one, a folder whose weights are not safetensors
+    "broken.gguf": b"GGUX" + b"\0" * 60,
+    "badweights/config.json": json.dumps(CONFIG).encode(),
+    "badweights/model.safetensors": b"\xff" * 8 + b"{}",
 }
 
 EXAMPLE_RUN = ROOT / "reports" / "chat-rtx4090-qwen2.5-7b"  # the shipped example study (read, never written)
@@ -211,6 +215,10 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("model-bitsandbytes", tune_with(model="bnb"), ["bnb/config.json", "quantization_config.quant_method",
                                                     "bitsandbytes", "not supported"]),
     ("model-bad-json", tune_with(model="badjson"), ["badjson/config.json:2:", "not valid JSON"]),
+    ("model-gguf-not-gguf", tune_with(engine="vllm", gpu=None, model="broken.gguf"),
+     ["broken.gguf", "--model", "not a GGUF file"]),
+    ("model-weights-not-safetensors", tune_with(engine="vllm", gpu=None, model="badweights"),
+     ["badweights/model.safetensors", "not a safetensors file", "header length"]),
     ("model-config-huge-integer", tune_with(model="digits"), ["digits/config.json", "more than 4,300 digits"]),
     ("workload-huge-integer", tune_with(workload="digits.jsonl"), ["digits.jsonl:1:", "more than 4,300 digits"]),
     ("workload-nested-deep", tune_with(workload="deep.jsonl"), ["deep.jsonl:1:", "nested too deep"]),

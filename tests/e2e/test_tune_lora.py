@@ -82,6 +82,7 @@ BAD = [
     ("dup", "two adapters named 'a'"),
     ("unknown", "names adapter 'zed', which is not in --lora-dir"),
     ("cpu", "vLLM requires max_cpu_loras >= max_loras"),
+    ("rank-vs-weights", "r: is 16 but the weights in adapter_model.safetensors are rank 8"),
 ]
 
 
@@ -102,6 +103,15 @@ def test_bad_lora_inputs(tmp_path: Path, case: str, expected: str) -> None:
         (tmp_path / "cat.yaml").write_text("adapters: [a, b, a]\n")
     elif case == "unknown":
         (tmp_path / "w.jsonl").write_text(json.dumps({"prompt_tokens": 5, "output_tokens": 5, "model": "zed"}) + "\n")
+    elif case == "rank-vs-weights":  # a PEFT folder whose config says r=16 over rank-8 weights
+        for name in ("a", "b"):
+            d = tmp_path / "ads" / name
+            d.mkdir(parents=True)
+            (d / "adapter_config.json").write_text(json.dumps({"r": 16, "target_modules": ["q_proj"]}))
+            head = json.dumps({"m.q_proj.lora_A.weight": {"dtype": "F32", "shape": [8, 4], "data_offsets": [0, 128]},
+                               "m.q_proj.lora_B.weight": {"dtype": "F32", "shape": [4, 8], "data_offsets": [128, 256]}})
+            (d / "adapter_model.safetensors").write_bytes(len(head).to_bytes(8, "little") + head.encode() + bytes(256))
+        lora_dir = "ads"
     elif case == "cpu":
         (tmp_path / "space.yaml").write_text("knobs:\n  max_loras: {values: [4, 8]}\n"
                                              "  max_cpu_loras: {values: [2, 16]}\n")

@@ -22,7 +22,7 @@ def _adapter(root: Path, name: str, rank: int) -> None:
     d = root / name
     d.mkdir(parents=True)
     (d / "adapter_config.json").write_text(json.dumps({"r": rank, "target_modules": ["q_proj", "v_proj"]}))
-    (d / "adapter_model.safetensors").write_bytes(b"\0" * 1024)
+    (d / "adapter_model.safetensors").write_bytes(b"\x02" + b"\0" * 7 + b"{}" + b"\0" * 1014)  # an empty safetensors
 
 
 def test_adapters_are_served_listed_and_reported(tmp_path: Path) -> None:

@@ -18,7 +18,13 @@ from tuner.workload.model import WorkloadRequest
 from tuner.workload.synth import synthesize
 
 
-def make_adapter(root: Path, name: str, rank: int = 8, weights: bytes = b"\0" * 4096, config: bool = True) -> Path:
+def blob(size: int, header: dict | None = None) -> bytes:
+    """A safetensors file of `size` bytes: its header (8 bytes of length, then JSON), then zeros."""
+    head = json.dumps(header or {}).encode()
+    return len(head).to_bytes(8, "little") + head + b"\0" * max(0, size - 8 - len(head))
+
+
+def make_adapter(root: Path, name: str, rank: int = 8, weights: bytes = blob(4096), config: bool = True) -> Path:
     d = root / name
     d.mkdir(parents=True)
     if config:
@@ -30,7 +36,7 @@ def make_adapter(root: Path, name: str, rank: int = 8, weights: bytes = b"\0" * 
 
 def test_a_folder_of_adapter_folders_reads_as_vllm_loads_them(tmp_path: Path) -> None:
     make_adapter(tmp_path, "alice", rank=8)
-    make_adapter(tmp_path, "bob", rank=32, weights=b"\0" * 100)
+    make_adapter(tmp_path, "bob", rank=32, weights=blob(100))
     cat = read_lora_dir(tmp_path)
     assert [a.name for a in cat.adapters] == ["alice", "bob"]
     assert cat.by_name["bob"].rank == 32 and cat.by_name["bob"].bytes == 100
@@ -151,3 +157,34 @@ def test_a_catalog_with_a_control_byte_names_its_line(tmp_path: Path) -> None:
     with pytest.raises(UserError) as e:
         read_lora_dir(p)
     assert "cat.yaml:2" in str(e.value) and "control character (#x001b)" in str(e.value)
+
+
+def _lora_header(rank: int) -> dict:
+    name = "base_model.model.model.layers.0.self_attn.q_proj.lora_{}.weight"
+    return {"__metadata__": {"format": "pt"},
+            name.format("A"): {"dtype": "F32", "shape": [rank, 64], "data_offsets": [0, 4 * rank * 64]},
+            name.format("B"): {"dtype": "F32", "shape": [64, rank], "data_offsets": [4 * rank * 64, 8 * rank * 64]}}
+
+
+def test_an_adapter_whose_config_rank_is_not_its_weights_rank_is_one_line(tmp_path: Path) -> None:
+    make_adapter(tmp_path, "alice", rank=8, weights=blob(8192, _lora_header(8)))
+    assert read_lora_dir(tmp_path).by_name["alice"].rank == 8  # config and weights agree
+    make_adapter(tmp_path, "bob", rank=16, weights=blob(8192, _lora_header(8)))
+    with pytest.raises(UserError) as e:
+        read_lora_dir(tmp_path)
+    msg = str(e.value)
+    assert "bob/adapter_config.json" in msg and "r: is 16 but the weights" in msg and "rank 8" in msg, msg
+    assert len(msg.splitlines()) == 1
+
+
+@pytest.mark.parametrize("weights,says", [
+    (b"\xff" * 64, "header length"),                                    # a length past any real header
+    (b"\x05\0\0\0\0\0\0\0{abc}", "not a safetensors file"),             # its header is not JSON
+    (b"\x04\0\0\0\0\0\0\0[1] ", "not a JSON object"),
+    (b"", "shorter than the 8"),                                         # empty
+])
+def test_adapter_weights_that_are_not_safetensors_are_named(tmp_path: Path, weights: bytes, says: str) -> None:
+    make_adapter(tmp_path, "alice", weights=weights)
+    with pytest.raises(UserError) as e:
+        read_lora_dir(tmp_path)
+    assert "alice/adapter_model.safetensors" in str(e.value) and says in str(e.value), str(e.value)

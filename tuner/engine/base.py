@@ -101,6 +101,10 @@ class Engine(abc.ABC):
     def check_extra_args(cls, args: Sequence[str]) -> None:
         """Raise `UserError` naming `--vllm-arg` for extra server arguments this engine would refuse."""
 
+    @classmethod
+    def check_model(cls, model: str | None) -> None:
+        """Raise `UserError` naming `--model` for a local model this engine would fail to load."""
+
     @abc.abstractmethod
     def launch(self, knobs: Knobs) -> Server:
         """Start a server with these knobs and wait until it is healthy, or raise `LaunchFailure`."""

@@ -33,6 +33,7 @@ from tuner.engine import launcher
 from tuner.engine.base import Engine, LaunchFailure
 from tuner.engine.http import HTTPServer
 from tuner.errors import UserError
+from tuner.inputs import check_model_files
 from tuner.knobs import Knobs, check_server_args
 from tuner.lora.catalog import read_lora_dir
 
@@ -95,6 +96,11 @@ class VllmEngine(Engine):
     """One `vllm serve` per `launch`, each in its own run directory with its log and pidfile."""
 
     name: ClassVar[str] = "vllm"
+
+    @classmethod
+    def check_model(cls, model: str | None) -> None:
+        if model:
+            check_model_files(model)
 
     @classmethod
     def from_spec(cls, spec) -> "VllmEngine":

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from tuner.errors import UserError
-from tuner.inputs import DuplicateKey, JSONLimit, loads_json, parse_yaml, read_text, yaml_line
+from tuner.inputs import DuplicateKey, JSONLimit, loads_json, parse_yaml, read_text, safetensors_header, yaml_line
 from tuner.knobs import KNOB_SPECS, VLLM_MAX_LORA_RANKS
 
 #: A names-only catalog's rank when it states none: vLLM's default `--max-lora-rank`.
@@ -98,6 +98,16 @@ def _modules(value: Any, where: str | Path, line: int | None = None, field_name:
     return tuple(value)
 
 
+def safetensors_ranks(path: Path) -> set[int]:
+    """The ranks of an adapter's weights: the first dimension of each `lora_A` tensor in the file's header."""
+    ranks = set()
+    for name, info in safetensors_header(path).items():
+        shape = info.get("shape") if isinstance(info, dict) else None
+        if "lora_A" in name and isinstance(shape, list) and shape and isinstance(shape[0], int):
+            ranks.add(shape[0])
+    return ranks
+
+
 def read_adapter_folder(folder: Path) -> Adapter:
     """One PEFT adapter folder as vLLM loads it: its config's rank and target modules, its weights' size."""
     cfg_path = folder / CONFIG_FILE
@@ -122,6 +132,12 @@ def read_adapter_folder(folder: Path) -> Adapter:
     weights = [folder / w for w in WEIGHT_FILES if (folder / w).is_file()]
     if not weights:
         raise UserError(f"no adapter weights ({' or '.join(WEIGHT_FILES)})", file=folder, field="--lora-dir")
+    if weights[0].name.endswith(".safetensors"):
+        found = safetensors_ranks(weights[0])
+        if found and found != {rank}:
+            raise UserError(f"is {rank} but the weights in {weights[0].name} are rank "
+                            f"{', '.join(map(str, sorted(found)))} (the first dimension of each lora_A): a folder "
+                            f"whose config and weights disagree fails inside vLLM's worker", file=cfg_path, field="r")
     return Adapter(name=_check_name(folder.name, folder), rank=rank, target_modules=modules,
                    bytes=weights[0].stat().st_size, path=str(folder.resolve()))
 
