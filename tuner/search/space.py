@@ -264,7 +264,7 @@ def load_space(name_or_path: str | Path) -> SearchSpace:
                 raise UserError(f"bad value {v!r}: {bad}", file=str(p),
                                 line=yaml_line(root, ["knobs", k, "values", i]), field=f"knobs.{k}")
     try:
-        space = SearchSpace(**data)
+        space = SearchSpace.model_validate(data)
     except ValidationError as e:
         field, msg = first_error(e)
         cons = data.get("constraints")

@@ -16,10 +16,13 @@ import json
 from pathlib import Path
 from typing import Any, Iterator
 
+from pydantic import ValidationError
+
 from tuner.errors import UserError
 from tuner.inputs import DuplicateKey, JSONLimit, check_out_file, decode_utf8, json_limits, loads_json, unique_keys
 from tuner.workload.formats import (ALIASES, AZURE_COLUMNS, FORMATS, TUNER_ONLY_KEYS, RecordError,
                                     guess_from_record)
+from tuner.validation import first_error as first_validation_error
 from tuner.workload.model import Workload
 
 #: A workload file is read whole; the largest public traces are a few hundred MB.
@@ -133,7 +136,14 @@ def _json_list_records(text: str, path: Path) -> Iterator[tuple[int, Any]]:
 
 
 def _csv_records(text: str, path: Path) -> Iterator[tuple[int, Any]]:
-    reader = csv.DictReader(io.StringIO(text))
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    try:
+        yield from _csv_rows(reader, path)
+    except csv.Error as e:  # a stray carriage return or NUL inside a field
+        raise UserError(f"not valid CSV: {e}", file=path, line=max(reader.line_num, 1)) from None
+
+
+def _csv_rows(reader: csv.DictReader, path: Path) -> Iterator[tuple[int, Any]]:
     header = [h.strip() for h in (reader.fieldnames or [])]
     missing = [c for c in AZURE_COLUMNS if c not in header]
     if missing:
@@ -212,7 +222,10 @@ def load_workload(path: str | Path, format: str | None = None, skip_invalid: boo
         try:
             if isinstance(raw, RecordError):
                 raise raw
-            conv = spec.convert(raw)
+            try:
+                conv = spec.convert(raw)
+            except ValidationError as ve:  # a format's own fields pass, the request's bounds do not
+                raise RecordError(*first_validation_error(ve)) from None
         except RecordError as e:
             err = UserError(e.message, file=p, line=line, field=e.field)
             if not skip_invalid:
