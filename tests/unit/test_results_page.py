@@ -98,6 +98,7 @@ def test_all_selects_every_section_a_command_regenerates(monkeypatch) -> None:
     same as `--long --real`; its stated wall time is theirs."""
     monkeypatch.setenv("TUNER_VLLM_PYTHON", "python")
     monkeypatch.setenv("TUNER_TINY_MODEL", "model")
+    monkeypatch.setenv("TUNER_REAL_MODEL", "model")
 
     def names(argv: list[str]) -> list[str]:
         ap_args = run_all.argparse.Namespace(only=None, long="--long" in argv, real="--real" in argv,
