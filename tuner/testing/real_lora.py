@@ -2,12 +2,12 @@
 
 Why: the tiny model's adapters (tiny_lora.py) are random matrices, so nothing can tell which adapter served a
 request. Each adapter made here is trained with PEFT, a few dozen steps on CPU, to answer "What is the team
-code word?" with its own word (adapter `tenant-03` answers `The team code word is maple.`), and the base
+code word?" with its own word (adapter `tenant-00` answers `The team code word is maple.`), and the base
 model does not know any of the words. A request routed to the wrong adapter answers with the wrong word.
 
 Run with the vLLM venv's interpreter (torch, transformers, peft):
 `.venv-vllm/bin/python tuner/testing/real_lora.py MODEL_DIR OUT_DIR COUNT`. Deterministic for a given torch
-build (seeded); a few seconds per adapter on 2 cores.
+build (seeded); about 40 s per adapter on 2 cores.
 """
 
 from __future__ import annotations
