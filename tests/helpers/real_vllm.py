@@ -30,3 +30,14 @@ needs_real_model = [
                        reason=f"the trained model is not built: TUNER_REAL_MODEL={REAL_MODEL} (run "
                        ".ci/setup-vllm.sh, which runs .ci/real-model.sh, then source .ci/env)"),
 ]
+
+
+def assert_spec_counters(m, run, drafts: int = 3) -> None:
+    """A spec-decode run's evidence as the diagnosis reads it: the digest's acceptance figures in range, and
+    vLLM's counters consistent with drafts of up to `drafts` tokens."""
+    d = m.digest
+    assert d.spec_acceptance_length is not None, run.metrics.counters if run.metrics else None
+    assert 1.0 <= d.spec_acceptance_length <= drafts + 1 and 0.0 <= d.spec_acceptance_rate <= 1.0
+    c = run.metrics.counters
+    assert c["spec_decode_num_draft_tokens"] <= drafts * c["spec_decode_num_drafts"]
+    assert c["spec_decode_num_accepted_tokens"] <= c["spec_decode_num_draft_tokens"]
