@@ -7,7 +7,7 @@ model does not know any of the words. A request routed to the wrong adapter answ
 
 Run with the vLLM venv's interpreter (torch, transformers, peft):
 `.venv-vllm/bin/python tuner/testing/real_lora.py MODEL_DIR OUT_DIR COUNT`. Deterministic for a given torch
-build (seeded); about 40 s per adapter on 2 cores.
+build (seeded); under a minute per adapter on 2 cores.
 """
 
 from __future__ import annotations

