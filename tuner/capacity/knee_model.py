@@ -36,7 +36,8 @@ class KneeSettings:
     #: x mean E2E) is an unloaded engine: only there may the search conclude that no rate meets the SLO.
     unloaded_in_flight: float = 1.5
     #: A run too short to tell is run again with this many times the requests, up to `max_lengthen`
-    #: times the load settings' `requests` (virtual time; a real-time run is bounded by its duration).
+    #: times the load settings' `requests` (virtual time); a real-time run, bounded by its duration, is
+    #: pooled with up to this many runs in all when it was short only of sends (a slow server's low rate).
     max_lengthen: int = 4  # (a verdict inside the noise: 2)
     lengthen_band: float = 0.15  # ... when its badness is this close to 1 and its verdict undecided
     #: Real time (runs capped by --max-run-s): an undecided verdict within `lengthen_band` of the SLO is

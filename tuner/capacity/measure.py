@@ -274,9 +274,10 @@ def _goodput_bench(runs: list[LoadRun], slo: SLO, ratio_of: dict[int, float]) ->
 
 
 def pool_verdicts(verdicts: list[Verdict], sc: Score) -> Verdict:
-    """Several runs at one rate: each must have kept up and lasted long enough; the attainment is the
-    pooled one (more requests, a narrower interval)."""
-    worst = next((v for v in verdicts if not v.steady), None)
+    """Several runs at one rate: each must have kept up and lasted long enough (or been short only of
+    sends: `Verdict.short_of_sends`); the attainment is the pooled one (more requests, a narrower
+    interval)."""
+    worst = next((v for v in verdicts if not v.steady and not v.short_of_sends), None)
     if len(verdicts) == 1 or worst is not None:
         return worst or verdicts[0]
     v = dataclasses.replace(verdicts[-1], n=sc.n, good=sc.n_good, ci_low=sc.ci_low, ci_high=sc.ci_high,

@@ -92,6 +92,14 @@ class Verdict:
     def steady(self) -> bool:
         return self.reason not in ("overloaded", "too_short")
 
+    @property
+    def short_of_sends(self) -> bool:
+        """Too short to tell only for want of sends: its window spans its latencies many times over (a
+        low rate on a slow server, the run capped by --max-run-s), so its requests are a fair sample of
+        the rate and runs of it may be pooled (`tuner.capacity.measure.pool_verdicts`)."""
+        return self.reason == "too_short" and self.p99_e2e_s is not None and \
+            self.span_s >= SteadySettings.latency_spans * self.p99_e2e_s
+
     def describe(self) -> str:
         served = f"served {self.served_rps:.3g} of {self.offered_rps:.3g} req/s" if self.offered_rps else ""
         why = {"meets": "meets the SLO", "misses": "misses the SLO", "errors": "fails on errors",
