@@ -79,11 +79,38 @@ def canonical(value: Any) -> str:
     return json.dumps(spec.model_dump(exclude_none=True), sort_keys=True, separators=(",", ":"))
 
 
+def check_rates(rates: dict[str, float]) -> dict[str, float]:
+    """Stated per-position acceptance rates (`spec_acceptance:` of a search space or a gate file): a vLLM
+    method each, a fraction 0..1 each; ValueError with the first that is not."""
+    for method, rate in rates.items():
+        if method not in VLLM_SPEC_METHODS:
+            raise ValueError(f"{str(method)[:40]!r} is not a vLLM speculative method ({', '.join(VLLM_SPEC_METHODS)})")
+        if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0.0 <= rate <= 1.0:
+            raise ValueError(f"{method}: the acceptance rate is a fraction 0..1, got {rate!r}")
+    return rates
+
+
 def expected_tokens(acceptance: float, k: int) -> float:
     """Tokens one verification step yields per sequence on average: 1 + a + a^2 + ... + a^k."""
     if acceptance >= 1.0:
         return float(k + 1)
     return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
+
+
+def per_position(rate: float, k: int) -> float:
+    """The per-position acceptance a (the model above) whose drafts of length `k` give vLLM's acceptance
+    rate `rate` (accepted / draft tokens = (a + a^2 + ... + a^k) / k, so the same tokens per step): the
+    two differ (a = 0.3 at k = 3 reads as 0.139 on vLLM's dashboard), and a measured rate used as `a`
+    would undersell every draft length. Bisection: the rate rises with a from 0 to 1."""
+    rate = min(max(rate, 0.0), 1.0)
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if (expected_tokens(mid, k) - 1.0) / k < rate:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
 
 
 def acceptance_of(method: str, stated: dict[str, float] | None = None) -> float:
@@ -136,8 +163,9 @@ def candidates_for_batch(values: list, direction: str, evidence: dict, stated: d
         return values
     measured = evidence.get("spec_acceptance_rate")
     rates = dict(stated)
-    if isinstance(measured, float) and current:
-        rates[parse(current).method] = measured
+    if isinstance(measured, float) and current:  # vLLM's rate, read back as the model's per-position a
+        spec = parse(current)
+        rates[spec.method] = per_position(measured, spec.num_speculative_tokens)
     specs = [v for v in values if v is not None]
     return order_for_batch(specs, running, stated=rates) + [v for v in values if v is None]
 

@@ -20,7 +20,7 @@ from tuner.search.strategy import _narrowed
 from tuner.sim.config import resolve
 from tuner.sim.costs import CostParams
 from tuner.sim.engine import EngineCore, Seq
-from tuner.speculative import expected_tokens, gain, measured_acceptance, order_for_batch
+from tuner.speculative import expected_tokens, gain, measured_acceptance, order_for_batch, per_position
 from tuner.storage.records import Diagnosis, LoadRunSummary, MetricsDigest
 
 L8 = "meta-llama/Llama-3.1-8B-Instruct"
@@ -104,6 +104,16 @@ def test_the_simulators_counters_give_the_stated_acceptance_back():
     rate, length = measured_acceptance(core.spec_drafts, core.spec_draft_tokens, core.spec_accepted)
     assert length == pytest.approx(expected_tokens(0.6, 3), rel=0.03)
     assert rate == pytest.approx((expected_tokens(0.6, 3) - 1) / 3, rel=0.05)
+    # and vLLM's rate read back gives the per-position acceptance the simulator was told
+    assert per_position(rate, 3) == pytest.approx(0.6, abs=0.02)
+
+
+@pytest.mark.parametrize("a,k", [(0.0, 1), (0.3, 3), (0.6, 3), (0.9, 5), (1.0, 4)])
+def test_vllms_acceptance_rate_is_not_the_per_position_acceptance(a, k):
+    rate = (expected_tokens(a, k) - 1) / k  # accepted / draft tokens, as vLLM's dashboard computes it
+    assert per_position(rate, k) == pytest.approx(a, abs=1e-6)
+    if 0 < a < 1 and k > 1:
+        assert rate < a  # the later positions are accepted less: the rate undersells a
 
 
 def test_requests_of_mixed_lengths_free_every_block_under_speculation():

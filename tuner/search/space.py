@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tuner.errors import UserError
 from tuner.inputs import looks_like_path, parse_yaml, read_text, yaml_line
 from tuner.knobs import KNOB_SPECS as KNOB_TABLE, Knobs
-from tuner.speculative import VLLM_SPEC_METHODS
+from tuner.speculative import check_rates
 from tuner.validation import first_error
 
 KNOB_NAMES = tuple(Knobs.model_fields)
@@ -73,12 +73,7 @@ class SearchSpace(BaseModel):
     @field_validator("spec_acceptance")
     @classmethod
     def _rates(cls, v: dict[str, float]) -> dict[str, float]:
-        for method, rate in v.items():
-            if method not in VLLM_SPEC_METHODS:
-                raise ValueError(f"{method!r} is not a vLLM speculative method ({', '.join(VLLM_SPEC_METHODS)})")
-            if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0.0 <= rate <= 1.0:
-                raise ValueError(f"{method}: the acceptance rate is a fraction 0..1, got {rate!r}")
-        return v
+        return check_rates(v)
 
     @model_validator(mode="after")
     def _check(self) -> "SearchSpace":
