@@ -42,6 +42,8 @@ FILES: dict[str, bytes] = {
     "afile": b"not a directory\n",
     "bad_utf8.jsonl": b'{"prompt_tokens": 9, "output_tokens": 3}\n{"prompt": "caf\xe9", "output_tokens": 3}\n',
     "bad_record.jsonl": b'{"prompt_tokens": 9, "output_tokens": 3}\n{"prompt_tokens": 9, "output_tokens": 0}\n',
+    # one request past Qwen2.5-7B's 32,768-token context in two: plain `tune` refuses it before a launch
+    "overlong.jsonl": b'{"prompt_tokens": 9, "output_tokens": 3}\n{"prompt_tokens": 40000, "output_tokens": 3}\n',
     "slo_bool.yaml": b"ttft:\n  max_ms: true\n",
     "slo_str.yaml": b'ttft_ms: "300"\n',
     "slo_neg.yaml": b"name: negative\nttft: {max_ms: 300}\ntpot: {max_ms: -50}\n",
@@ -258,6 +260,8 @@ CASES: list[tuple[str, list[str], list[str]]] = [
      ["--vllm-python: acts only with --engine vllm"]),
     ("time-scale-with-sim", tune_with(time_scale="2"), ["--time-scale: acts only with --engine sim-http"]),
     ("slo-missing", tune_with(slo=None), ["--slo: give --workload and --slo"]),
+    ("plan-verify-overlong-workload", ["plan", str(EXAMPLE_RUN), "--verify", "--workload", "overlong.jsonl"],
+     ["overlong.jsonl", "exceed the 32,768-token context", "--drop-overlong"]),
     ("plan-policy-without-verify", ["plan", str(EXAMPLE_RUN), "--policy", "random"], ["--policy: acts only with --verify"]),
     ("plan-stop-replica-without-real-router", ["plan", str(EXAMPLE_RUN), "--verify", "--stop-replica-at", "3"],
      ["--stop-replica-at: acts only with --real-router"]),

@@ -75,6 +75,29 @@ def test_unknown_fields_knobs_and_load_keys_are_rejected(run, tmp_path):
         load_gate(tmp_path / "missing.yaml")
 
 
+def test_a_hand_edited_launch_is_refused_not_gated(run, tmp_path):
+    """A gate re-measures the launch the study measured: knobs or extra_args edited without serve_args
+    would gate what no study measured (a max_num_seqs that cannot launch reads as a regression, an edited
+    extra_args as a pass). Another configuration goes through --config-override, which is checked."""
+    good = yaml.safe_load(write_gate(run, path=tmp_path / "g.yaml").read_text())
+    for change, field in [({"knobs": {**good["knobs"], "max_num_seqs": 1_000_000_000}}, "knobs"),
+                          ({"extra_args": ["--enforce-eager"]}, "extra_args")]:
+        p = tmp_path / "edited.yaml"
+        p.write_text(yaml.safe_dump({**good, **change}))
+        with pytest.raises(UserError, match="do not make its serve_args") as e:
+            load_gate(p)
+        assert e.value.field == field and e.value.line is not None
+    for rates, match in [({"ngram": 2.0}, "fraction 0..1"), ({"telepathy": 0.5}, "not a vLLM speculative method")]:
+        p = tmp_path / "spec.yaml"
+        p.write_text(yaml.safe_dump({**good, "spec_acceptance": rates}))
+        with pytest.raises(UserError, match=match):
+            load_gate(p)
+    p = tmp_path / "schema.yaml"
+    p.write_text(yaml.safe_dump({**good, "schema_version": 99}))
+    with pytest.raises(UserError, match="schema_version"):
+        load_gate(p)
+
+
 def test_config_overrides():
     assert apply_overrides({"kv_cache_dtype": "fp8"}, ["max-num-seqs=4"]) == {"kv_cache_dtype": "fp8",
                                                                               "max_num_seqs": 4}

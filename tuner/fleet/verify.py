@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 
 from tuner.errors import UserError
 from tuner.failures import LaunchFailure
+from tuner.feasibility import check_workload
 from tuner.fleet import policies
 from tuner.fleet.load import SESSION_KEYS, trace_of
 from tuner.fleet.measure import (FleetCheck, FleetSetup, broken_seconds, broken_windows, check,
@@ -128,10 +129,17 @@ def setup_from_run(run_dir: str, *, workload: str | None = None, seed: int = 0, 
         wl = load_workload(path)
     except FileNotFoundError:
         raise UserError("the study's workload file is gone; give --workload", file=path) from None
+    slo = SLO.model_validate(info.slo)
+    # the study's own pre-flight on this workload (`tuner.feasibility`): a request longer than the served
+    # context is refused (or dropped, as the study was told) before any replica is simulated, not sent to
+    # every replica of every fleet size
+    mml = tuned.record.knobs.get("max_model_len")
+    args = [*info.settings.engine.extra_args, *([f"--max-model-len={mml}"] if mml else [])]
+    wl = check_workload(wl, slo, model=model, gpu=None, vllm_args=args,
+                        drop_overlong=info.settings.load.drop_overlong, where=str(path)).workload
     trace = trace_of(wl) if arrivals == "trace" else None
     if arrivals == "trace" and not trace:
         raise UserError("the workload has no timestamps to rescale", field="--arrivals")
-    slo = SLO.model_validate(info.slo)
     setup = FleetSetup(cfg=cfg, slo=slo, workload=wl, peak=plan.peak_rate, noise=info.settings.engine.noise,
                        seed=seed, session=session, trace=trace)
     if not info.simulated:

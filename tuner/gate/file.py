@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tuner import __version__
 from tuner.capacity.measure import LoadSettings, engine_load_settings
@@ -18,6 +18,7 @@ from tuner.knobs import Knobs
 from tuner.limits import MAX_RATE_RPS, MAX_SEED, check_load
 from tuner.recommend import recommend_study
 from tuner.slo import QualityBound
+from tuner.speculative import check_rates
 from tuner.storage.quality import ATTR, load_reference
 from tuner.storage.reader import load_study_data
 from tuner.validation import first_error
@@ -91,6 +92,11 @@ class GateFile(BaseModel):
     source_trial: int | None = None
     #: the study's quality bound: the gated launch's answers are compared with the baseline's again
     quality: GateQuality | None = None
+
+    @field_validator("spec_acceptance")
+    @classmethod
+    def _rates(cls, v: dict[str, float]) -> dict[str, float]:
+        return check_rates(v)
 
     @property
     def check_rate(self) -> float:
@@ -172,11 +178,28 @@ def load_gate(path: str | Path) -> GateFile:
         raise UserError(f"unknown engine {gate.engine!r} (known: {', '.join(engine_names())})", file=p,
                         line=yaml_line(root, ["engine"]), field="engine")
     try:
-        Knobs(**gate.knobs)
+        knobs = Knobs(**gate.knobs)
     except ValidationError as e:
         err = e.errors()[0]
         raise UserError(err["msg"], file=p, field="knobs." + ".".join(map(str, err["loc"]))) from None
+    _same_launch(gate, knobs, p, root)
     return gate
+
+
+def _same_launch(gate: GateFile, knobs: Knobs, p: Path, root) -> None:
+    """The gate re-measures the launch the study measured: its `serve_args` are that launch's knobs' flags,
+    then its `extra_args`, as `write_gate` wrote them. A hand edit of one without the other would gate a
+    launch no study measured (a `max_num_seqs` that cannot launch reads as a regression, an edited
+    `extra_args` as a pass): exit 2. A CI run that gates another configuration says so with
+    `--config-override` or `--vllm-arg`."""
+    expected = [*knobs.flags(), *gate.extra_args]
+    if gate.serve_args and gate.serve_args != expected:
+        tail = gate.serve_args[len(gate.serve_args) - len(gate.extra_args):] if gate.extra_args else []
+        field = "knobs" if tail == gate.extra_args else "extra_args"
+        raise UserError("the gate's knobs and extra_args do not make its serve_args (edited by hand?): it would "
+                        "gate a launch the study never measured; regenerate it with `tune report RUN`, or gate "
+                        "another configuration with --config-override / --vllm-arg", file=p,
+                        line=yaml_line(root, [field]), field=field)
 
 
 def apply_overrides(knobs: dict, overrides: list[str]) -> dict:
