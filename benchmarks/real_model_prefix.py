@@ -120,7 +120,7 @@ def main() -> int:
     wl = Workload(name="support-chat", source_format="tuner", requests=conversations(a.conversations, a.turns))
     tmp = Path(tempfile.mkdtemp(prefix="real-prefix-"))
     t0 = time.perf_counter()
-    print(f"host: {host()}\n")
+    print(f"Host: {host()}.\n")
     measured = {}
     for label, knobs in SETTINGS:
         with engine(model, tmp / label.split()[2]).launch(knobs) as server:

