@@ -34,7 +34,7 @@ class Threshold(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     max_ms: float = Field(gt=0, le=MAX_SECONDS * 1000, allow_inf_nan=False, strict=True)
-    percentile: float = Field(default=99.0, gt=0, le=100, strict=True)
+    percentile: float = Field(default=99.0, gt=0, le=100, strict=True, allow_inf_nan=False)
 
 
 def _normalize(data: Any) -> tuple[Any, dict[str, str]]:
@@ -66,8 +66,8 @@ class QualityBound(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     max_kl: float | None = Field(default=None, ge=0, le=100, allow_inf_nan=False, strict=True)
-    min_top1_agreement: float | None = Field(default=None, ge=0, le=1, strict=True)
-    max_accuracy_drop: float | None = Field(default=None, ge=0, le=1, strict=True)
+    min_top1_agreement: float | None = Field(default=None, ge=0, le=1, strict=True, allow_inf_nan=False)
+    max_accuracy_drop: float | None = Field(default=None, ge=0, le=1, strict=True, allow_inf_nan=False)
     #: a task file (JSONL: `prompt`, and `expected` or `regex`), relative to the SLO file
     tasks: str | None = Field(default=None, min_length=1, strict=True)
     prompts: int = Field(default=200, ge=1, le=10_000, strict=True)      # the workload's prompts sampled
@@ -93,9 +93,9 @@ class SLO(BaseModel):
     e2el: Threshold | None = None
     # Fraction of requests that must be good. Default: the strictest threshold percentile / 100.
     # strict: a number is written as a number (`true` is not 1 and "300" is not 300)
-    target: float | None = Field(default=None, gt=0, le=1, strict=True)
+    target: float | None = Field(default=None, gt=0, le=1, strict=True, allow_inf_nan=False)
     peak_rate: float | None = Field(default=None, gt=0, le=MAX_RATE_RPS, allow_inf_nan=False, strict=True)
-    headroom: float = Field(default=0.7, gt=0, le=1, strict=True)
+    headroom: float = Field(default=0.7, gt=0, le=1, strict=True, allow_inf_nan=False)
     price_per_gpu_hour: float | None = Field(default=None, ge=0, le=1e6, allow_inf_nan=False, strict=True)
     quality: QualityBound | None = None
 

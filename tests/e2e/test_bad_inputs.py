@@ -251,6 +251,10 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("synth-out-under-a-file", ["workload", "synth", "--kind", "chat", "--out", "afile/w.jsonl"],
      ["--out", "is a file"]),
     ("inspect-not-utf8", ["workload", "inspect", "bad_utf8.jsonl"], ["bad_utf8.jsonl:2: not UTF-8"]),
+    ("inspect-model-missing", ["workload", "inspect", str(WORKLOAD), "--model", "/nonexistent/model"],
+     ["--model", "/nonexistent/model: no such file or folder"]),
+    ("inspect-model-without-tokenizer", ["workload", "inspect", str(WORKLOAD), "--model", "emptydir"],
+     ["--model", "emptydir: no tokenizer.json"]),
     ("check-slo-bool", ["workload", "check-slo", "slo_bool.yaml"], ["slo_bool.yaml:2:", "must be a number"]),
     # -- output folders and files (created and removed once to prove they can be written)
     ("out-in-proc", tune_with(out="/proc/x"), ["/proc/x", "--out", "cannot create"]),

@@ -1,6 +1,7 @@
 """The commands that read a user's files never write them (issue 60): each one, run to success on a copy of
-the shipped example study and its workload and SLO, leaves every input byte for byte as it was. A refusal
-leaving its inputs alone is tests/e2e/test_bad_inputs.py's; this is the other half, the commands working.
+the shipped example study and its workload and SLO, leaves every input byte for byte as it was (`tune bench`,
+which needs a server, is checked in tests/integration/test_bench_cli.py). A refusal leaving its inputs alone
+is tests/e2e/test_bad_inputs.py's; this is the other half, the commands working.
 """
 
 from __future__ import annotations
@@ -40,12 +41,13 @@ COMMANDS = [
     (["workload", "inspect", "workloads/chat.jsonl"], []),
     (["workload", "check-slo", "workloads/chat.slo.yaml"], []),
     (["plan", "run"], []),
+    (["plan", "run", "--verify", "--peak-rate", "5", "--policy", "round_robin", "--fleet-out", "fleet"], ["fleet"]),
     (["report", "run", "--out", "rebuilt"], ["rebuilt"]),
     (["gate", "run/gate.yaml"], []),
 ]
 
 
-@pytest.mark.parametrize("argv,writes", COMMANDS, ids=[" ".join(c[0][:2]) for c in COMMANDS])
+@pytest.mark.parametrize("argv,writes", COMMANDS, ids=[" ".join(c[0][:3]) for c in COMMANDS])
 def test_a_read_only_command_leaves_its_inputs_as_they_were(inputs: Path, argv: list[str], writes: list[str]) -> None:
     before = digests(inputs)
     p = tune(*argv, cwd=inputs, timeout=300)

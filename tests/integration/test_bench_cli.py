@@ -99,9 +99,13 @@ def test_bench_goodput_against_an_slo(server, workload, tmp_path):
     slo = tmp_path / "slo.yaml"
     slo.write_text("ttft_ms: 60000\ntpot_ms: 60000\n")  # every request is good
     out = tmp_path / "r.json"
+    inputs = {f: f.read_bytes() for f in (workload, slo)}
     p = tune_bench("--url", server, "--workload", str(workload), "--num-prompts", "6", "--request-rate", "20",
                    "--slo", str(slo), "--json", str(out), "--save-run", str(tmp_path / "run"))
     assert p.returncode == 0, p.stderr
+    # a read-only command (issue 60): its inputs byte for byte as they were, its outputs only where asked
+    assert {f: f.read_bytes() for f in inputs} == inputs
+    assert sorted(x.name for x in tmp_path.iterdir()) == sorted(["r.json", "run", "slo.yaml", "w.jsonl"])
     res = json.loads(out.read_text())
     assert "Request goodput (req/s):" in p.stdout and "Request rate configured (RPS):" in p.stdout
     assert res["request_goodput"] == pytest.approx(res["request_throughput"])

@@ -63,6 +63,15 @@ def test_a_names_only_catalog_gives_two_adapters_one_name_with_its_line(tmp_path
     assert cat.by_name["a"].rank == 16 and cat.by_name["b"].rank == 64 and not cat.has_paths
 
 
+def test_a_bad_adapter_name_is_quoted_short_however_long_it_is(tmp_path: Path) -> None:
+    p = tmp_path / "a.yaml"
+    p.write_text("adapters:\n  - ok\n  - " + "x" * 10_000 + "\n")
+    with pytest.raises(UserError) as e:
+        read_lora_dir(p)
+    line = e.value.format()
+    assert e.value.line == 3 and "10,000 characters" in line and len(line) < 300, line
+
+
 def test_a_workload_naming_an_adapter_not_in_the_catalog_is_refused(tmp_path: Path) -> None:
     p = tmp_path / "a.yaml"
     p.write_text("adapters: [a, b]\n")

@@ -122,6 +122,24 @@ def _render_lora(lora: dict, console: Console) -> None:
                               for k, v in lora["working_set"].items()), highlight=False)
 
 
+def _counter_for(model: str | None):
+    """The token counter `--model` names: a local folder (or its config.json) with tokenizer.json. A path
+    that is not there, or a folder without a tokenizer, is a mistake (exit 2); a name that is not a local
+    path (a hub id) counts with the estimate, and says so."""
+    from tuner.tokens import token_counter_for, tokenizer_file
+
+    if model is not None:
+        p = Path(model).expanduser()
+        if p.exists() and tokenizer_file(model) is None:
+            raise UserError(f"{model[:200]}: no tokenizer.json there to count prompt tokens with", field="--model")
+        if not p.exists() and model.startswith(("/", ".", "~")):
+            raise UserError(f"{model[:200]}: no such file or folder", field="--model")
+        if not p.exists():
+            print(f"note: --model {model[:200]} is not a local folder; prompt tokens are estimated (about 4 "
+                  "characters a token), not counted with its tokenizer", file=sys.stderr)
+    return token_counter_for(model)
+
+
 @app.command()
 def inspect(
     file: Path = typer.Argument(..., help="Workload file (any supported format)."),
@@ -141,14 +159,13 @@ def inspect(
 ) -> None:
     """Counts, length percentiles, prefix sharing and arrival rate of a workload file; with LoRA adapters,
     their ranks, popularity and working set."""
-    from tuner.tokens import token_counter_for
-
+    counter = _counter_for(model)
     w = load_workload(file, format=format, skip_invalid=skip_invalid)
     catalog = read_lora_dir(lora_dir) if lora_dir is not None else None
     if catalog is not None:
         check_workload_adapters(w.requests, catalog, file, lora_dir)
     checked = load_slo(slo) if slo is not None else None
-    s = describe(w, token_counter_for(model))
+    s = describe(w, counter)
     lora = adapter_summary(w.requests, catalog, rate, latency_s)
     for line in w.skipped[:_MAX_SKIPPED_SHOWN]:
         print(f"skipped: {line}", file=sys.stderr)

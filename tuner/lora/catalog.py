@@ -77,7 +77,9 @@ class AdapterCatalog:
 def _check_name(name: Any, where: str | Path, line: int | None = None) -> str:
     if not isinstance(name, str) or not name.strip() or len(name) > 256 or any(c.isspace() or c in "=,"
                                                                                 for c in name):
-        raise UserError(f"adapter name {name!r} must be 1-256 characters without spaces, '=' or ','",
+        shown = repr(name[:40]) + (f" ... ({len(name):,} characters)" if len(name) > 40 else "") \
+            if isinstance(name, str) else repr(name)[:60]
+        raise UserError(f"adapter name {shown} must be 1-256 characters without spaces, '=' or ','",
                         file=where, line=line, field="name")
     return name
 
