@@ -63,6 +63,14 @@ def test_a_names_only_catalog_gives_two_adapters_one_name_with_its_line(tmp_path
     assert cat.by_name["a"].rank == 16 and cat.by_name["b"].rank == 64 and not cat.has_paths
 
 
+def test_an_adapter_config_that_is_a_directory_says_so(tmp_path: Path) -> None:
+    (tmp_path / "ad" / "t1" / "adapter_config.json").mkdir(parents=True)
+    (tmp_path / "ad" / "t1" / "adapter_model.safetensors").write_bytes(b"")
+    with pytest.raises(UserError, match="is a directory, not the adapter's config file") as e:
+        read_lora_dir(tmp_path / "ad")
+    assert str(e.value.file).endswith("adapter_config.json")
+
+
 def test_a_bad_adapter_name_is_quoted_short_however_long_it_is(tmp_path: Path) -> None:
     p = tmp_path / "a.yaml"
     p.write_text("adapters:\n  - ok\n  - " + "x" * 10_000 + "\n")

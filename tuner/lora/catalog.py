@@ -113,6 +113,8 @@ def safetensors_ranks(path: Path) -> set[int]:
 def read_adapter_folder(folder: Path) -> Adapter:
     """One PEFT adapter folder as vLLM loads it: its config's rank and target modules, its weights' size."""
     cfg_path = folder / CONFIG_FILE
+    if cfg_path.exists() and not cfg_path.is_file():
+        raise UserError("is a directory, not the adapter's config file", file=cfg_path, field="--lora-dir")
     if not cfg_path.is_file():
         raise UserError(f"adapter folder without {CONFIG_FILE} (every folder in --lora-dir is one adapter: "
                         f"{CONFIG_FILE} + {WEIGHT_FILES[0]})", file=folder, field="--lora-dir")
