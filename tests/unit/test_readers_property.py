@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from tuner.errors import UserError
 from tuner.gate.file import load_gate
 from tuner.inputs import safetensors_header
-from tuner.lora.catalog import read_lora_dir
+from tuner.lora.catalog import read_adapter_folder, read_lora_dir
+from tuner.profiles.gpus import load_gpu_file
 from tuner.profiles.models import load_hf_config
 from tuner.quality.tasks import load_tasks
 from tuner.search.space import load_space
@@ -33,6 +34,18 @@ CONFIG = {"architectures": ["LlamaForCausalLM"], "hidden_size": 576, "num_attent
           "num_key_value_heads": 3, "num_hidden_layers": 30, "intermediate_size": 1536, "vocab_size": 49152,
           "max_position_embeddings": 8192, "torch_dtype": "float32"}
 HEADER = json.dumps({"w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}).encode()
+
+
+def _adapter(config: Path) -> object:
+    """One PEFT adapter folder: the config under test beside weights of rank 8."""
+    header = json.dumps({"base_model.model.layers.0.self_attn.q_proj.lora_A.weight":
+                         {"dtype": "F32", "shape": [8, 4], "data_offsets": [0, 128]}}).encode()
+    (config.parent / "adapter_model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(128))
+    return read_adapter_folder(config.parent)
+
+
+ADAPTER_CONFIG = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"], "peft_type": "LORA",
+                  "base_model_name_or_path": "m", "task_type": "CAUSAL_LM"}
 
 
 def _first_lines(path: Path, n: int = 12) -> bytes:
@@ -51,6 +64,8 @@ READERS: list[tuple[str, str, bytes, Callable[[Path], object]]] = [
      read_lora_dir),
     ("model-config", "config.json", json.dumps(CONFIG, indent=1).encode(), load_hf_config),
     ("safetensors", "m.safetensors", len(HEADER).to_bytes(8, "little") + HEADER + bytes(16), safetensors_header),
+    ("gpu-profile", "g.gpu.yaml", (ROOT / "benchmarks/data/cpu-2core.gpu.yaml").read_bytes(), load_gpu_file),
+    ("adapter-config", "adapter_config.json", json.dumps(ADAPTER_CONFIG, indent=1).encode(), _adapter),
 ]
 
 
