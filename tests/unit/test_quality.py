@@ -140,3 +140,17 @@ def test_a_task_file_that_is_a_directory_says_so(tmp_path: Path) -> None:
     with pytest.raises(UserError) as e:
         load_tasks(tmp_path)
     assert "is a directory, not a task file" in str(e.value)
+
+
+def test_the_report_judges_quality_only_against_a_bound_the_slo_sets() -> None:
+    """Found on the trained model's end-to-end study (an SLO without `quality:`): FP8 KV at KL 0.0139 was
+    reported "within the bound", a bound nobody set."""
+    from types import SimpleNamespace
+
+    from tuner.report.quality import section_rows
+    from tuner.storage.quality import QualityResult
+
+    q = QualityResult(status="measured", prompts=106, kl_mean=0.0139, top1_agreement=0.947, greedy_agreement=0.14)
+    trial = SimpleNamespace(number=1, knobs={"kv_cache_dtype": "fp8"}, capacity_rps=4.52, quality=q)
+    assert section_rows([trial], bounded=True)[1][-1] == "within the bound"
+    assert section_rows([trial], bounded=False)[1][-1] == "not judged (the SLO sets no quality bound)"

@@ -72,9 +72,10 @@ def tuned_sentence(changing: dict, q: QualityResult | None, floor: QualityResult
             f"{fl}.{tasks}")
 
 
-def section_rows(trials: Iterable) -> list[list[str]]:
+def section_rows(trials: Iterable, bounded: bool = True) -> list[list[str]]:
     """The 'Output quality' table: every launch the check ran on (trials with `number`, `knobs`,
-    `capacity_rps` and `quality`)."""
+    `capacity_rps` and `quality`). `bounded`: the SLO has a `quality:` bound; without one the figures are
+    shown and nothing is judged (a verdict would claim a bound nobody set)."""
     rows = [["#", "knobs", "capacity (req/s)", "KL (nats/token)", "top-1 agreement", "greedy agreement",
              "prompts", "verdict"]]
     for t in trials:
@@ -87,7 +88,8 @@ def section_rows(trials: Iterable) -> list[list[str]]:
             rows.append([str(t.number), kn, cap, "", "", "", "", f"not measured ({q.reason})"])
             continue
         verdict = ("noise floor (the baseline against itself)" if q.floor else
-                   f"REJECTED: {q.rejected}" if q.rejected else "within the bound")
+                   f"REJECTED: {q.rejected}" if q.rejected else
+                   "within the bound" if bounded else "not judged (the SLO sets no quality bound)")
         if q.simulated:
             verdict += " (SIMULATED)"
         rows.append([str(t.number), kn, cap, f"{q.kl_mean:.3g}", f"{100 * (q.top1_agreement or 0):.1f}%",

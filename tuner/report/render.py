@@ -178,7 +178,7 @@ def _config(rep: Report) -> list[Block]:
 
 def _quality(rep: Report) -> list[Block]:
     """The recommended configuration's output quality beside its capacity, and every checked launch."""
-    rows = quality_rows(rep.trials)
+    rows = quality_rows(rep.trials, bounded=bool((rep.slo or {}).get("quality")))
     if rep.quality_text is None and len(rows) == 1:
         return []
     out = [Block("h2", "Output quality against vLLM's defaults")]
