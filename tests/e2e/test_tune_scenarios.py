@@ -26,6 +26,8 @@ SCENARIOS = [
     ("azure", "azure_conv_excerpt.csv", "azure.slo.yaml", ("--arrival", "trace")),
     ("multitenant-lora", "multitenant-lora.jsonl", "multitenant-lora.slo.yaml",
      ("--lora-dir", str(W / "multitenant-lora.adapters.yaml"), "--search-space", "multitenant-lora")),
+    # the trained model's questions and its CPU SLO (README: without a GPU), here on the simulated GPU
+    ("smollm2", "smollm2-questions.jsonl", "smollm2-cpu.slo.yaml", ()),
 ]
 
 
