@@ -69,15 +69,9 @@ def cpu_flags() -> str:
 
 def host() -> str:
     """One line naming the host: its CPU model, cores and vector flags."""
-    name = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name}, {os.cpu_count()} cores ({platform.machine()}); CPU flags: {cpu_flags()}"
+    from benchmarks.run_all import cpu_model
+
+    return f"{cpu_model()}, {os.cpu_count()} cores ({platform.machine()}); CPU flags: {cpu_flags()}"
 
 
 def quantile(xs: list[float], q: float) -> float | None:

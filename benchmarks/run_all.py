@@ -42,15 +42,19 @@ from _parts import KINDS, PARTS, Part, by_name  # noqa: E402
 KEEP_RUNS = 24  # invocations kept in results/run_all.json: the last full one and the partial ones after it
 
 
-def host() -> str:
-    cpu = "unknown CPU"
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ("unknown CPU" where it cannot be read)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return "unknown CPU"
+
+
+def host() -> str:
+    cpu = cpu_model()
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     load = os.getloadavg()[0]
     return (f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB, {platform.system()} {platform.machine()}, "
