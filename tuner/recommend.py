@@ -72,6 +72,12 @@ def gain_counts(gain: Estimate | None, floor: float) -> bool:
     return gain is not None and gain.low > 0 and gain.low >= floor
 
 
+def share_needed(knob: str, floor: float) -> float:
+    """The share a knob must bring to stay in a configuration: the floor for one that changes outputs,
+    `SHARE_OF_FLOOR` of it otherwise."""
+    return floor if knob in OUTPUT_KNOBS else SHARE_OF_FLOOR * floor
+
+
 def knob_earns(knob: str, share: Estimate | None, floor: float) -> bool:
     """A knob stays: the configuration without it serves significantly less (paired), by at least
     `SHARE_OF_FLOOR` of the floor; a knob that changes outputs must clear the floor with its share's lower
@@ -79,8 +85,8 @@ def knob_earns(knob: str, share: Estimate | None, floor: float) -> bool:
     if share is None:
         return False
     if knob in OUTPUT_KNOBS:
-        return share.low > 0 and share.low >= floor
-    return share.low > 0 and share.value >= SHARE_OF_FLOOR * floor
+        return share.low > 0 and share.low >= share_needed(knob, floor)
+    return share.low > 0 and share.value >= share_needed(knob, floor)
 
 
 #: A comparison is settled early only on at least this many windows.
@@ -95,7 +101,7 @@ def gain_settled(gain: Estimate | None, floor: float) -> bool:
 
 def share_settled(knob: str, share: Estimate | None, floor: float) -> bool:
     """The same for `knob_earns`: the whole interval of the knob's share is above what it needs, or below."""
-    need = floor if knob in OUTPUT_KNOBS else SHARE_OF_FLOOR * floor
+    need = share_needed(knob, floor)
     return share is not None and share.n >= MIN_WINDOWS and (share.low >= need and share.low > 0
                                                               or share.high < need)
 

@@ -32,9 +32,9 @@ from tuner.inputs import check_out_dir, check_resume, file_sha256, parse_yaml, r
 from tuner.knobs import Knobs, vllm_defaults
 from tuner.preflight import check_grid_size, check_launcher, check_study_target, stored_info
 from tuner.profiles.gpus import get_gpu
-from tuner.profiles.host import describe_host
+from tuner.profiles.host import describe_host, gpus
 from tuner.profiles.models import get_model
-from tuner.quality import check_inputs as check_quality_inputs, study_check
+from tuner.quality import check_inputs as check_quality_inputs, hazard as quality_hazard, study_check
 from tuner.report import write_report
 from tuner.capacity.windows import default_windows, plan_for
 from tuner.search.attribute import attribute_study
@@ -242,8 +242,11 @@ def trial_runner(settings: RunSettings, study: Any, engine: Engine, workload: Wo
                  space: SearchSpace, load: LoadSettings, reporter: Reporter | None) -> TrialRunner:
     """The runner of the study's trials, as `tune` and every `tune worker` build it."""
     defaults = engine_defaults(settings)
+    cpu = get_gpu(settings.engine.gpu).platform == "cpu" if settings.engine.gpu else not gpus()
     quality = study_check(workload, slo, settings.slo, space.knobs, simulated=engine.simulated, defaults=defaults,
-                          say=getattr(reporter, "note", None))
+                          say=getattr(reporter, "note", None),
+                          unavailable=quality_hazard(lora=bool(settings.engine.lora_dir), cpu=cpu,
+                                                     simulated=engine.simulated))
     return TrialRunner(study=study, engine=engine, workload=workload, slo=slo, space=space, load=load,
                        knee=KneeSettings(precision=settings.knee.precision), defaults=defaults,
                        reporter=reporter or NullReporter(), start_rate=settings.load.start_rate or 1.0,

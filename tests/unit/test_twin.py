@@ -293,3 +293,27 @@ def test_a_fit_of_two_launches_is_the_same_on_one_process_and_on_two(chat, truth
         assert first is not None and refit is not None and refit.trials == [0, 1]
         fits[workers] = [(f.loss, f.nominal_loss, f.params, f.replays, f.residuals) for f in (first, refit)]
     assert fits["1"] == fits["2"]
+
+
+def test_a_candidate_keeps_only_the_knobs_the_twin_predicts_to_matter(chat):
+    """`simplest`: on the chat workload the nominal twin's candidate loses the knobs that change nothing
+    here (gpu_memory_utilization 0.91 against the default 0.9, a batch cap of 512 that 128 never reached)
+    and keeps the one that carries its gain; the knob left costs, without it, more than a kept knob must
+    bring."""
+    from tuner.recommend import share_needed
+    from tuner.search.strategies.twin import simplest
+
+    wl, slo = chat
+    twin = Twin.build(GPU, MODEL, wl, slo, LOAD)
+    floor = 0.05
+    cand = twin.predict(Knobs(max_num_batched_tokens=8192, max_num_seqs=512, gpu_memory_utilization=0.91),
+                        start_rate=1.0)
+    out = simplest(twin, cand, lambda k: k, lambda p: False, floor, {}, start_rate=1.0)
+    assert out.knobs == {"max_num_batched_tokens": 8192}
+    assert out.capacity_rps * (1 + share_needed("max_num_seqs", floor)) >= cand.capacity_rps
+    base = twin.predict(Knobs(), start_rate=1.0)
+    assert (base.capacity_rps or 0.0) * (1 + share_needed("max_num_batched_tokens", floor)) < out.capacity_rps
+    # a drop that lands on a configuration already launched is not taken: the candidate stays new
+    seen = simplest(twin, cand, lambda k: k, lambda p: p.knobs == {"max_num_batched_tokens": 8192}, floor, {},
+                    start_rate=1.0)
+    assert len(seen.knobs) == 2 and seen.knobs["max_num_batched_tokens"] == 8192

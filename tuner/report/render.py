@@ -137,6 +137,7 @@ def _attribution(rep: Report, figures: set[str] = frozenset()) -> list[Block]:
         out.append(Block("p", "No trial beat the baseline: nothing to attribute."))
         return out
     knobs_of = {t.number: t.knobs for t in rep.trials}
+    paired = rep.recommendation is not None and rep.recommendation.paired
     rows = [["trial", "knob", "change", "share of the gain", "step total (measured, req/s)",
              "in the recommendation", "why this knob (diagnosis)"]]
     for s in rep.attribution:
@@ -146,6 +147,8 @@ def _attribution(rep: Report, figures: set[str] = frozenset()) -> list[Block]:
             kept = "yes" if rep.tuned.knobs.get(r.knob) == value else "no"
             if kept == "no" and r.within_noise:
                 kept = "no (within noise)"
+            elif kept == "yes" and r.source != "measured" and not paired:
+                kept = "yes (not measured alone)"
             rows.append([str(s.trial), r.knob, r.change, _share(r),
                          total if i == 0 else f"(trial {s.trial}, same step)", kept, s.why or ""])
     multi = any(len(s.rows) > 1 for s in rep.attribution)
@@ -156,8 +159,13 @@ def _attribution(rep: Report, figures: set[str] = frozenset()) -> list[Block]:
                  "twin: the step's configuration with that knob left as before, predicted, against the step "
                  "predicted whole. Those shares are labelled predicted: they were not measured (`--attribute` "
                  "measures them with one launch each); knobs that interact need not add up to the step's "
-                 "measured total. Predicted shares decide nothing: which knobs the recommendation keeps is "
-                 "measured, paired (the table under Recommendation).")
+                 "measured total.")
+        text += (" Predicted shares decide nothing: which knobs the recommendation keeps is measured, paired "
+                 "(the table under Recommendation)." if paired else
+                 " Without the paired check (`--windows`, off on real-time engines) no knob of a multi-knob "
+                 "step was measured alone: the recommendation is a configuration measured as a whole, and a "
+                 "knob marked \"not measured alone\" rides with it unproven (`--attribute` or `--windows N` "
+                 "measures each).")
     out += [Block("table", rows=rows), Block("p", text)]
     if rep.simplification is not None and rep.simplification.note:
         out.append(Block("p", rep.simplification.note))

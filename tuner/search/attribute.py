@@ -203,12 +203,14 @@ def _confirm(runner: TrialRunner, budget: Budget, final: TrialRecord, knobs: dic
         say(f"confirming trial {final.number} without {names} (their shares are within noise)")
         done = runner.evaluate(Knobs.stored(knobs), role="simplify", start_rate=final.capacity_rps,
                                incumbent=final.capacity_rps)
+        how = f"was launched as trial {done.number} to confirm it"
+    else:
+        how = f"is trial {done.number}, measured before"
     out.trial = done.number
     cap = f"{done.capacity_rps:.3g} req/s" if done.capacity_rps else "no capacity"
-    out.note = (f"Trial {final.number} without {names} (their shares are within the {floor:.0%} noise "
-                f"floor) was launched as trial {done.number} to confirm it: {cap} measured against "
-                f"{final.capacity_rps:.3g} req/s; the recommendation takes the simpler one only if that is "
-                "within the noise floor.")
+    out.note = (f"Trial {final.number} without {names} (their predicted shares are within the {floor:.0%} "
+                f"noise floor) {how}: {cap} measured against {final.capacity_rps:.3g} req/s; the "
+                "recommendation takes the simpler one only if that is within the noise floor.")
     return out
 
 
