@@ -157,3 +157,32 @@ def test_a_burst_whose_requests_failed_does_not_start_the_search():
         search._record(Measurement(burst, MetricsDigest(), []))
         assert search.result.points == [burst]
         assert (search.next_rate(0.3) == 0.3) is not used
+
+
+def _stream(i: int, sent: float, gaps: list[float], prompt: int):
+    from tuner.replay.record import RequestRecord
+
+    t = [sent + 0.05]
+    for g in gaps:
+        t.append(t[-1] + g)
+    return RequestRecord(index=i, scheduled_s=sent, sent_s=sent, first_token_s=t[0], finish_s=t[-1], token_times=t,
+                         prompt_tokens=prompt, output_tokens=len(t), expected_output_tokens=len(t))
+
+
+def test_an_itl_broken_by_other_requests_prefills_is_interference_not_an_unloaded_floor():
+    """A lightly loaded engine whose ITL violators stalled while another request prefilled (vLLM's whole
+    512-token prefill in one step): a lower rate makes those meetings rarer, so it is no "no rate meets
+    it". Violators that stalled alone are the engine's own floor."""
+    from tuner.capacity.explain import interference
+    from tuner.storage.records import LoadRunSummary
+
+    itl = SLO(itl={"max_ms": 400, "percentile": 90})
+    point = LoadRunSummary(rate=0.4, n=3, attainment=0.67, ci_low=0.2, ci_high=0.9, goodput=None, passed=False,
+                           binding="itl")
+    stalled = _stream(0, 0.0, [0.03, 0.03, 0.75, 0.03], 64)       # its 750 ms gap from 0.11 to 0.86 s ...
+    long_prompt = _stream(1, 0.2, [0.03, 0.03], 512)              # ... while this one prefilled (0.2-0.25 s)
+    calm = _stream(2, 5.0, [0.03, 0.03, 0.03], 64)
+    assert interference(point, [stalled, long_prompt, calm], itl)
+    alone = _stream(0, 0.0, [0.03, 0.03, 0.75, 0.03], 64)         # the same gap, nobody else in flight
+    assert not interference(point, [alone, _stream(1, 3.0, [0.03], 512), calm], itl)
+    assert not interference(point.model_copy(update={"binding": "ttft"}), [stalled, long_prompt, calm], itl)

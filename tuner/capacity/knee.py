@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Callable, Sequence
 
 from tuner.engine.base import Server
-from tuner.capacity.explain import causes, fail_words, no_rate_line
+from tuner.capacity.explain import causes, fail_words, interference, no_rate_line
 from tuner.capacity.knee_fit import OWN_SPAN, intercept_of, knee_estimate
 from tuner.capacity.knee_model import KneeResult, KneeSettings
 from tuner.capacity.lora import by_popularity
@@ -282,7 +282,8 @@ class KneeSearch:
         if lo is None:
             last = self._point(hi)
             in_flight = self._in_flight(last)
-            if in_flight is not None and in_flight <= self.knee.unloaded_in_flight:
+            if in_flight is not None and in_flight <= self.knee.unloaded_in_flight \
+                    and not interference(last, r.fail_records, self.slo):
                 r.why_none = no_rate_line(last, self.slo, r.points, r.fail_records, in_flight)
                 return None  # unloaded and still failing: no rate meets this SLO
             if hi <= self.knee.min_rate * (1 + 1e-9):

@@ -78,6 +78,10 @@ def register(app: typer.Typer) -> None:
                                       help="Print report.json (or a summary) to stdout."),
         seed: int = typer.Option(default("seed")),
         precision: float = typer.Option(default("precision"), help="Capacity precision of each knee search."),
+        noise_floor: Optional[float] = typer.Option(None, help="The gain a change must show to be recommended "
+                                                    "(a fraction: 0.05 is 5%). Default: --precision."),
+        plateau: int = typer.Option(default("plateau"), help="guided: stop after this many launches in a row "
+                                    "that found no better configuration."),
         start_rate: Optional[float] = typer.Option(None, help="First offered rate of the baseline (req/s)."),
         requests_per_run: Optional[int] = typer.Option(None, help="Requests per load run."),
         max_run_s: Optional[float] = typer.Option(None, help="Cap on a real-time load run's span (s)."),
