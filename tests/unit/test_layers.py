@@ -304,3 +304,17 @@ def test_an_unplaced_package_fails(tmp_path: Path) -> None:
 @pytest.mark.parametrize("part", LAYERS)
 def test_every_layer_exists(part: str) -> None:
     assert any(part_of(m) == part for m in IMPORTS), f"{part} is in LAYERS but not in the package"
+
+
+def test_no_private_name_is_imported_from_another_module() -> None:
+    """A name with a leading underscore is its module's own: another module that needs it needs a public
+    name (guided read three private helpers of `tuner.search.strategy`)."""
+    import ast
+
+    found = []
+    for path in sorted(PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tuner"):
+                found += [f"{path.relative_to(PKG)}: {node.module}.{a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not found, found

@@ -16,7 +16,7 @@ from tuner.profiles.gpus import get_gpu
 from tuner.profiles.models import get_model
 from tuner.report.build import config_yaml
 from tuner.search.space import SearchSpace, load_space
-from tuner.search.strategy import _narrowed
+from tuner.search.strategy import narrowed
 from tuner.sim.config import resolve
 from tuner.sim.costs import CostParams
 from tuner.sim.engine import EngineCore, Seq
@@ -164,5 +164,5 @@ def test_draft_lengths_are_ordered_for_the_knee_batch_and_a_measured_rate_wins_o
     assert order_for_batch([NGRAM4, NGRAM2], 100) == [NGRAM2, NGRAM4]
     diag = Diagnosis(kind="decode", summary="", evidence={"running_p90": 30.0, "spec_acceptance_rate": 0.9})
     # at 30 sequences, with the prior (0.3) two drafts come first; the incumbent measured 0.9 with ngram: four
-    assert _narrowed("speculative_config", [NGRAM2, NGRAM4, None], "on", diag, {}, None)[0] == NGRAM2
-    assert _narrowed("speculative_config", [NGRAM2, NGRAM4], "on", diag, {}, NGRAM2)[0] == NGRAM4
+    assert narrowed("speculative_config", [NGRAM2, NGRAM4, None], "on", diag, {}, None)[0] == NGRAM2
+    assert narrowed("speculative_config", [NGRAM2, NGRAM4], "on", diag, {}, NGRAM2)[0] == NGRAM4

@@ -4,7 +4,7 @@ import json
 
 from tuner.knobs import Knobs
 from tuner.storage.records import LoadRunSummary, TrialRecord
-from tuner.search.strategy import (Budget, LaunchNoise, _order, clearly_better_at_same_load, confirm_incumbent,
+from tuner.search.strategy import (Budget, LaunchNoise, values_toward, clearly_better_at_same_load, confirm_incumbent,
                                    normalize, replicate_baseline)
 
 
@@ -37,10 +37,10 @@ def test_better_at_one_load_but_worse_just_above_is_not_better():
 
 def test_candidate_order_follows_the_diagnosed_direction():
     values = [32, 64, 128, 256, 512]
-    assert _order(256, values, "up") == [512]
-    assert _order(256, values, "down") == [128, 64, 32]
-    assert _order(256, values, "any")[:2] == [128, 512]  # nearest first
-    assert _order(True, [True, False], "on") == []
+    assert values_toward(256, values, "up") == [512]
+    assert values_toward(256, values, "down") == [128, 64, 32]
+    assert values_toward(256, values, "any")[:2] == [128, 512]  # nearest first
+    assert values_toward(True, [True, False], "on") == []
 
 
 def test_default_valued_knobs_are_the_baseline():
@@ -108,11 +108,11 @@ def test_no_confirmation_launch_on_a_deterministic_engine_nor_without_budget():
 def test_a_batch_cap_above_the_running_batch_is_not_proposed() -> None:
     """Decode-bound at 7 running sequences: max_num_seqs 128 or 64 changes nothing; 8 may."""
     from tuner.storage.records import Diagnosis
-    from tuner.search.strategy import _narrowed
+    from tuner.search.strategy import narrowed
 
     diag = Diagnosis(kind="decode", summary="", evidence={"running_p90": 7}, knobs=["max_num_seqs"],
                      directions={"max_num_seqs": "down"})
-    assert _narrowed("max_num_seqs", [128, 64, 16, 8, 4], "down", diag, {}, None) == [8, 4]
-    assert _narrowed("max_num_seqs", [512], "up", diag, {}, None) == [512]  # raising the cap is another question
-    assert _narrowed("max_num_batched_tokens", [512], "down", diag, {}, None) == [512]
-    assert _narrowed("max_num_seqs", [64], "down", None, {}, None) == [64]
+    assert narrowed("max_num_seqs", [128, 64, 16, 8, 4], "down", diag, {}, None) == [8, 4]
+    assert narrowed("max_num_seqs", [512], "up", diag, {}, None) == [512]  # raising the cap is another question
+    assert narrowed("max_num_batched_tokens", [512], "down", diag, {}, None) == [512]
+    assert narrowed("max_num_seqs", [64], "down", None, {}, None) == [64]

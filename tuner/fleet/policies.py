@@ -29,7 +29,7 @@ response ends), never the engines' queues.
   Router 0.1.17 matches on the prompt's *token ids*, which it asks each worker for (render, else
   `/tokenize`: `tuner.sim.tokenize`); without them every decision is `missing_tokens` and goes to the
   least-loaded worker, which this model does not do. Checked against the binary with stub workers that
-  answer chosen token ids (2026-12-05): text that differs over identical tokens still hits; a match of
+  answer chosen token ids: text that differs over identical tokens still hits; a match of
   exactly 3 in 10 tokens misses, 4 in 10 hits; a miss goes to the least-loaded worker (ties: the first in
   the router's worker list, which is its registration order, not the command line's); of the workers
   holding the deepest match, the least loaded wins, even when another holds a shorter match above the

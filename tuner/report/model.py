@@ -17,6 +17,7 @@ from tuner.storage.shares import Simplification
 from tuner.storage.select import KnobStep
 from tuner.storage.quality import QualityResult
 from tuner.storage.records import Diagnosis, LatencyQuantiles, LoadRunSummary, MetricsDigest
+from tuner.settings import default
 
 REPORT_SCHEMA_VERSION = 1
 
@@ -109,8 +110,8 @@ class Report(BaseModel):
     storage: str                               # "study.db" or the storage URL of storage.txt
     strategy: str = ""
     arrival: str = "poisson"
-    noise_floor: float = 0.05
-    precision: float = 0.05
+    noise_floor: float = Field(default_factory=lambda: default("precision"))  # the settings' own defaults
+    precision: float = Field(default_factory=lambda: default("precision"))
     workload: WorkloadRef
     slo_path: str
     slo_sha256: str

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.knobs import KNOB_SPECS, Knobs, neutral_values
 from tuner.storage.records import Diagnosis, TrialRecord
 from tuner.search.runner import TrialRunner
+from tuner.settings import default
 
 
 @dataclass
 class Budget:
-    max_trials: int = 15
+    max_trials: int = field(default_factory=lambda: default("max_trials"))  # declared in `tuner.settings`
     time_budget_s: float | None = None
     started: float = 0.0
 
@@ -43,7 +44,7 @@ class Outcome:
     handed_over: bool = False       # `--strategy twin` handed the study to the diagnosis-led search
 
 
-def _order(value: Any, values: list[Any], direction: str) -> list[Any]:
+def values_toward(value: Any, values: list[Any], direction: str) -> list[Any]:
     """Candidate values of one knob in the order worth trying from the incumbent's `value`."""
     others = [v for v in values if v != value and v is not None]
     if direction in ("up", "down") and value is not None and all(isinstance(v, (int, float)) for v in others):
@@ -60,7 +61,7 @@ def _order(value: Any, values: list[Any], direction: str) -> list[Any]:
     return others
 
 
-def _narrowed(knob: str, values: list[Any], direction: str, diag: Diagnosis | None, stated: dict[str, float],
+def narrowed(knob: str, values: list[Any], direction: str, diag: Diagnosis | None, stated: dict[str, float],
               current: Any) -> list[Any]:
     """The candidate values of `knob` worth launching, in order, as the knob's own hook sees them at the
     knee the incumbent's diagnosis describes (`KnobSpec.narrow`: the batch caps that cannot bind dropped,
@@ -75,7 +76,7 @@ def normalize(knobs: Knobs, defaults: dict[str, Any]) -> Knobs:
     return Knobs.stored({k: v for k, v in knobs.set_only().items() if same.get(k, object()) != v})
 
 
-def _current(knobs: Knobs, name: str, defaults: dict[str, Any]) -> Any:
+def current_value(knobs: Knobs, name: str, defaults: dict[str, Any]) -> Any:
     v = getattr(knobs, name)
     if v is None:
         return {**neutral_values(), **defaults}.get(name)

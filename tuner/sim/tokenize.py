@@ -7,7 +7,7 @@ Any other refusal ends the attempt, and the 403 that `vllm serve` 0.32 answers o
 with `--enable-scale-out` is one: the decision then falls back without tokens (the router's metric
 `vllm_router_prefix_routing_decisions_total{outcome="missing_tokens"}`). So the simulator answers as
 `vllm serve` does: render 403 by default, the token ids with `--enable-scale-out`; `/tokenize` always.
-(Measured against the router binary with a stub worker per status code, 2026-12-05.)
+(Measured against the router binary with a stub worker per status code.)
 
 The two forms are vLLM's (`vllm/entrypoints/serve/tokenize/protocol.py`): `{"prompt": text,
 "add_special_tokens": true}` or `{"messages": [...], "add_generation_prompt": true, ...}`; the answer

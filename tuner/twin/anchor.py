@@ -10,7 +10,7 @@ predicted relative to those. A constant bias cancels; what is left is the twin's
 The SLO scale puts the edge at a measured capacity, but a knee search reports its highest passing rate,
 below the edge, and the launch's own search reported one below its edge as well: on the hidden-truth
 engines the twin then predicted the very configurations it was fitted to 3-8% low (chat and rag, three
-seeds each, 2026-12-04). So the capacities are anchored too (`capacity_scale`): every prediction is put
+seeds each). So the capacities are anchored too (`capacity_scale`): every prediction is put
 on the launches' scale by the measured / predicted capacity of the launched configurations.
 """
 

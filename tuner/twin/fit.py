@@ -56,15 +56,15 @@ POINTS_PER_LAUNCH = 5      # load runs replayed per launch: the knee's neighbour
 #: 28 trials and the first fit after 70 of 80, each with the same best: the same fit, a quarter fewer replays.
 PATIENCE_GENERATIONS = 3
 #: A refit starts from the last fit (sigma 0.12, not 0.25) and moves little: it stops after two such
-#: generations. In the main job (2026-12-05, first fit at 64 trials) the refit's gain came in its first
+#: generations. In the main job (first fit at 64 trials) the refit's gain came in its first
 #: generations and three more ran for nothing: two stop it at 261 replays instead of 342 with the same loss
 #: to the last digit (0.139186), 1.3 s of the job's ~30 s.
 REFIT_PATIENCE_GENERATIONS = 2
 #: ... and a gain of less than this share of the best loss is not progress for that count (it is still
-#: kept as the best). In the main job (2026-12-05) the first fit's last gain was 1.4% (trial 75 of 81) and
+#: kept as the best). In the main job the first fit's last gain was 1.4% (trial 75 of 81) and
 #: the refit's only one 1.9% (trial 22): counted as progress they kept the refit going to 48 trials; not
 #: counted, the refit stops after 28 trials (261 launch replays instead of 441) with the same parameters to
-#: the last digit, and the first fit still runs its 80 (its budget, 64 since 2026-12-05: `tuner.twin.twin`).
+#: the last digit, and the first fit still runs its 80 (its budget, 64: `tuner.twin.twin`).
 PATIENCE_MIN_GAIN = 0.03
 
 
@@ -144,7 +144,7 @@ def _terms(measured: LoadRunSummary, sim: LoadRunSummary) -> list[tuple[str, flo
     elif (measured.verdict in STEADY and sim.verdict not in STEADY) or (
             measured.verdict == "overloaded" and sim.verdict in STEADY):
         # One kept up and the other did not: the latencies cannot be compared, and skipping them would
-        # reward a twin too slow for every run (on azure-hidden, 2026-12-03, a fit with the prefill 12x
+        # reward a twin too slow for every run (on azure-hidden a fit with the prefill 12x
         # too slow, whose requests all timed out, scored 0.01 on the served rate alone and predicted that
         # the defaults meet the SLO at no rate).
         out.append(("verdict", CLIP))

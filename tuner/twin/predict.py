@@ -56,7 +56,7 @@ class Fidelity:
 #: screening runs were too short and run again at twice and four times the requests, which doubled the
 #: ranking's time (benchmarks/twin_rank_speed.py: 100 configurations 48-80 s with it, 33-42 s without).
 SCREEN = Fidelity(requests=300, precision=0.10, careful=False, latency_spans=1.5)
-#: A careful prediction sends 400 requests a run whatever the study's runs send. Tried on 2026-12-04:
+#: A careful prediction sends 400 requests a run whatever the study's runs send. Tried:
 #: the study's own count (500 on three hidden-truth scenarios, so the very sample a launch measures)
 #: moved the median error on verified trials from 16.9% to 14.2% raw but 11.9% to 12.1% anchored, and
 #: azure-hidden then ended at 90.5% of its optimum (median of ten seeds) instead of 98.3%, chat-hidden
@@ -68,12 +68,12 @@ GRID_LIMIT = 160   # spaces up to this many configurations are predicted exhaust
 #: two cores, each worker taking the next as it finishes), told. The batch is fixed whatever the cores, so
 #: the ranking is the same on any host; one at a time, the main job's 160 screens were its longest serial
 #: stretch. Four, not two: a screen raced out after one run and one searched to its knee differ several
-#: times in length, and a pair waited for its longer one (the main job, 2026-12-05, two runs each: 28.9
+#: times in length, and a pair waited for its longer one (the main job, two runs each: 28.9
 #: and 29.2 s against 29.4 and 30.6 s; the ranking 6.2 s against 7.0 s)
 TPE_BATCH = 4
 #: A grid's screens run in this many chains (`_chains`), whatever the cores. Each chain races its screens
 #: at its own `REFINE`-th best so far (`_bar`), so where the grid is cut decides which screens are raced
-#: out and where the next one starts: cut by the worker count (as until 2026-12-06), one core ranked chat
+#: out and where the next one starts: cut by the worker count (as it once was), one core ranked chat
 #: differently from two, 74 of 101 predictions and the third place (benchmarks/ANALYSIS.md). Eight: what
 #: two cores cut, so the rankings measured on two cores stand; on one core the chains run one by one.
 GRID_CHAINS = 8
@@ -143,7 +143,7 @@ class Memo:
     of `capacity_scale` and the attribution's predictions ask for the same ones, and each is searched once.
     Kept in the twin's own rates, so a change of `capacity_scale` alone (the last step of every fit) keeps
     them. Before the burst, the careful prediction started where its caller said (the screen's capacity,
-    the incumbent's, the last one's), and moved up to 4% with that start alone (2026-12-05)."""
+    the incumbent's, the last one's), and moved up to 4% with that start alone."""
 
     def __init__(self) -> None:
         self._raw: dict[tuple[str, str], Prediction] = {}
@@ -193,7 +193,7 @@ def _bar(preds: Iterable[Prediction], rank: int) -> float | None:
     and one that fails it clearly ends with that one load run. Below it, a configuration can be neither
     refined (`REFINE` best) nor in TPE's good group, so its exact capacity changes nothing; a third of a
     screen's runs, against four to six for the knee search (the main job's 160 screens: 102 ended below
-    the 16th best so far, 2026-12-05)."""
+    the 16th best so far)."""
     caps = sorted((p.capacity_rps for p in preds if p.capacity_rps), reverse=True)
     return caps[rank - 1] if len(caps) >= rank else None
 
@@ -303,7 +303,7 @@ def _sample(choices: dict[str, list], allowed: Callable[[Knobs], bool], canonica
     pending (the sampler's constant liar keeps them apart), screened side by side, told. A configuration
     screened before is told its capacity at once and another is asked: as TPE converges it proposes the
     good ones again, and a batch that held one of them left a core idle (the main job's 160 screens went
-    out in 80 pairs, 40 of them a lone screen, 2026-12-05). A screen that loses its race at `bar` is told 0:
+    out in 80 pairs, 40 of them a lone screen). A screen that loses its race at `bar` is told 0:
     below the sampler's good group whatever its capacity, which is all TPE reads."""
     names = list(choices)
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(20, budget // 4), constant_liar=True)

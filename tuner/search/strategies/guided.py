@@ -12,10 +12,11 @@ from collections import Counter
 
 from tuner.search.runner import TrialRunner
 from tuner.search.strategies import StrategyRun, register_strategy
-from tuner.search.strategy import (TIE_MARGIN, Budget, LaunchNoise, Outcome, _current, _narrowed, _order,
+from tuner.search.strategy import (TIE_MARGIN, Budget, LaunchNoise, Outcome, current_value, narrowed, values_toward,
                                    accept_floor, clearly_better_at_same_load, confirm_incumbent,
                                    fitted_baseline, normalize, replicate_baseline)
 from tuner.storage.records import Diagnosis
+from tuner.settings import default
 
 
 @register_strategy("guided", replays_stored=True)
@@ -25,8 +26,9 @@ def run(run: StrategyRun) -> Outcome:
                   confirm=s.confirm)
 
 
-def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: int = 3,
+def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: int | None = None,
            max_visits: int = 2, race_margin: float = 0.0, confirm: bool = True) -> Outcome:
+    plateau = default("plateau") if plateau is None else plateau  # declared in `tuner.settings`
     first = fitted_baseline(runner, budget)
     if first.launch_failure_kind == "client_bound":  # every other launch would be measured the same way
         return Outcome(first, None, f"the load client could not measure the baseline: {first.launch_failure_message}")
@@ -55,9 +57,9 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
         knob = order[0]
         direction = (diag.directions.get(knob, "any") if diag and knob in wanted else "any")
         inc_knobs = inc.config
-        cur = _current(inc_knobs, knob, runner.defaults)
+        cur = current_value(inc_knobs, knob, runner.defaults)
         lessons = runner.lessons()
-        candidates = _narrowed(knob, _order(cur, runner.space.knobs[knob].values, direction), direction, diag,
+        candidates = narrowed(knob, values_toward(cur, runner.space.knobs[knob].values, direction), direction, diag,
                                runner.space.spec_acceptance, cur)
         queue = lessons.allowed(knob, candidates, inc_knobs, runner.defaults)
         best = inc

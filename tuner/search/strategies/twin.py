@@ -11,7 +11,7 @@
    noise floor (the gain the incumbent's own measurement could hide); it stops once the verified best is
    within noise of the twin's best, or the budget is spent. The first verification is launched whatever
    the twin predicts: a twin fitted to the baseline alone has reproduced one configuration, and its error
-   on any other is unmeasured until one is verified. On hidden-truth engines (2026-12-03) a twin fitted
+   on any other is unmeasured until one is verified. On hidden-truth engines a twin fitted
    to the defaults predicted nothing beating them on 3 of 10 azure seeds and stopped at 73% of the optimum.
 
 The twin compares configurations by their predicted ratio to the incumbent's prediction, not by absolute
