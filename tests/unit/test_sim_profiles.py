@@ -67,3 +67,13 @@ def test_local_hf_config_and_user_gpu_yaml(tmp_path):
         get_gpu(str(gy))
     with pytest.raises(UserError, match="unknown GPU"):
         get_gpu("tpu-v9")
+
+
+def test_a_simulated_studys_commands_name_the_model_as_vllm_loads_it(tmp_path) -> None:
+    """`vllm serve qwen2.5-7b` does not load on a real server: an alias is its Hugging Face id; a local
+    folder or a name that is no profile's stays as given."""
+    from tuner.profiles.models import hub_id
+
+    assert hub_id("qwen2.5-7b") == hub_id("Qwen2.5-7B-Instruct") == "Qwen/Qwen2.5-7B-Instruct"
+    assert hub_id("llama-3.1-70b").startswith("meta-llama/")
+    assert hub_id(str(tmp_path)) == str(tmp_path) and hub_id("org/unknown-model") == "org/unknown-model"

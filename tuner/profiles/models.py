@@ -285,6 +285,13 @@ def _json_line(text: str, field: str | None) -> int | None:
     return None
 
 
+def hub_id(name: str) -> str:
+    """The name `vllm serve` loads for `name`: a built-in profile's alias (`qwen2.5-7b`) is its Hugging
+    Face id (`Qwen/Qwen2.5-7B-Instruct`); anything else is returned as given. A command a user copies from
+    a simulated study must run on a real one."""
+    return _aliases().get(name.lower(), name)
+
+
 def get_model(name: str) -> ModelProfile:
     """A built-in model by HF id or alias, or a local config.json / model folder."""
     key = _aliases().get(name.lower())

@@ -18,6 +18,7 @@ from tuner.engine.registry import engine_class
 from tuner.errors import UserError
 from tuner.knobs import KNOB_SPECS, Knobs
 from tuner.plan import format_plan, plan_for_study
+from tuner.profiles.models import hub_id
 from tuner.report.model import (ConfigSummary, Headline, HeadlineRow, Report, TrialRow, WorkloadRef)
 from tuner.lora.catalog import serve_args as lora_serve_args
 from tuner.report.lora import lora_section
@@ -392,8 +393,9 @@ def build_report(run_dir: str | Path) -> Report:
         serve, cfg = "", f"# No tuned configuration: {status_text}\n"
     else:
         lora = lora_serve_args(eng.lora_dir)
-        serve = serve_command(eng.model, tuned.knobs, eng.extra_args, lora)
-        cfg = config_yaml(eng.model, tuned.knobs, eng.extra_args,
+        served = hub_id(eng.model) if info.simulated and eng.model else eng.model  # what vLLM loads
+        serve = serve_command(served, tuned.knobs, eng.extra_args, lora)
+        cfg = config_yaml(served, tuned.knobs, eng.extra_args,
                           note=f"# Keep vLLM's defaults: {rec.why}.\n" if rec.kind == "defaults" else "", lora=lora)
     gate = Path(run_dir) / "gate.yaml"
 
