@@ -220,3 +220,20 @@ def test_the_verified_n_is_compared_with_the_plan_at_the_peak_not_with_its_headr
     assert "round_robin: plan N at the peak = 8 (arithmetic, no headroom; the plan's 11 adds its 0.7 headroom), " \
            "verified N = 7: agrees with the plan within one replica" in text
     assert "random: plan N at the peak = 8" in text and "verified N = 10: 2 more than the plan's arithmetic" in text
+
+
+def test_an_autoscaling_threshold_is_called_validated_only_when_its_scenario_kept_the_slo() -> None:
+    """The threshold is the best of those tried; where even it left the SLO broken for 250 s, the
+    verification says so instead of "validated"."""
+    from tuner.fleet.render import threshold_line
+    from tuner.fleet.verify import FleetVerification, Scenario
+
+    def ver(broken: float) -> FleetVerification:
+        sc = Scenario(name="autoscale", what="from 2 replicas", policy="round_robin", replicas_start=2,
+                      attainment=0.8, p99_ttft_ms=900.0, broken_s=broken, replica_seconds=3600.0, max_replicas=6,
+                      threshold=5.0)
+        return FleetVerification(run_dir="r", peak=10.0, target=0.99, plan_n=4, plan_spare=1, policies=[],
+                                 scenarios=[sc], cold_start_s=30.0, cold_start_source="measured", threshold=5.0)
+    assert threshold_line(ver(0.0)).startswith("autoscaling threshold validated: 5 ")
+    bad = threshold_line(ver(250.0))
+    assert "NOT validated" in bad and "250 s" in bad and "threshold validated" not in bad

@@ -91,12 +91,19 @@ def scaled_object(v: FleetVerification) -> dict:
                      "triggers": [_trigger(name, a["threshold"])]}}
 
 
+def _broken(v: FleetVerification) -> str:
+    """How long the SLO stayed broken in the threshold's own scenario, and from how many replicas."""
+    sc = next((s for s in v.scenarios if s.name == "autoscale" and s.threshold == v.threshold), None)
+    return f"{sc.broken_s:g} s from {sc.replicas_start} replicas" if sc else "its scenario not kept"
+
+
 def _header(v: FleetVerification) -> str:
     policy = v.chosen.policy
     lines = [f"# Written by slo-tuner `tune plan --verify` from {v.run_dir}: verified N = {v.chosen.verified_n} "
              f"under {policy} at {v.peak:g} req/s (virtual time), + 1 spare.",
              f"# Autoscaling threshold {v.threshold:g} waiting requests per replica: the autoscale scenario's "
-             "least SLO-broken time; its floor is the verified N + 1." if v.threshold is not None
+             f"least SLO-broken time ({_broken(v)}); its floor is the verified N + 1."
+             if v.threshold is not None
              else "# No autoscaling scenario was run."]
     stack = STACK_ROUTING.get(policy)
     if stack is None:
