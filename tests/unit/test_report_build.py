@@ -305,3 +305,20 @@ def test_a_knob_whose_share_was_only_predicted_is_not_shown_as_measured_to_matte
     else:
         assert all("| yes (not measured alone) |" in line for line in table), table
         assert claim not in md and "rides with it unproven" in md
+
+
+def test_a_trial_launched_once_is_never_said_to_have_been_launched_twice(rep):
+    """"launched twice" and "its second launch" are said only of a configuration the study launched more
+    than once; a lone launch off the final chain says what it was."""
+    from tuner.report.render import to_markdown
+
+    base, other = rep.trials[0], rep.trials[1]
+    lone = [base.model_copy(update={"incumbent": False, "capacity_rps": None, "role": "baseline"}),
+            other.model_copy(update={"number": 1, "incumbent": False, "accepted": True, "role": "candidate",
+                                     "knobs": {"max_num_seqs": 7}, "raced_out": False, "launch_failure_kind": None,
+                                     "quality": None})]
+    md = to_markdown(rep.model_copy(update={"trials": lone, "attribution": []}), set())
+    assert "launched twice" not in md and "second launch" not in md
+    assert "met the SLO at no rate" in md and "not on the search's final chain" in md
+    pair = [lone[0].model_copy(update={"capacity_rps": 5.0}), lone[0].model_copy(update={"number": 2, "capacity_rps": 5.2})]
+    assert "launched twice" in to_markdown(rep.model_copy(update={"trials": pair, "attribution": []}), set())

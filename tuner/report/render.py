@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 from tuner.report.model import Report
@@ -199,7 +201,9 @@ def _quality(rep: Report) -> list[Block]:
 
 def _trials(rep: Report) -> list[Block]:
     rows = [["#", "state", "knobs", "capacity (req/s)", "outcome", "quality", "diagnosis", "evidence"]]
+    launches = Counter(json.dumps(t.knobs, sort_keys=True) for t in rep.trials if t.launched)
     for t in rep.trials:
+        twice = launches[json.dumps(t.knobs, sort_keys=True)] > 1
         if t.launch_failure_kind == "ruled_out":
             outcome = f"not launched: {(t.launch_failure_message or '')[:160]}"
         elif t.launch_failure_kind in ("requests_failed", "client_bound"):
@@ -218,10 +222,14 @@ def _trials(rep: Report) -> list[Block]:
                        f"{_n(t.incumbent_before)} req/s)")
         elif t.incumbent:
             outcome = "incumbent (the baseline)" if not t.knobs else "accepted (new incumbent)"
-        elif t.incumbent is False and t.role in ("baseline", "confirm") and t.state == "COMPLETE":
+        elif t.incumbent is False and t.role in ("baseline", "confirm") and t.state == "COMPLETE" and twice:
             outcome = "launched twice: the lower (or equal) other launch of the pair stands"
-        elif t.incumbent is False and t.accepted and t.state == "COMPLETE":
+        elif t.incumbent is False and t.role == "baseline" and t.state == "COMPLETE" and not t.capacity_rps:
+            outcome = "the baseline met the SLO at no rate: no incumbent to stand on"
+        elif t.incumbent is False and t.accepted and t.state == "COMPLETE" and twice:
             outcome = "beat the incumbent once; not kept after its second launch"
+        elif t.incumbent is False and t.accepted and t.state == "COMPLETE":
+            outcome = "beat the incumbent when launched; not on the search's final chain of incumbents"
         elif t.accepted and t.incumbent is None:
             outcome = "accepted (new incumbent)"
         elif t.state == "COMPLETE":

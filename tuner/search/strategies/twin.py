@@ -155,7 +155,9 @@ def twin_search(runner: TrialRunner, budget: Budget, twin: Twin, *, noise_floor:
             if inc.capacity_rps * ratio <= floor and _verified(runner, log):
                 reason = (f"the verified best is within noise of the twin's best: the twin's best untried "
                           f"predicts {ratio - 1:+.1%} over the incumbent, inside its "
-                          f"{floor / inc.capacity_rps - 1:.1%} noise floor")
+                          f"{floor / inc.capacity_rps - 1:.1%} noise floor" if ratio > 1 else
+                          f"the twin predicts nothing untried above the verified best: its best untried "
+                          f"predicts {ratio - 1:+.1%} against the incumbent")
                 break
             expect = inc.capacity_rps * ratio
             cand = cand.model_copy(update={"anchored_rps": expect})
