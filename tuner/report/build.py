@@ -285,8 +285,8 @@ def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: 
         low = min((r.rate for r in tuned.knee), default=None)
         out.append("No configuration met the SLO at any offered rate"
                    + (f" (the lowest tried: {low:.3g} req/s)" if low else "")
-                   + ": the SLO may be out of reach on this hardware; `tune plan` checks it against the "
-                     "decode floor.")
+                   + ": the SLO may be out of reach on this hardware; `tune plan` checks each threshold "
+                     "against its single-stream floor (the prefill's for TTFT, the decode step's for TPOT).")
     elif tuned.trial is not None and tuned.trial == base.trial and (rec is None or rec.best_trial == base.trial):
         out.append("No configuration beat vLLM's defaults: the recommended configuration is the baseline.")
     skipped = counts.get("PRUNED", 0) + counts.get("FAIL", 0)
