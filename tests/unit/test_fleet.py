@@ -237,3 +237,16 @@ def test_an_autoscaling_threshold_is_called_validated_only_when_its_scenario_kep
     assert threshold_line(ver(0.0)).startswith("autoscaling threshold validated: 5 ")
     bad = threshold_line(ver(250.0))
     assert "NOT validated" in bad and "250 s" in bad and "threshold validated" not in bad
+
+
+def test_a_real_router_run_the_model_does_not_reproduce_is_warned_about() -> None:
+    from tuner.fleet.compare import Side, disagreements
+
+    def side(att: float, errors: int = 0) -> Side:
+        return Side(attainment=att, p99_ttft_ms=100.0, p99_tpot_ms=20.0, errors=errors, served_per_replica=[],
+                    hit_rate_per_replica=[])
+    assert disagreements(side(0.995), side(1.0), 0.99) == []
+    (w,) = disagreements(side(0.81), side(1.0), 0.99)
+    assert "verdicts differ" in w and "0.810" in w
+    assert "attainment 0.900" in disagreements(side(0.90), side(0.97), 0.5)[0]
+    assert "failed 7 requests" in disagreements(side(1.0, errors=7), side(1.0), 0.99)[0]

@@ -142,11 +142,32 @@ def compare(setup: FleetSetup, gpu: str, model: str, knobs: Knobs, replicas: int
                    served_per_replica=[float(r.routed) for r in v.per_replica],
                    hit_rate_per_replica=[r.prefix_hit_rate for r in v.per_replica],
                    decisions={k: float(x) for k, x in v.decisions.items()})
+    real_side = _real_side(real, decisions, setup.slo, warmup_s)
     return RealComparison(policy=policy, replicas=replicas, rate=rate, duration_s=duration_s, time_scale=time_scale,
                           warmup_s=warmup_s, stop_replica_at=stop_replica_at, requests=len(times),
                           replicas_are=f"HTTP simulator (tune sim serve) of {gpu} / {model}", wall_s=round(wall, 1),
-                          real=_real_side(real, decisions, setup.slo, warmup_s), virtual=virtual,
-                          warnings=list(real.run.warnings[:3]))
+                          real=real_side, virtual=virtual,
+                          warnings=disagreements(real_side, virtual, float(setup.slo.target))  # type: ignore[arg-type]
+                          + list(real.run.warnings[:3]))
+
+
+#: Real and modelled attainment further apart than this (relative) is said, not only printed side by side.
+ATTAINMENT_GAP = 0.05
+
+
+def disagreements(real: Side, virtual: Side, target: float) -> list[str]:
+    """What the real run says that the fleet model did not: a verdict on the SLO that differs, or an
+    attainment further off than `ATTAINMENT_GAP`. A comparison whose sides disagree must not read as a
+    confirmation (a real router at 0.81 against the model's 1.00 once printed no warning)."""
+    out = []
+    if (real.attainment >= target) != (virtual.attainment >= target):
+        out.append(f"the SLO verdicts differ: real attainment {real.attainment:.3f}, the model's "
+                   f"{virtual.attainment:.3f}, target {target:g}")
+    elif abs(real.attainment - virtual.attainment) > ATTAINMENT_GAP * max(virtual.attainment, 1e-9):
+        out.append(f"real attainment {real.attainment:.3f} against the model's {virtual.attainment:.3f}")
+    if real.errors > virtual.errors:
+        out.append(f"the real run failed {real.errors} requests, the model {virtual.errors}")
+    return out
 
 
 def _ms(x: float | None) -> str:
