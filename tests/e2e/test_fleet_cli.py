@@ -26,7 +26,11 @@ def test_verify_a_study_and_export_it(tmp_path):
     assert n >= 1 and v["plan_n"] >= 1 and [s["name"] for s in v["scenarios"]] == ["surge", "cold start", "autoscale"]
     assert v["cost_per_hour"] == pytest.approx((n + 1) * 2.5) and v["cost_per_million_output_tokens"] > 0
     assert (out / "fleet-timeline.svg").read_text().lstrip().startswith("<?xml")
-    assert "<svg" in (out / "fleet.html").read_text()
+    page = (out / "fleet.html").read_text()
+    # the HTML page carries what fleet.md does: the policy's N table and the per-replica table, styled
+    assert 'src="data:image/svg+xml;base64,' in page and "<style>" in page
+    assert "Routing policy round_robin" in page and page.count("<table>") == 2 and "Per replica at N = " in page
+    assert "## Routing policy round_robin" in (out / "fleet.md").read_text()
     values = yaml.safe_load((out / "values.yaml").read_text())
     assert values["servingEngineSpec"]["modelSpec"][0]["replicaCount"] == n + 1
     assert values["routerSpec"]["routingLogic"] == "roundrobin"

@@ -52,7 +52,8 @@ def run_verify(run_dir: Path | None, *, policies: list[str], replicas: int | Non
                peak_rate: float | None = None, real: RealRouterOptions | None = None) -> None:
     from tuner.fleet import policies as registry
     from tuner.fleet.export import write_export
-    from tuner.fleet.render import lines, write
+    from tuner.fleet.render import lines
+    from tuner.report.fleet import write_fleet as write
     from tuner.fleet.verify import MAX_REPLICAS, check_price, verify
     from tuner.inputs import check_out_dir
     from tuner.storage.reader import storage_url

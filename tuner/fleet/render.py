@@ -1,12 +1,10 @@
-"""The fleet verification as text (the terminal), Markdown, HTML with the timeline plot, and JSON."""
+"""The fleet verification as text (the terminal) and its timeline plot; its pages: `tuner.report.fleet`."""
 
 from __future__ import annotations
 
-import html
 import io
 import re
 import textwrap
-from pathlib import Path
 
 import matplotlib
 
@@ -75,30 +73,6 @@ def lines(v: FleetVerification) -> list[str]:
     return out
 
 
-def markdown(v: FleetVerification, plot_name: str | None) -> str:
-    md = ["# Fleet verification", ""] + [f"- {x}" for x in lines(v)] + [""]
-    for p in v.policies:
-        md += [f"## {p.policy}", "", "| N | attainment | p99 TTFT | p99 TPOT | hit rate | errors |",
-               "|---|---|---|---|---|---|"]
-        for c in p.checks:
-            hit = f"{c.prefix_hit_rate:.2f}" if c.prefix_hit_rate is not None else "n/a"
-            md.append(f"| {c.replicas} | {c.attainment:.4f} | {fmt_ms(c.p99_ttft_ms)} | {fmt_ms(c.p99_tpot_ms)} "
-                      f"| {hit} | {c.errors} |")
-        best = next((c for c in p.checks if c.replicas == p.verified_n), None)
-        if best is not None:
-            md += ["", f"Per replica at N = {best.replicas}:", "",
-                   "| replica | share | hit rate | attainment | p99 TTFT | p99 TPOT |", "|---|---|---|---|---|---|"]
-            for r in best.per_replica:
-                hit = f"{r.prefix_hit_rate:.2f}" if r.prefix_hit_rate is not None else "n/a"
-                att = f"{r.attainment:.4f}" if r.attainment is not None else "n/a"
-                md.append(f"| {r.replica} | {r.share:.3f} | {hit} | {att} | {fmt_ms(r.p99_ttft_ms)} | "
-                          f"{fmt_ms(r.p99_tpot_ms)} |")
-        md.append("")
-    if plot_name:
-        md += [f"![timeline]({plot_name})", ""]
-    return "\n".join(md)
-
-
 def timeline_svg(v: FleetVerification) -> str | None:
     """One panel per scenario: offered rate, replicas serving and starting, summed waiting queue, and
     the 10 s windows whose attainment broke the SLO (shaded)."""
@@ -137,24 +111,7 @@ def _panel(ax, s: Scenario, target: float) -> None:
     ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper right")
 
 
-def write(v: FleetVerification, out: Path) -> list[Path]:
-    """fleet.json, fleet.md, fleet.html and fleet-timeline.svg under `out`."""
-    out.mkdir(parents=True, exist_ok=True)
-    svg = timeline_svg(v)
-    files = [out / "fleet.json", out / "fleet.md", out / "fleet.html"]
-    files[0].write_text(v.model_dump_json(indent=2))
-    if svg:
-        (out / "fleet-timeline.svg").write_text(svg)
-        files.append(out / "fleet-timeline.svg")
-    files[1].write_text(markdown(v, "fleet-timeline.svg" if svg else None))
-    body = "".join(f"<li>{html.escape(x)}</li>" for x in lines(v))
-    files[2].write_text("<!doctype html><html><head><meta charset='utf-8'><title>Fleet verification</title>"
-                        "</head><body><h1>Fleet verification</h1><ul>" + body + "</ul>"
-                        + (f"<h2>Timeline</h2>{svg}" if svg else "") + "</body></html>")
-    return files
-
-
-__all__ = ["lines", "markdown", "timeline_svg", "write"]
+__all__ = ["lines", "timeline_svg", "threshold_line"]
 
 
 def threshold_line(v: FleetVerification) -> str:

@@ -366,8 +366,13 @@ def _md_cell(s: str) -> str:
 
 
 def to_markdown(rep: Report, figures: set[str]) -> str:
+    return page_markdown(blocks(rep, figures))
+
+
+def page_markdown(page: list[Block], fig_src: str = "plots/{}.svg") -> str:
+    """Blocks as Markdown (the report, the fleet verification); a figure's file is `fig_src` of its name."""
     lines: list[str] = []
-    for b in blocks(rep, figures):
+    for b in page:
         if b.kind == "h1":
             lines += [f"# {b.text}", ""]
         elif b.kind == "h2":
@@ -387,7 +392,7 @@ def to_markdown(rep: Report, figures: set[str]) -> str:
         elif b.kind == "ul":
             lines += [f"- {r[0]}" for r in b.rows] + [""]
         elif b.kind == "fig":
-            lines += [f"![{b.text}](plots/{b.lang}.svg)", ""]
+            lines += [f"![{b.text}]({fig_src.format(b.lang)})", ""]
     return "\n".join(lines)
 
 
@@ -414,11 +419,16 @@ def _inline(s: str) -> str:
 
 
 def to_html(rep: Report, svgs: dict[str, str]) -> str:
+    return page_html(rep.title, blocks(rep, set(svgs)), svgs)
+
+
+def page_html(title: str, page: list[Block], svgs: dict[str, str]) -> str:
+    """Blocks as one self-contained HTML page in the report's style, each figure's SVG inlined."""
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             f"<title>{html.escape(rep.title)}</title>",
+             f"<title>{html.escape(title)}</title>",
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
              f"<style>{CSS}</style></head><body>"]
-    for b in blocks(rep, set(svgs)):
+    for b in page:
         if b.kind in ("h1", "h2"):
             parts.append(f"<{b.kind}>{_inline(b.text)}</{b.kind}>")
         elif b.kind == "note":
