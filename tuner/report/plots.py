@@ -291,7 +291,7 @@ def knob_shares(rep: Report) -> str | None:
     """One bar a knob: its share of its step's gain (solid: measured, hatched: predicted by the twin),
     beside each step's measured total, the noise floor as a band around zero."""
     rows = [(s, r) for s in rep.attribution for r in s.rows]
-    if not rows:
+    if not any(r.share_pct is not None for _, r in rows):  # nothing but n/a: the table says it, no chart
         return None
     with plt.rc_context(RC):
         labels, vals, styles = [], [], []
