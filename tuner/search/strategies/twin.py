@@ -128,6 +128,17 @@ def twin_search(runner: TrialRunner, budget: Budget, twin: Twin, *, noise_floor:
     say(f"twin ranked {len(ranking.predictions)} configurations in {ranking.wall_s:.1f} s"
         + (f" ({log.raced_out} raced out by a better one's capacity)" if log.raced_out else ""))
     _save(runner, log)
+    return _verify(runner, budget, twin, log, ranking, base, start=start, allowed=allowed, lessons=lessons,
+                   noise_floor=noise_floor, say=say)
+
+
+def _verify(runner: TrialRunner, budget: Budget, twin: Twin, log: TwinLog, ranking, base: TrialRecord, *,
+            start: float, allowed: Callable[[Knobs], bool], lessons: list, noise_floor: float,
+            say: Callable[[str], None]) -> Outcome:
+    """Steps 3 and 4 of the module's docstring: launch the best untried prediction, refit, rerank, until
+    the twin predicts nothing that beats the verified best by more than the noise floor, or the budget
+    is spent. `lessons[0]` is refreshed after each launch (`allowed` reads it)."""
+    space = runner.space
     inc = base if base.capacity_rps else None
     chain = [base.number] if inc else []
     if inc:
