@@ -322,3 +322,29 @@ def test_a_trial_launched_once_is_never_said_to_have_been_launched_twice(rep):
     assert "met the SLO at no rate" in md and "not on the search's final chain" in md
     pair = [lone[0].model_copy(update={"capacity_rps": 5.0}), lone[0].model_copy(update={"number": 2, "capacity_rps": 5.2})]
     assert "launched twice" in to_markdown(rep.model_copy(update={"trials": pair, "attribution": []}), set())
+
+
+def test_every_chart_is_readable_at_the_reports_width(rep, monkeypatch):
+    """Every chart the report draws, checked as drawn: no text over another (an axis label over the next
+    panel, tick labels over an axis title), no legend over a curve."""
+    from tuner.report import plots
+
+    monkeypatch.setattr(plots, "PROBLEMS", [])
+    drawn = [name for name, draw in plots.PLOTS.items() if draw(rep)]
+    assert {"knee", "capacity", "knobs", "latency_cdf", "timeseries"} <= set(drawn), drawn
+    assert plots.PROBLEMS == []
+
+
+def test_the_layout_check_finds_overlaps_and_covered_curves():
+    import matplotlib.pyplot as plt
+
+    from tuner.report.plots import layout_problems
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1], label="a curve")
+    ax.text(0.5, 0.5, "one label")
+    ax.text(0.5, 0.5, "another label")
+    ax.legend(loc="center")
+    found = layout_problems(fig)
+    plt.close(fig)
+    assert any("overlaps" in p for p in found) and any("covers 'a curve'" in p for p in found), found

@@ -24,7 +24,12 @@ BASE, TUNED = "#7f7f7f", "#1f77b4"
 STATE_COLOR = {"accepted": "#2ca02c", "COMPLETE": "#9ecae1", "PRUNED": "#ff7f0e", "FAIL": "#d62728",
                "RUNNING": "#bbbbbb", "WAITING": "#bbbbbb"}
 RC = {"svg.hashsalt": "slo-tuner", "svg.fonttype": "path", "font.size": 9, "axes.grid": True,
-      "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False}
+      "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
+      # labels, a twin axis's included, never run into the next panel; legends sit outside the data
+      "figure.constrained_layout.use": True}
+#: When a list, every chart drawn appends what is wrong with its layout (`layout_problems`): the test of
+#: every chart sets it; the report is drawn without the check.
+PROBLEMS: list[str] | None = None
 
 
 class PlainLogFormatter(LogFormatter):
@@ -44,8 +49,51 @@ def _plain_log_ticks(fig) -> None:
                 axis.set_minor_formatter(PlainLogFormatter(base=10, labelOnlyBase=False))
 
 
+def _legend(fig, axes, ncol: int = 4, where: str = "outside lower center") -> None:
+    """One legend for the figure, outside every panel (a legend inside covers data), each label once."""
+    seen: dict = {}
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            if label and not label.startswith("_"):
+                seen.setdefault(label, h)
+    if seen:
+        fig.legend(list(seen.values()), list(seen), loc=where, ncol=min(ncol, len(seen)), fontsize=7, frameon=False)
+
+
+def layout_problems(fig) -> list[str]:
+    """Texts that overlap each other, and data drawn under a legend, in the figure as drawn: what makes a
+    chart unreadable at the report's width (the issue found an axis label over the next panel, tick labels
+    over an axis title, legends over the curves)."""
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip() and t.figure is fig]
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    out = []
+    for i, (a, ba) in enumerate(boxes):
+        for b, bb in boxes[i + 1:]:
+            w = min(ba.x1, bb.x1) - max(ba.x0, bb.x0)
+            h = min(ba.y1, bb.y1) - max(ba.y0, bb.y0)
+            if w > 1 and h > 1:
+                out.append(f"{fig.get_suptitle() or 'a chart'}: {a!r} overlaps {b!r}")
+    legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    for lg in legends:
+        box = lg.get_window_extent(renderer)
+        for ax in fig.axes:
+            for line in ax.get_lines():
+                pts = ax.transData.transform(list(zip(line.get_xdata(), line.get_ydata()))) if len(line.get_xdata()) \
+                    else []
+                if any(box.contains(x, y) for x, y in pts):
+                    out.append(f"{fig.get_suptitle() or 'a chart'}: the legend covers {line.get_label()!r}")
+                    break
+    return out
+
+
 def _svg(fig) -> str:
     _plain_log_ticks(fig)
+    if PROBLEMS is not None:
+        PROBLEMS.extend(layout_problems(fig))
     buf = io.StringIO()
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
     plt.close(fig)
@@ -111,7 +159,7 @@ def knee_curves(rep: Report) -> str | None:
                 ax.plot([0, lim], [0, lim], color="#cccccc", lw=0.8, label="goodput = offered")
             ax.set_xlabel("offered rate (req/s, open loop)")
             ax.set_ylabel(ylabel)
-            ax.legend(loc="best", fontsize=7)
+        _legend(fig, axes)
         fig.suptitle("Knee curves: the capacity is the last filled point before the SLO breaks")
         return _svg(fig)
 
@@ -151,7 +199,7 @@ def capacity_per_trial(rep: Report) -> str | None:
         for label, key in [("accepted", "accepted"), ("rejected", "COMPLETE"), ("raced out", "PRUNED"),
                            ("failed", "FAIL")]:
             ax.bar([math.nan], [math.nan], color=STATE_COLOR[key], label=label)
-        ax.legend(fontsize=7, loc="upper left")
+        _legend(fig, [ax], ncol=5)
         ax.set_title("Capacity per trial, in the order the search ran them (outline: raced out at that "
                      "rate)", fontsize=9)
         return _svg(fig)
@@ -182,17 +230,17 @@ def knob_trajectory(rep: Report) -> str | None:
             for x, y, t in zip(xs, ys, rep.trials):
                 c = STATE_COLOR.get(_status(t), "#bbbbbb")
                 if math.isnan(y):
-                    ax.text(x, 0.5, "def", ha="center", va="center", fontsize=6, color="#999999",
+                    ax.text(x, 0.5, "def", ha="center", va="center", fontsize=8, color="#999999",
                             transform=ax.get_xaxis_transform())
                 else:
                     ax.scatter([x], [y], color=c, s=28, zorder=3, edgecolors="black", linewidths=0.4)
                 if t.accepted and t.diagnosis is not None:
                     ax.annotate(t.diagnosis.kind, (x, 1.0), xycoords=("data", "axes fraction"),
-                                fontsize=6, ha="center", va="bottom", color="#555555")
+                                fontsize=7, ha="left", va="bottom", rotation=30, color="#555555")
             if cats:
                 ax.set_yticks(range(len(cats)))
-                ax.set_yticklabels(cats, fontsize=7)
-            ax.set_ylabel(name, fontsize=7, rotation=0, ha="right", va="center")
+                ax.set_yticklabels(cats, fontsize=8)
+            ax.set_ylabel(name, fontsize=8, rotation=0, ha="right", va="center")
         axes[-1, 0].set_xticks(xs)
         axes[-1, 0].set_xlabel("trial (colour: green accepted, blue rejected, orange raced out, red failed;"
                                " label: diagnosis of an accepted trial)")
@@ -220,7 +268,7 @@ def latency_cdfs(rep: Report) -> str | None:
             ax.set_xlabel(f"{m.upper()} (ms)")
             ax.set_ylabel("fraction of requests")
             ax.set_ylim(0, 1.01)
-            ax.legend(fontsize=6.5, loc="lower right")
+        _legend(fig, list(axes[0]))
         fig.suptitle("Latency distribution at capacity")
         return _svg(fig)
 
@@ -236,6 +284,7 @@ def timeseries(rep: Report) -> str | None:
         return None
     with plt.rc_context(RC):
         fig, axes = plt.subplots(1, len(confs), figsize=(6 * len(confs), 3.2), squeeze=False)
+        twins = []
         for ax, c in zip(axes[0], confs):
             s = c.knee_metrics.samples
             t = [x.t for x in s]
@@ -248,11 +297,10 @@ def timeseries(rep: Report) -> str | None:
             ax2.set_ylim(0, 1.05)
             ax2.set_ylabel("KV cache usage")
             ax2.grid(False)
-            h1, l1 = ax.get_legend_handles_labels()
-            h2, l2 = ax2.get_legend_handles_labels()
-            ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper left")
+            twins.append(ax2)
             ax.set_title(f"{c.label} at {c.knee_metrics.rate:.3g} req/s", fontsize=9)
-        fig.suptitle("Queue depth and KV usage just above the knee", y=1.04)
+        _legend(fig, list(axes[0]) + twins)
+        fig.suptitle("Queue depth and KV usage just above the knee")
         return _svg(fig)
 
 
@@ -280,7 +328,7 @@ def twin_curves(rep: Report) -> str | None:
         ax.set_yscale("log")
         ax.set_xlabel("offered rate (req/s)")
         ax.set_ylabel("SLO badness (1 = on the SLO)")
-        ax.legend(fontsize=7, ncol=2)
+        _legend(fig, [ax], ncol=2, where="outside right upper")
         return _svg(fig)
 
 
@@ -313,7 +361,7 @@ def knob_shares(rep: Report) -> str | None:
         ax.set_yticks(ys)
         ax.set_yticklabels(labels, fontsize=7)
         ax.set_xlabel("share of the step's capacity gain (% of the capacity before the step)")
-        ax.legend(fontsize=7, loc="lower right")
+        _legend(fig, [ax])
         ax.set_title("Each knob's share (hatched: predicted by the fitted twin, not measured)", fontsize=9)
         return _svg(fig)
 
