@@ -44,7 +44,10 @@ def test_adapter_thrash_is_diagnosed_and_more_slots_answer_it(tmp_path: Path) ->
     lora = rep["lora"]["rows"]  # the cold decile's p99 TTFT before (the defaults) and after
     before = next(r for r in lora if r["knobs"] == "vLLM defaults")
     after = next(r for r in lora if r["knobs"] == "max_loras=16, max_cpu_loras=128")
-    assert after["cold_attainment"] > before["cold_attainment"] and after["cold_p99_ttft_ms"] is not None
+    # each row is its trial's own run (its knee, or its lowest rate where none passed): the defaults fail even
+    # their lowest rate, the 16 slots pass a rate many times higher, both deciles measured
+    assert not before["passed"] and after["passed"] and after["rate"] > 5 * before["rate"]
+    assert min(before["hot_attainment"], before["cold_attainment"]) < 0.99 and after["cold_p99_ttft_ms"] is not None
     assert "LoRA adapters: the hot and the cold tenants" in (out / "report.md").read_text()
 
 

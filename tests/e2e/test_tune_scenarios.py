@@ -97,29 +97,29 @@ def test_the_rag_seed_scenario_names_its_cold_prefix_tail_with_counts(tmp_path):
 
 def test_the_multitenant_scenario_names_the_stall_and_the_step(tmp_path):
     """Its SLO bounds each request's largest inter-token gap at 200 ms: at vLLM's defaults a decode step
-    that carries another request's prefill chunk breaks it; the "no" says so, with the prefill's size,
-    and the knob that answers it (max_num_batched_tokens) leads the diagnosis."""
+    that carries another request's prefill chunk breaks it. Requests meeting each other is no "no rate
+    meets it": the knee search goes down to the rare meetings (a few hundredths of a request a second),
+    and the knob that answers the stall (max_num_batched_tokens) leads the diagnosis."""
     p, reasons = run(tmp_path, "multitenant.jsonl", "multitenant.slo.yaml")
     check_verdict(p, reasons)
-    (reason,) = reasons
-    assert re.search(r"p99 ITL 200 ms is broken at .* by the \d+ of \d+ requests whose decode shared a step "
-                     r"with another request's prefill of [\d,-]+ uncached prompt tokens", reason), reason
-    assert "a max_num_batched_tokens below" in reason
-    assert contradictions(reason) == []
     trial0 = record(load_trials(sqlite_url(tmp_path / "run"))[0])
+    assert trial0["capacity_rps"] is not None and trial0["capacity_rps"] < 0.1, trial0["capacity_rps"]
     assert trial0["diagnosis"]["knobs"][0] == "max_num_batched_tokens", trial0["diagnosis"]
+    fails = [r for r in trial0["load_runs"] if not r["passed"] and r["rate"] < 1e5]
+    assert fails and all(r["binding"] == "itl" for r in fails[-2:]), fails
 
 
 def test_the_multitenant_stall_is_answered_by_the_knob_the_diagnosis_names(tmp_path):
     """The guided search turns the knob the baseline's diagnosis leads with, and a capacity follows
-    (measured in-process: none at vLLM's 2048-token budget, about 3 req/s at 1024)."""
+    (measured in-process: a few hundredths of a request a second at vLLM's 2048-token budget, about 3 req/s
+    at 1024)."""
     out = tmp_path / "run"
     tune("--workload", W / "multitenant.jsonl", "--slo", W / "multitenant.slo.yaml", "--engine", "sim",
          "--gpu", "rtx4090", "--model", "qwen2.5-7b", "--strategy", "guided", "--max-trials", "2",
          "--no-confirm", "--requests-per-run", "300", "--out", out)
     # the exit code is the report's business (items 1-2); the finding is in the stored trials
     base, step = (record(t) for t in load_trials(sqlite_url(out))[:2])
-    assert base["capacity_rps"] is None and base["diagnosis"]["knobs"][0] == "max_num_batched_tokens"
+    assert (base["capacity_rps"] or 0.0) < 0.1 and base["diagnosis"]["knobs"][0] == "max_num_batched_tokens"
     assert step["knobs"].get("max_num_batched_tokens") == 1024 and step["capacity_rps"] > 1.0, step["knobs"]
 
 

@@ -36,7 +36,8 @@ def test_twin_study_verifies_its_predictions(tmp_path: Path) -> None:
     assert log["fits"][0]["loss"] <= log["fits"][0]["nominal_loss"]
     # every configuration of the space (8, less those the constraint forbids) was predicted
     assert log["configurations"] >= 7
-    launched = [t for t in study.trials if t.user_attrs.get("record", {}).get("launched")]
+    launched = [t for t in study.trials if t.user_attrs.get("record", {}).get("launched")
+                and t.user_attrs["record"].get("role") != "paired"]  # the paired check's are beyond the budget
     assert 2 <= len(launched) <= 3  # the baseline, and the first verification whatever the twin predicts
     rep = json.loads((out / "report.json").read_text())
     tw = rep["twin"]

@@ -60,33 +60,47 @@ def _legend(fig, axes, ncol: int = 4, where: str = "outside lower center") -> No
         fig.legend(list(seen.values()), list(seen), loc=where, ncol=min(ncol, len(seen)), fontsize=7, frameon=False)
 
 
+def _drawn_texts(fig) -> list:
+    """The texts a chart shows: titles, axis labels, the tick labels of ticks inside each axis's view,
+    texts and annotations, legend entries (matplotlib keeps Text objects for ticks it does not draw)."""
+    out = [t for t in [fig._suptitle, *fig.texts] if t is not None]
+    for ax in fig.axes:
+        out += [ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label, *ax.texts]
+        for axis in (ax.xaxis, ax.yaxis):
+            lo, hi = sorted(axis.get_view_interval())
+            pad = 1e-9 * max(abs(hi - lo), 1e-300)
+            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
+                loc = tick.get_loc()
+                if loc is not None and lo - pad <= loc <= hi + pad:
+                    out += [tick.label1, tick.label2]
+    for lg in list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]:
+        out += list(lg.get_texts())
+    unique = list({id(t): t for t in out}.values())  # the suptitle is among the figure's texts too
+    return [t for t in unique if t.get_visible() and t.get_text().strip()]
+
+
 def layout_problems(fig) -> list[str]:
-    """Texts that overlap each other, and data drawn under a legend, in the figure as drawn: what makes a
+    """Texts that overlap each other, and curves drawn under a legend, in the figure as drawn: what makes a
     chart unreadable at the report's width (the issue found an axis label over the next panel, tick labels
     over an axis title, legends over the curves)."""
-    from matplotlib.text import Text
-
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
-    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip() and t.figure is fig]
-    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    name = fig._suptitle.get_text() if fig._suptitle is not None else "a chart"
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in _drawn_texts(fig)]
     out = []
     for i, (a, ba) in enumerate(boxes):
         for b, bb in boxes[i + 1:]:
             w = min(ba.x1, bb.x1) - max(ba.x0, bb.x0)
             h = min(ba.y1, bb.y1) - max(ba.y0, bb.y0)
             if w > 1 and h > 1:
-                out.append(f"{fig.get_suptitle() or 'a chart'}: {a!r} overlaps {b!r}")
-    legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
-    for lg in legends:
+                out.append(f"{name}: {a!r} overlaps {b!r}")
+    for lg in list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]:
         box = lg.get_window_extent(renderer)
         for ax in fig.axes:
             for line in ax.get_lines():
-                pts = ax.transData.transform(list(zip(line.get_xdata(), line.get_ydata()))) if len(line.get_xdata()) \
-                    else []
-                if any(box.contains(x, y) for x, y in pts):
-                    out.append(f"{fig.get_suptitle() or 'a chart'}: the legend covers {line.get_label()!r}")
-                    break
+                path = line.get_transform().transform_path(line.get_path())
+                if len(path.vertices) and path.intersects_bbox(box, filled=False):
+                    out.append(f"{name}: the legend covers {line.get_label()!r}")
     return out
 
 
@@ -248,6 +262,12 @@ def knob_trajectory(rep: Report) -> str | None:
         return _svg(fig)
 
 
+def _rate(cap: float | None) -> str:
+    """A capacity in a legend; None where the paired check found none on every window (the knee's
+    latencies are still drawn)."""
+    return f"{cap:.3g} req/s" if cap is not None else "no paired capacity"
+
+
 def latency_cdfs(rep: Report) -> str | None:
     """Latency CDFs at each configuration's capacity, SLO thresholds as vertical lines."""
     other, label = _other(rep)
@@ -259,9 +279,8 @@ def latency_cdfs(rep: Report) -> str | None:
         fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.0), squeeze=False)
         for ax, m in zip(axes[0], metrics):
             if b is not None and m in b.values_ms and rep.baseline.trial != other.trial:
-                ax.plot(b.values_ms[m], b.q, color=BASE,
-                        label=f"baseline @ {rep.baseline.capacity_rps:.3g} req/s")
-            ax.plot(t.values_ms[m], t.q, color=TUNED, label=f"{label} @ {other.capacity_rps:.3g} req/s")
+                ax.plot(b.values_ms[m], b.q, color=BASE, label=f"baseline @ {_rate(rep.baseline.capacity_rps)}")
+            ax.plot(t.values_ms[m], t.q, color=TUNED, label=f"{label} @ {_rate(other.capacity_rps)}")
             th = (rep.slo.get(m) or {}).get("max_ms")
             if th:
                 ax.axvline(th, color="#d62728", ls="--", lw=1, label=f"SLO {th:g} ms")

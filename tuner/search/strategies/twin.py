@@ -36,7 +36,7 @@ from tuner.search.runner import TrialRunner
 from tuner.search.strategies import StrategyRun, register_strategy
 from tuner.search.strategies.guided import guided
 from tuner.search.strategy import (Budget, Outcome, accept_floor, clearly_better_at_same_load,
-                                   fitted_baseline, normalize)
+                                   current_value, fitted_baseline, normalize)
 from tuner.sim.lora import LoraSetup
 from tuner.storage.records import TrialRecord
 from tuner.storage.twin import ATTR, Prediction, TwinLog
@@ -156,8 +156,9 @@ def _verify(runner: TrialRunner, budget: Budget, twin: Twin, log: TwinLog, ranki
         if cand is None:
             reason = "the twin predicts no configuration left to try that meets the SLO"
             break
-        cand = simplest(twin, cand, lambda k: space.layout(normalize(k, runner.defaults)), skip, noise_floor,
-                        runner.defaults, start_rate=inc.capacity_rps if inc else start)
+        cand = simplest(twin, cand, lambda k: space.layout(normalize(k, runner.defaults)),
+                        lambda p: skip(p) or not in_space(runner, p.config), noise_floor, runner.defaults,
+                        start_rate=inc.capacity_rps if inc else start)
         knobs = cand.config
         floor = accept_floor(inc, noise_floor) if inc else None
         mine = ranking.get(normalize(inc.config, runner.defaults).set_only()) if inc else None
@@ -198,6 +199,18 @@ def _verify(runner: TrialRunner, budget: Budget, twin: Twin, log: TwinLog, ranki
     log.stop_reason = reason
     _save(runner, log)
     return Outcome(base, inc, reason, chain)
+
+
+def in_space(runner: TrialRunner, knobs: Knobs) -> bool:
+    """Every knob of the space at one of its values, an unset knob at the value vLLM gives it (a space that
+    lists only 32 and 128 sequences does not hold vLLM's default of 256)."""
+    for name, spec in runner.space.knobs.items():
+        values = list(spec.values)
+        if getattr(knobs, name) is None and None in values:
+            continue
+        if current_value(knobs, name, runner.defaults) not in values:
+            return False
+    return True
 
 
 def simplest(twin: Twin, cand: Prediction, canonical: Callable[[Knobs], Knobs], skip: Callable[[Prediction], bool],
