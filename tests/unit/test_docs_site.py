@@ -3,6 +3,7 @@ and anchor found, the generated pages (home, results, CLI and file-format refere
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,7 @@ pytest.importorskip("mkdocs", reason="mkdocs-material is in the test extra: pip 
 def _build(config: Path, site: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)],
                           capture_output=True, text=True, cwd=ROOT, timeout=300,
-                          env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"})
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
 
 
 def test_the_site_builds_strictly_with_its_generated_pages(tmp_path: Path) -> None:
