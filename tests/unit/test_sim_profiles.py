@@ -48,6 +48,9 @@ def test_every_builtin_has_a_source_and_sane_numbers():
     assert builtin_models()["meta-llama/Llama-3.1-8B-Instruct"].total_params / 1e9 == pytest.approx(8.03, abs=0.02)
     assert builtin_models()["meta-llama/Llama-3.1-70B-Instruct"].total_params / 1e9 == pytest.approx(70.6, abs=0.1)
     assert builtin_models()["Qwen/Qwen2.5-72B-Instruct"].total_params / 1e9 == pytest.approx(72.7, abs=0.1)
+    # Qwen3's model cards: 8.2B and 32.8B parameters
+    assert builtin_models()["Qwen/Qwen3-8B"].total_params / 1e9 == pytest.approx(8.2, abs=0.05)
+    assert builtin_models()["Qwen/Qwen3-32B"].total_params / 1e9 == pytest.approx(32.8, abs=0.1)
 
 
 def test_local_hf_config_and_user_gpu_yaml(tmp_path):
