@@ -21,6 +21,8 @@ MAX_REQUESTS = 1_000_000        # requests in one load run
 MAX_RATE_RPS = 1_000_000.0      # an offered rate (req/s)
 MAX_SECONDS = 31 * 24 * 3600.0  # a run, a timeout, a time budget: a month
 MAX_TRIALS = 100_000            # engine launches of one study
+#: The seed of a run when none is given: its load runs', its engine's noise and its twin's fit.
+SEED = 0
 MAX_SEED = 2 ** 32 - 1          # numpy's legacy seeding takes no more
 MAX_SYNTH_REQUESTS = 10_000_000  # `tune workload synth --requests`: held in memory while written
 MAX_TIME_SCALE = 10_000.0       # sim-http: the simulated GPU this many times slower
@@ -45,7 +47,7 @@ class LoadSpec(BaseModel):
     request_timeout_s: float = Field(120.0, gt=0, le=MAX_SECONDS)
     arrival: Literal["poisson", "gamma", "trace"] = "poisson"
     burstiness: float = Field(1.0, gt=0, le=1000)
-    seed: int = Field(0, ge=0, le=MAX_SEED, strict=True)
+    seed: int = Field(SEED, ge=0, le=MAX_SEED, strict=True)
     warmup_requests: int = Field(50, ge=0, le=MAX_REQUESTS, strict=True)
     max_concurrency: int | None = Field(None, ge=1, le=MAX_REQUESTS, strict=True)
     pass_ceiling_rps: float | None = Field(None, gt=0, le=MAX_RATE_RPS)

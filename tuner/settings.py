@@ -20,7 +20,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 from pydantic_core import PydanticUndefined
 
 from tuner.errors import UserError
-from tuner.limits import MAX_RATE_RPS, MAX_REQUESTS, MAX_SECONDS, MAX_SEED, MAX_TIME_SCALE, MAX_TRIALS
+from tuner.limits import MAX_RATE_RPS, MAX_REQUESTS, MAX_SECONDS, MAX_SEED, MAX_TIME_SCALE, MAX_TRIALS, SEED, LoadSpec
 from tuner.validation import first_error
 
 
@@ -78,7 +78,7 @@ class LoadOptions(BaseModel):
 
     requests_per_run: int | None = Field(None, ge=1, le=MAX_REQUESTS, strict=True)
     max_run_s: float | None = Field(None, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
-    arrival: str = "poisson"
+    arrival: str = LoadSpec.model_fields["arrival"].default
     start_rate: float | None = Field(None, gt=0, le=MAX_RATE_RPS, allow_inf_nan=False)
     #: score only the requests that fit the context (`tuner.feasibility`); a worker scores the same ones
     drop_overlong: bool = False
@@ -143,7 +143,7 @@ class RunSettings(BaseModel):
 
     workload: Path | None = None
     slo: Path | None = None
-    seed: int = Field(0, ge=0, le=MAX_SEED, strict=True)  # numpy's generators take no negative seed
+    seed: int = Field(SEED, ge=0, le=MAX_SEED, strict=True)  # numpy's generators take no negative seed
     engine: EngineSettings = Field(default_factory=EngineSettings)
     load: LoadOptions = Field(default_factory=LoadOptions)
     knee: KneeOptions = Field(default_factory=KneeOptions)

@@ -115,3 +115,53 @@ def test_run_settings_have_one_home_for_each_setting() -> None:
     names = [f for sec in ("engine", "load", "knee", "search", "outputs")
              for f in RunSettings.model_fields[sec].annotation.model_fields]
     assert len(names) == len(set(names))
+
+
+#: Fields that share a setting's name and are another thing: (module:class, field) -> what it is.
+NOT_THE_SETTING = {
+    ("tuner/engine/sim_http.py:SimHTTPEngine", "name"): "the engine's registry name",
+    ("tuner/engine/vllm.py:VllmEngine", "name"): "the engine's registry name",
+    ("tuner/fleet/policies.py:RoutingPolicy", "name"): "a routing policy's name",
+    ("tuner/profiles/models.py:ModelProfile", "name"): "a model profile's name",
+    ("tuner/search/space.py:SearchSpace", "name"): "a search space's name",
+    ("tuner/sim/quality.py:StandIn", "noise"): "the simulated answers' logit noise, not launch noise",
+    ("tuner/testing/conformance.py:EngineConformance", "request_timeout_s"): "the conformance suite's own",
+    ("tuner/report/model.py:Report", "strategy"): "the strategy the study ran ('' where not recorded)",
+    ("tuner/replay/record.py:LoadRun", "time_scale"): "a record of the clock the run was measured on",
+}
+
+
+def test_each_settings_default_is_written_in_one_place() -> None:
+    """A run setting's default is a literal in one class only: every other model that carries the setting
+    (the load run, the gate file, the report, the knee search, the engine spec, the twin) reads it from
+    there. Found by reading the source: a literal default under a setting's name anywhere else fails."""
+    import ast
+    from collections import defaultdict
+
+    from tuner.limits import LoadSpec
+    from tuner.settings import KneeOptions, LoadOptions
+
+    names = {f for sec in ("engine", "load", "knee", "search", "outputs")
+             for f in RunSettings.model_fields[sec].annotation.model_fields}
+    names |= set(RunSettings.model_fields) | set(LoadSpec.model_fields) | set(KneeOptions.model_fields) \
+        | set(LoadOptions.model_fields)
+
+    def literal(v: ast.expr) -> bool:
+        if isinstance(v, ast.Call) and getattr(v.func, "id", getattr(v.func, "attr", "")) in ("Field", "field"):
+            return bool(v.args) and isinstance(v.args[0], ast.Constant) and v.args[0].value is not None
+        return isinstance(v, ast.Constant) and v.value is not None
+
+    root = Path(__file__).resolve().parents[2]
+    homes: dict[str, list[str]] = defaultdict(list)
+    for path in sorted((root / "tuner").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for st in node.body:
+                if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name) and st.value is not None \
+                        and st.target.id in names and literal(st.value):
+                    where = f"{path.relative_to(root)}:{node.name}"
+                    if (where, st.target.id) not in NOT_THE_SETTING:
+                        homes[st.target.id].append(where)
+    twice = {k: v for k, v in homes.items() if len(v) > 1}
+    assert not twice, twice

@@ -6,12 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tuner.replay.record import RequestRecord
+from tuner.settings import default
 from tuner.storage.records import LoadRunSummary, MetricsDigest
 
 
 @dataclass
 class KneeSettings:
-    precision: float = 0.05        # stop when (lowest fail / highest pass) - 1 <= precision
+    #: stop when (lowest fail / highest pass) - 1 <= precision (its default: `tuner.settings.KneeOptions`)
+    precision: float = field(default_factory=lambda: default("precision"))
     max_runs: int = 12
     remeasure: int = 1             # extra load runs for a point whose CI straddles the target ...
     remeasure_band: float = 0.05   # ... and whose badness is this close to 1 (the verdict is a coin flip)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tuner.engine.base import Server
+from tuner.limits import LoadSpec
 from tuner.bench.result import sent_records, sent_span
 from tuner.capacity.lora import by_popularity, lora_digest
 from tuner.metrics.window import (MetricsWindow, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES, SPEC_ACCEPTED,
@@ -32,29 +33,33 @@ from tuner.workload.model import Workload, WorkloadRequest
 CDF_LEVELS = [round(x, 3) for x in np.linspace(0.0, 1.0, 41)]
 
 
+_SPEC = LoadSpec.model_fields
+
+
 @dataclass
 class LoadSettings:
     """How big each load run is. Defaults suit the in-process simulator (virtual time is free);
     the CLI shrinks them for engines that run in real time."""
 
-    requests: int = 1000               # per load run at most; the same at every rate (common random numbers)
+    # the defaults are `LoadSpec`'s (tuner.limits), where a gate file's `load:` section is validated
+    requests: int = _SPEC["requests"].default  # per load run at most; the same at every rate (common random numbers)
     max_duration_s: float | None = None  # real-time engines: cap the schedule's span (fewer requests)
     #: Stop a load run as soon as its verdict is certain (`tuner.capacity.verdict`): the run is sized
     #: to the SLO's percentile by the data, up to `requests` and `max_duration_s`.
-    sequential: bool = True
-    steady_tolerance: float = 0.05     # served may fall short of offered by this fraction
-    latency_spans: float = 3.0         # the scored window must last this many p99 E2E latencies
-    warmup_frac: float = 0.1           # requests sent in the first 10% of the span are not scored
-    cooldown_frac: float = 0.05        # nor those in the last 5% (the system drains then)
-    request_timeout_s: float = 120.0
-    arrival: str = "poisson"           # poisson | gamma | trace
-    burstiness: float = 1.0
-    seed: int = 0
+    sequential: bool = _SPEC["sequential"].default
+    steady_tolerance: float = _SPEC["steady_tolerance"].default  # served may fall short of offered by this
+    latency_spans: float = _SPEC["latency_spans"].default  # the scored window lasts this many p99 E2E latencies
+    warmup_frac: float = _SPEC["warmup_frac"].default      # requests sent in the first 10% of the span: not scored
+    cooldown_frac: float = _SPEC["cooldown_frac"].default  # nor those in the last 5% (the system drains then)
+    request_timeout_s: float = _SPEC["request_timeout_s"].default
+    arrival: str = _SPEC["arrival"].default            # poisson | gamma | trace
+    burstiness: float = _SPEC["burstiness"].default
+    seed: int = _SPEC["seed"].default
     #: Requests sent (and not scored) to every freshly launched server before its first load run, so
     #: shared prefixes (system prompts, RAG documents) are in its prefix cache as in a server that has
     #: been up a while: without it a candidate's first run (its race) pays a cold cache the incumbent's
     #: later runs did not.
-    warmup_requests: int = 50
+    warmup_requests: int = _SPEC["warmup_requests"].default
     #: Closed loop (`vllm bench serve --max-concurrency`): at most this many requests in flight, a due
     #: send waits for a free slot. None (the default): open loop, the only honest capacity measurement
     #: (REFERENCE.md section 1); set it to reproduce a published closed-loop measurement.
@@ -79,12 +84,12 @@ REALTIME_EARLY_OVERLOAD_S = 20.0
 
 
 def engine_load_settings(virtual_time: bool, *, requests: int | None = None, max_run_s: float | None = None,
-                         arrival: str = "poisson", seed: int = 0) -> LoadSettings:
+                         arrival: str = LoadSettings.arrival, seed: int = LoadSettings.seed) -> LoadSettings:
     """The load runs `tune` and `tune gate` size for an engine: 1,000 requests in virtual time (free);
     in real time each run is bounded by `max_run_s` and ends as soon as the sequential test decides
     (`tuner.capacity.verdict`), so the request cap only bounds a very high rate."""
     if virtual_time:
-        return LoadSettings(requests=requests or 1000, arrival=arrival, seed=seed)
+        return LoadSettings(requests=requests or LoadSettings.requests, arrival=arrival, seed=seed)
     return LoadSettings(requests=requests or REALTIME_MAX_REQUESTS, max_duration_s=max_run_s or REALTIME_MAX_RUN_S,
                         arrival=arrival, seed=seed, request_timeout_s=60.0)
 

@@ -29,6 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
+from tuner.limits import LoadSpec
 from tuner.replay.record import RequestRecord
 from tuner.slo import SLO, Z95, threshold_limits, wilson_interval, worst_ratio
 
@@ -38,7 +39,7 @@ Z_STOP = 2.5758293035489  # 99% two-sided: the stopping rule looks many times
 @dataclass(frozen=True)
 class SteadySettings:
     tolerance: float = 0.05      # served may fall short of offered by this fraction
-    latency_spans: float = 3.0   # the scored window must last this many p99 E2E latencies
+    latency_spans: float = LoadSpec.model_fields["latency_spans"].default  # the window lasts this many p99 E2E latencies
     min_requests: int = 20       # scored requests before any verdict
     min_fit_sends: int = 40      # sends in the in-flight fit before its slope may decide
     #: sends in the fit before a run may be stopped early as overloaded. A real server's throughput

@@ -24,6 +24,7 @@ from pydantic import Field
 
 from tuner.engine.base import Engine
 from tuner.errors import UserError
+from tuner.limits import SEED
 from tuner.settings import EngineSettings
 
 #: Built-in engines, "module:Class": imported on first use (the vLLM engine needs no simulator, and so on).
@@ -42,7 +43,7 @@ class EngineSpec(EngineSettings):
     there once) and what the study derives for it; each engine reads the fields it needs (`from_spec`)."""
 
     run_dir: Path = Path("servers")       # where launched servers keep their logs and pidfiles
-    seed: int = 0                         # simulated engines: the noise's seed (the run's `--seed`)
+    seed: int = SEED                      # simulated engines: the noise's seed (the run's `--seed`)
     #: simulated engines: time every token (needed for an ITL threshold; slower)
     token_times: bool = True
     #: simulated engines: the GPUs of the host (a layout asking for more fails as vLLM does); None: as

@@ -9,6 +9,7 @@ from typing import Sequence
 
 from pydantic import BaseModel, Field
 
+from tuner.settings import default
 from tuner.fleet import policies
 from tuner.fleet.load import arrivals, fleet_requests
 from tuner.fleet.sim import Autoscaler, Fleet, FleetRun
@@ -61,8 +62,8 @@ class FleetSetup:
     workload: Workload
     peak: float
     cost_params: CostParams | None = None
-    noise: float = 0.0
-    seed: int = 0
+    noise: float = field(default_factory=lambda: default("noise"))  # the run settings' own defaults
+    seed: int = field(default_factory=lambda: default("seed"))
     session: str = "tenant"
     trace: Sequence[float] | None = None
     notes: list[str] = field(default_factory=list)

@@ -17,6 +17,7 @@ from tuner.inputs import file_sha256, parse_yaml, read_text, yaml_line
 from tuner.knobs import Knobs
 from tuner.limits import MAX_RATE_RPS, MAX_SEED, check_load
 from tuner.recommend import recommend_study
+from tuner.settings import default
 from tuner.slo import QualityBound
 from tuner.speculative import check_rates
 from tuner.storage.quality import ATTR, load_reference
@@ -65,8 +66,8 @@ class GateFile(BaseModel):
     gpu: str | None = None
     model: str | None = None
     #: simulated engines: the study's launch-to-launch noise and its seed (`tuner.settings.EngineSettings`)
-    noise: float = Field(0.0, ge=0, le=1, allow_inf_nan=False)
-    seed: int = Field(0, ge=0, le=MAX_SEED, strict=True)
+    noise: float = Field(default("noise"), ge=0, le=1, allow_inf_nan=False)
+    seed: int = Field(default("seed"), ge=0, le=MAX_SEED, strict=True)
     #: simulated engines: the GPUs of the study's host (its search space's `host_gpus`)
     host_gpus: int | None = Field(None, ge=1)
     knobs: dict = Field(default_factory=dict)

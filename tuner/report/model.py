@@ -109,7 +109,7 @@ class Report(BaseModel):
     study_name: str
     storage: str                               # "study.db" or the storage URL of storage.txt
     strategy: str = ""
-    arrival: str = "poisson"
+    arrival: str = Field(default_factory=lambda: default("arrival"))
     noise_floor: float = Field(default_factory=lambda: default("precision"))  # the settings' own defaults
     precision: float = Field(default_factory=lambda: default("precision"))
     workload: WorkloadRef

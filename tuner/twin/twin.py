@@ -11,6 +11,7 @@ from typing import Callable, Iterable
 
 from tuner.capacity.measure import LoadSettings
 from tuner.knobs import Knobs
+from tuner.limits import SEED
 from tuner.profiles.gpus import GPUProfile, get_gpu
 from tuner.profiles.models import ModelProfile, get_model
 from tuner.slo import SLO
@@ -38,7 +39,7 @@ class Twin:
     workload: Workload
     slo: SLO
     load: LoadSettings
-    seed: int = 0
+    seed: int = SEED
     fit_trials: int = FIT_TRIALS
     launch_start: bool = True   # a first fit also starts from the points read off the launch
     fits: list[FitResult] = field(default_factory=list)
