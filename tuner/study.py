@@ -39,6 +39,7 @@ from tuner.report import write_report
 from tuner.capacity.windows import default_windows, plan_for
 from tuner.search.attribute import attribute_study
 from tuner.search.earn import earn
+from tuner.search.pool import device_plan, side_by_side, stderr_line
 from tuner.search.runner import NullReporter, Reporter, TrialRunner
 from tuner.search.space import SearchSpace, fit_to_workload, load_space
 from tuner.search.strategies import StrategyRun, get as get_strategy, names as strategy_names
@@ -262,6 +263,7 @@ def run_tune(settings: RunSettings, reporter: Reporter | None = None) -> tuple[O
     check_grid_size(space, settings.search.strategy)
     check_launcher(settings.engine.name, settings.engine.python, settings.engine.command)
     strategy = get_strategy(settings.search.strategy)
+    devices = device_plan(settings, space)  # a device set this host lacks fails before a study is created
     engine = make_engine(settings, slo, space)  # a bad --engine/--gpu/--model fails before a study is created
     out.mkdir(parents=True, exist_ok=True)
     if resume:
@@ -290,8 +292,9 @@ def run_tune(settings: RunSettings, reporter: Reporter | None = None) -> tuple[O
                     started=time.monotonic())
     say = getattr(reporter, "note", None)
     with interrupt_cleanup(runner):
-        outcome = strategy.run(StrategyRun(runner=runner, budget=budget, settings=settings, workload=workload,
-                                           slo=slo, load=load, say=say))
+        with side_by_side(runner, devices, out, settings.engine.api_key, say or (lambda m: None), storage=url):
+            outcome = strategy.run(StrategyRun(runner=runner, budget=budget, settings=settings, workload=workload,
+                                               slo=slo, load=load, say=say))
         if outcome.incumbent is not None:
             windows = settings.search.windows
             windows = default_windows(engine.virtual_time) if windows is None else windows
@@ -340,7 +343,23 @@ def write_outputs(run_dir: Path) -> list[Path]:
     return written
 
 
-def run_worker(run_dir: Path, host: RunSettings, options: WorkerOptions) -> int:
+def shared_study_info(run_dir: Path) -> StudyInfo:
+    """How the study in `run_dir` was started, for workers on other hosts: it must live on a shared
+    database (its storage.txt), since a SQLite file is one host's."""
+    if not run_dir.is_dir():
+        raise UserError("no such study directory", file=run_dir, field="--out")
+    if not (run_dir / "storage.txt").is_file() and not (run_dir / "study.db").is_file():
+        raise UserError("no study in this directory (no storage.txt or study.db)", file=run_dir, field="--out")
+    if not (run_dir / "storage.txt").is_file():
+        raise UserError("this study keeps its trials in a SQLite file on this host: workers on other hosts "
+                        "need it on a shared database (start it with --storage postgresql://...)",
+                        file=run_dir, field="--out")
+    url = storage_url(RunSettings(outputs=OutputSettings(out=run_dir)))
+    check_study_target(url, run_dir, resume=True, worker=True)
+    return stored_info(open_study(url, create=False, resume=True), run_dir)
+
+
+def run_worker(run_dir: Path, host: RunSettings, options: WorkerOptions, device_set: str | None = None) -> int:
     """`tune worker`: join the study in `run_dir` (or `host.outputs.storage`) and run its queued trials,
     with the study's stored settings and what this host gave for its engine (`tuner.settings.host_engine`)."""
     url = host.outputs.storage or storage_url(RunSettings(outputs=OutputSettings(out=run_dir)))
@@ -358,5 +377,10 @@ def run_worker(run_dir: Path, host: RunSettings, options: WorkerOptions) -> int:
     # the study's own load settings (requests per run, run cap, arrival, seed), not this host's defaults
     load = LoadSettings(**info.load) if info.load else load_settings(settings, engine)
     runner = trial_runner(settings, study, engine, workload, slo, space, load, None)
-    with interrupt_cleanup(runner):
+    runner.device_set = device_set
+    # `--devices`/`--set-size`: this worker on the first set, one more worker on each other set
+    plan = device_plan(settings.model_copy(update={"devices": host.devices}), space) \
+        if device_set is None and host.devices.given else None
+    with interrupt_cleanup(runner), side_by_side(runner, plan, run_dir, settings.engine.api_key, stderr_line,
+                                                 storage=url):
         return work(runner, max_trials=options.max_trials, idle_exit_s=options.idle_exit_s)

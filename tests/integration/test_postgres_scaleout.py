@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import (GPU, MODEL, SIM_HTTP_LOAD, SLO, TUNE_FIX, WORKLOAD, knobs_of, load_trials,
+from tests.e2e.conftest import (GPU, MODEL, SIM_HTTP_LOAD, SLO, TUNE_FIX, WORKLOAD, knobs_of, load_trials,  # noqa: F401
+                                processes_mentioning,
                                 port_is_free, record, server_gone, server_pidfiles, spawn, tune, tune_env,  # noqa: F401 (spawn: a fixture)
                                 wait_for)
 
@@ -225,3 +226,33 @@ def test_a_worker_stopped_with_ctrl_c_hands_its_trial_back(tmp_path: Path, pg_qu
     second = tune(*worker_args(tmp_path / "w2", pg_url), timeout=120, env=tune_env(**HEARTBEAT_ENV))
     assert second.returncode == 0 and trials_done(second) == 1, second.stderr
     assert_grid_done_once(pg_url, grid=1)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPU cores to make two sets")
+def test_two_workers_with_two_device_sets_each_share_the_grid_once(tmp_path: Path, pg_url: str, spawn) -> None:
+    """Issue 59: each worker host runs one trial per device set (here two sets of one core each, per worker):
+    four trials side by side on one study, every configuration once, each record saying its set."""
+    start_leader(tmp_path, pg_url, "sim", TUNE_FIX / "space_grid8.yaml", grid=8)
+    sets = ["--device-kind", "cpu", "--devices", "0-1", "--set-size", "1"]
+    workers = [spawn([*worker_args(tmp_path / f"w{i}", pg_url), *sets], tmp_path / f"w{i}.log",
+                     env=tune_env(**HEARTBEAT_ENV)) for i in (1, 2)]
+    for w in workers:
+        assert w.wait(timeout=300) == 0, w.output()
+        assert "Traceback" not in w.output()
+    trials = assert_grid_done_once(pg_url, grid=8)
+    used = {record(t).get("device_set") for t in trials if record(t).get("role") == "grid"}
+    assert used == {"0", "1"}, used
+    # no set's worker outlived its host's worker
+    assert not processes_mentioning("tuner.cli", "worker", "--device-set")
+
+
+def test_worker_job_exports_pods_without_the_database_url(tmp_path: Path, pg_url: str) -> None:
+    start_leader(tmp_path, pg_url, "sim", TUNE_FIX / "space_grid8.yaml", grid=8)
+    p = tune("worker-job", "--out", tmp_path / "leader", "--image", "registry/slo-tuner:1", "--pods", "4",
+             timeout=60)
+    assert p.returncode == 0, p.stderr
+    import yaml
+
+    job = yaml.safe_load(p.stdout)
+    assert job["kind"] == "Job" and job["spec"]["parallelism"] == 4
+    assert pg_url not in p.stdout and "postgresql" not in p.stdout

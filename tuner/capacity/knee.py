@@ -53,10 +53,19 @@ BADNESS_CAP = 4.0  # beyond this a point is simply "far over": do not extrapolat
 #: the rate for hours.
 ALL_FAIL_SHARE = 0.9
 OVERLOAD_CAUSES = ("timeout", "in_flight_cap")
-#: Where in a bracket [lo, hi] a fitted shot may land, as fractions of log(hi / lo) (`next_rate`).
-MIDDLE = (0.25, 0.75)
 #: A burst with more of its requests failed than this says nothing of the engine's throughput (`_record`).
 BURST_ERROR_SHARE = 0.1
+
+
+def bracket_split(lo: float, hi: float, step: float, target: float) -> float:
+    """The rate nearest `target` that splits [lo, hi] (more than two steps of `step` wide) so that either
+    side closes to one step in no more runs than bisecting the whole would: a bracket n steps wide takes
+    ceil(log2 n) halvings, so each side may be at most 2^(that - 1) steps."""
+    n = math.log(hi / lo) / math.log(step)
+    half = 2 ** (math.ceil(math.log2(n)) - 1)
+    low, high = max(n - half, 1.0), min(half, n - 1.0)  # where the split may go, in steps above lo
+    at = math.log(max(target, lo) / lo) / math.log(step)
+    return lo * step ** min(max(at, low), high)
 
 
 class KneeSearch:
@@ -70,7 +79,6 @@ class KneeSearch:
         self.result = KneeResult(capacity=None, upper=None, points=[])
         self._seed = load.seed  # re-measurements draw fresh requests from seed + 1, + 2, ...
         self._salt = load.seed * 1000  # every load run renders fresh request-unique prompt text
-        self._same_side, self._last_passed = 0, True  # where the fitted shots landed (`next_rate`)
         #: the incumbent's fitted 1 / badness of an idle engine (`knee_fit`): the slope of a lone point
         self.prior_intercept: float | None = None
         self._probe: LoadRunSummary | None = None  # the rate-inf run: an upper-bound hint, not a point
@@ -315,26 +323,25 @@ class KneeSearch:
             return None
         if hi / lo <= step * step:  # one probe closes it
             return math.sqrt(lo * hi) if hi / lo > step * 1.0001 else None
+        return self._in_bracket(lo, hi, step)
+
+    def _in_bracket(self, lo: float, hi: float, step: float) -> float:
+        """The next rate inside a bracket [lo, hi] wider than two precision steps. Bisection (in log rate)
+        closes a bracket of n precision steps in ceil(log2 n) runs whatever the curve; any split that leaves
+        each side at most 2^(that - 1) steps closes it in as many. Inside that slack the split goes where
+        the fitted knee says (just under it: if the fit is right the run passes and the side left is the
+        short one), else below the throughput a far-over fail still served. So the fit can only save runs,
+        never cost one: a fit that lands by a bound made a real search creep up from 8.00 through 8.95,
+        9.46, 9.93, 10.43, 11.54 to 12.45 req/s below a fail at 12.77 (issue 59), seven runs where
+        bisection needs three."""
         x = self._estimate()
-        last = r.points[-1]
-        self._same_side = self._same_side + 1 if last.passed == self._last_passed else 1
-        self._last_passed = last.passed
-        if x is not None and x < hi / step and self._same_side <= 2:
-            # a fitted shot, kept inside the bracket's middle half (in log rate): a fit that lands by a
-            # bound creeps (a real search walked up from 8.00 through 8.95, 9.46, 9.93, 10.43, 11.54 to
-            # 12.45 req/s below a fail at 12.77); from the middle each run cuts the bracket by at least
-            # a quarter, and a shot that lands right still closes it faster than halving
-            span = math.log(hi / lo)
-            x = min(max(x, lo * math.exp(MIDDLE[0] * span)), lo * math.exp(MIDDLE[1] * span))
-        if x is None or x >= hi / step or self._same_side > 2:
-            # no fit, a fit the fail contradicts (it fell off the cliff), or fitted shots that landed on
-            # one side three times running: halve the bracket geometrically, below the throughput a
-            # far-over fail still served
+        if x is not None and lo < x < hi:
+            target = x / math.sqrt(step)
+        else:
             fail = self._point(hi)
             served = fail.served_rps if fail.served_rps is not None else fail.throughput_rps
-            top = min(hi, served) if served and served > lo else hi
-            x, self._same_side = math.sqrt(lo * top), 0
-        return min(max(x, lo * step), hi / step)
+            target = math.sqrt(lo * min(hi, served)) if served and served > lo else math.sqrt(lo * hi)
+        return bracket_split(lo, hi, step, target)
 
     @staticmethod
     def _in_flight(p: LoadRunSummary) -> float | None:

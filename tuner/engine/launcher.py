@@ -60,8 +60,8 @@ INTERRUPT_RELEASE_S = 5.0
 _PR_SET_PDEATHSIG = 1
 
 
-def _pdeathsig_preexec():
-    """A preexec_fn that makes the kernel SIGKILL the child when its parent dies.
+def pdeathsig_preexec(sig: int = signal.SIGKILL):
+    """A preexec_fn that makes the kernel send `sig` to the child when its parent dies.
 
     libc is resolved here, before fork, so the child runs no imports. If the parent already died between
     fork and prctl the signal would never come, so the child checks and kills itself.
@@ -73,7 +73,7 @@ def _pdeathsig_preexec():
     parent = os.getpid()
 
     def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
         if os.getppid() != parent:
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -336,7 +336,7 @@ def start_process(argv: Sequence[str], *, run_dir: str | Path, port: int, host: 
         try:
             popen = _Spawner.popen(list(argv), stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                                    env=full_env, cwd=cwd, process_group=0,
-                                   preexec_fn=_pdeathsig_preexec(), close_fds=True)
+                                   preexec_fn=pdeathsig_preexec(), close_fds=True)
         except FileNotFoundError as e:
             raise UserError(f"cannot run {argv[0]!r}: not found ({e.strerror})", field="command") from e
         except PermissionError as e:

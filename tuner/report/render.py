@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from tuner.report.model import Report
 from tuner.report.lora import lora_rows
 from tuner.report.quality import cell as quality_cell, section_rows as quality_rows
-from tuner.report.time_use import time_use_rows
+from tuner.report.time_use import set_use_rows, time_use_rows
 from tuner.storage.select import fmt_value
 
 FIGURES = [("knee", "Knee curves of the baseline and the tuned configuration"),
@@ -336,6 +336,9 @@ def blocks(rep: Report, figures: set[str]) -> list[Block]:
     out += _trials(rep)
     if rep.time_use is not None:
         out += [Block("h2", "Where the study's time went"), Block("table", rows=time_use_rows(rep.time_use))]
+        if rep.time_use.sets:
+            out += [Block("p", "Trials ran side by side, one at a time on each device set:"),
+                    Block("table", rows=set_use_rows(rep.time_use))]
     if rep.status != "tuned" or rep.gate_written is False:
         out += [Block("h2", "Reproduce"),
                 Block("p", "Everything above is rebuilt from the study storage alone. No regression gate "

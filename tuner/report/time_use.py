@@ -15,6 +15,31 @@ from pydantic import BaseModel
 from tuner.storage.reader import TrialView
 
 
+class SetUse(BaseModel):
+    """One device set's share of a study that ran trials side by side."""
+
+    device_set: str
+    trials: int
+    busy_s: float
+    idle_s: float
+
+
+def set_use(done: list[TrialView]) -> list[SetUse]:
+    """Busy and idle seconds per device set, where trials ran on more than one."""
+    names = sorted({t.record.device_set for t in done if t.record.device_set is not None})
+    starts = [t.started_unix for t in done if t.started_unix is not None]
+    ends = [t.finished_unix for t in done if t.finished_unix is not None]
+    if len(names) < 2 or not starts or not ends:
+        return []
+    span = max(ends) - min(starts)
+    out = []
+    for name in names:
+        mine = [t for t in done if t.record.device_set == name]
+        busy = sum(t.record.wall_s for t in mine)
+        out.append(SetUse(device_set=name, trials=len(mine), busy_s=busy, idle_s=max(0.0, span - busy)))
+    return out
+
+
 class TimeUse(BaseModel):
     """Wall seconds of a study by what they were spent on (engine seconds beside the load runs')."""
 
@@ -29,6 +54,9 @@ class TimeUse(BaseModel):
     between_trials_s: float | None = None
     span_s: float | None = None
     virtual: bool = False
+    #: trials side by side (`--devices`): each device set's trials and busy seconds, its idle the rest
+    #: of the study's span (from the first trial's start to the last one's end); empty: one set or none
+    sets: list[SetUse] = []
 
 
 def time_use(trials: list[TrialView], virtual: bool) -> TimeUse | None:
@@ -46,7 +74,7 @@ def time_use(trials: list[TrialView], virtual: bool) -> TimeUse | None:
     return TimeUse(trials=len(done), launches=sum(1 for t in done if t.record.launch_s > 0), launch_s=launch,
                    load_runs_s=load, engine_s=sum(t.record.engine_s for t in done),
                    other_trial_s=max(0.0, wall - launch - load), between_trials_s=between,
-                   span_s=span if between is not None else None, virtual=virtual)
+                   span_s=span if between is not None else None, virtual=virtual, sets=set_use(done))
 
 
 def _s(x: float) -> str:
@@ -69,4 +97,14 @@ def time_use_rows(u: TimeUse) -> list[list[str]]:
     rows.append(["total", _s(total), "100%", f"{u.trials} trials"
                  + ("" if u.between_trials_s is not None else "; time between trials not known (overlapping "
                                                               "trials or a study from before)")])
+    return rows
+
+
+def set_use_rows(u: TimeUse) -> list[list[str]]:
+    """The report's table of device sets: each one's trials, busy and idle time over the study's span."""
+    rows = [["device set", "trials", "busy", "idle", "busy share"]]
+    for s in u.sets:
+        whole = s.busy_s + s.idle_s
+        rows.append([s.device_set, str(s.trials), _s(s.busy_s), _s(s.idle_s),
+                     f"{100 * s.busy_s / whole:.0f}%" if whole else "-"])
     return rows

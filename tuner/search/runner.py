@@ -16,6 +16,7 @@ from typing import Any, Callable, Protocol
 import optuna
 
 from tuner import signals
+from tuner.search import ahead
 from tuner.diagnose import diagnose, why_none_with
 from tuner.engine.base import Engine
 from tuner.failures import LaunchFailure
@@ -27,8 +28,9 @@ from tuner.capacity.paired import capacity as paired_capacity
 from tuner.capacity.windows import WindowPlan, measure_windows
 from tuner.quality import QualityCheck
 from tuner.storage.quality import load_reference, save_reference
-from tuner.storage.optuna_study import (EXTRA_KNOBS, TrialState, ask, enqueue, finished_records, heartbeats,
-                                        interrupt, split_knobs, tell, trial_knobs)
+from tuner.storage.optuna_study import (DEVICE_SET, EXTRA_KNOBS, TrialState, ask, enqueue,
+                                        finished_records, heartbeats, interrupt, split_knobs, start_trial, tell,
+                                        trial_knobs)
 from tuner.storage.records import Diagnosis, LearnedConstraint, LoadRunSummary, TrialRecord, WindowCapacity
 from tuner.search.space import SearchSpace
 from tuner.slo import SLO
@@ -48,6 +50,16 @@ class NullReporter:
     def point(self, number, point): pass
     def trial_done(self, record): pass
     def incumbent_changed(self, record): pass
+
+
+def judged(rec: TrialRecord, accept_above: float | None,
+           accept: Callable[[TrialRecord], bool] | None) -> bool:
+    """Whether a measured trial becomes the incumbent: a capacity, not raced out, above `accept_above` (None:
+    any capacity) or accepted by `accept(rec)` (the strategy's rule). Apart from the measuring, so a trial
+    measured ahead on another device set is judged by the same rule when the strategy asks for it."""
+    cap = rec.capacity_rps
+    return bool(cap) and not rec.raced_out and (
+        accept_above is None or cap > accept_above or bool(accept and accept(rec)))  # type: ignore[operator]
 
 
 def counts_as_launch(rec: TrialRecord) -> bool:
@@ -82,6 +94,12 @@ class TrialRunner:
     quality: QualityCheck | None = None
     #: interrupted paired launches whose finished windows a later launch of this process carries
     salvaged: set[int] = field(default_factory=set)
+    #: the device set this process runs its trials on ('0,1', written on each record); None: the host
+    device_set: str | None = None
+    #: workers on other device sets of this host run what `prefetch` queues (`tuner.search.pool`); and
+    #: whether the worker of a set still runs (a trial it holds will be told)
+    helpers: int = 0
+    helper_alive: Callable[[str], bool] = lambda name: True
 
     @property
     def launches(self) -> int:
@@ -160,11 +178,25 @@ class TrialRunner:
         if windows is not None:
             key, role = key + "#paired", "paired"
         nth = self.served[key] if fresh else 0
+        if self.helpers and windows is None and nth == len(stored) == 0 and \
+                any(k == key for k, _ in ahead.pending(self)):
+            # queued ahead for a worker (`prefetch`): run here if none took it yet, else wait for its record
+            claimed = ahead.claim_or_wait(self, key)
+            if claimed is not None:
+                self.served[key] = 1
+                return self.run_trial(claimed, role=role, changed_knob=changed_knob, race_rate=race_rate,
+                                      start_rate=start_rate, incumbent=incumbent, accept_above=accept_above,
+                                      accept=accept)
+            stored = [r for r in self.finished_all().get(key, []) if r.role != "paired"]
         if nth < len(stored):  # measured before (by this process, or before an interruption): reused
             done = stored[nth]
             self.served[key] = max(self.served[key], nth + 1)
             if counts_as_launch(done):
                 self.counted.add(done.number)
+            if done.prefetched:  # measured ahead, with no incumbent to judge it by: judged now
+                done = done.model_copy(update={
+                    "role": role, "changed_knob": changed_knob, "incumbent_before": incumbent,
+                    "accepted": judged(done, accept_above, accept)})
             return done
         self.served[key] = nth + 1
         # knobs outside the space (or values it does not list) travel as a user attribute
@@ -172,11 +204,28 @@ class TrialRunner:
         signals.check()
         with signals.deferred():  # the trial exists from here: a Ctrl-C must find it in `current`
             # the role travels with the trial, so a trial a killed tool left RUNNING is recorded in it
-            enqueue(self.study, params, {EXTRA_KNOBS: extra, "role": role})
-            trial = self.ask()
+            if self.helpers:  # workers pop the queue: this trial is made running here, not queued
+                trial = self.current = start_trial(self.study, params, {EXTRA_KNOBS: extra, "role": role},
+                                                   self.all_choices())
+            else:
+                enqueue(self.study, params, {EXTRA_KNOBS: extra, "role": role})
+                trial = self.ask()
         return self.run_trial(trial, role=role, changed_knob=changed_knob, race_rate=race_rate,
                               start_rate=start_rate, incumbent=incumbent, accept_above=accept_above,
                               accept=accept, windows=windows, enough=enough)
+
+    # -- trials measured ahead on other device sets (`tuner.search.ahead`) ---------------------------
+    def prefetch(self, configs: list[tuple[Knobs, float | None]]) -> int:
+        """Queue configurations a strategy expects to ask for next, for the other sets' workers."""
+        return ahead.prefetch(self, configs)
+
+    def in_flight(self) -> int:
+        """Configurations queued ahead or being measured by a worker now."""
+        return len(ahead.pending(self))
+
+    def cancel_prefetched(self) -> int:
+        """Record every queued-ahead trial still waiting as interrupted (the end of a study)."""
+        return ahead.cancel(self)
 
     def ask(self, choices: dict[str, list[Any]] | None = None) -> optuna.Trial:
         """The next trial (`tuner.storage.optuna_study.ask`; `choices` default: the space's), remembered as
@@ -203,10 +252,13 @@ class TrialRunner:
                    incumbent: float | None = None, accept_above: float | None = None,
                   accept: Callable[[TrialRecord], bool] | None = None,
                   windows: WindowPlan | None = None,
-                  enough: Callable[[list[WindowCapacity]], bool] | None = None) -> TrialRecord:
+                  enough: Callable[[list[WindowCapacity]], bool] | None = None,
+                  prefetched: bool = False) -> TrialRecord:
         knobs = self.space.layout(trial_knobs({k: trial.params.get(k) for k in self.space.knobs}, trial.user_attrs))
-        rec = TrialRecord(number=trial.number, role=role, knobs=knobs,
-                          changed_knob=changed_knob, incumbent_before=incumbent)
+        rec = TrialRecord(number=trial.number, role=role, knobs=knobs, changed_knob=changed_knob,
+                          incumbent_before=incumbent, prefetched=prefetched, device_set=self.device_set)
+        if self.device_set is not None:
+            trial.set_user_attr(DEVICE_SET, self.device_set)
         t0 = time.perf_counter()
         self.reporter.trial_started(trial.number, knobs, role)
         broken = self.space.allows(knobs, self.defaults)
@@ -252,11 +304,9 @@ class TrialRunner:
                 result = search.run(start_rate or self.start_rate, race_rate, self._incumbent_points(race_rate))
                 result.finish(search.knee.saturation_rate)
                 cap = result.capacity_rps
-                rec.accepted = bool(cap) and not result.raced_out and (
-                    accept_above is None or cap > accept_above
-                    or bool(accept and accept(rec.model_copy(update={
-                        "capacity_rps": cap, "capacity_low_rps": result.capacity_low_rps,
-                        "load_runs": list(result.points)}))))
+                rec.accepted = not prefetched and judged(rec.model_copy(update={
+                    "capacity_rps": cap, "capacity_low_rps": result.capacity_low_rps, "raced_out": result.raced_out,
+                    "load_runs": list(result.points)}), accept_above, accept)
                 if rec.accepted and self.compare_rate and not any(
                         abs(p.rate / self.compare_rate - 1) < 0.03 for p in result.points):
                     # the headline compares both configurations at the same offered load

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from tuner.search.runner import TrialRunner
-from tuner.storage.optuna_study import fail, from_queue, requeue, retry_stale, running, waiting
+from tuner.storage.optuna_study import PREFETCH, fail, from_queue, requeue, retry_stale, running, waiting
 
 
 def work(runner: TrialRunner, *, max_trials: int | None = None, idle_exit_s: float = 5.0,
@@ -44,7 +44,11 @@ def work(runner: TrialRunner, *, max_trials: int | None = None, idle_exit_s: flo
             continue
         role = trial.user_attrs.get("role", "grid")
         try:
-            runner.run_trial(trial, role=role if role in ("grid", "baseline", "candidate") else "grid")
+            # a trial queued ahead by a strategy (`TrialRunner.prefetch`) starts its knee search where
+            # the strategy expects the capacity, and leaves judging it to the strategy
+            runner.run_trial(trial, role=role if role in ("grid", "baseline", "candidate") else "grid",
+                             start_rate=trial.user_attrs.get("start_rate"),
+                             prefetched=bool(trial.user_attrs.get(PREFETCH)))
         except KeyboardInterrupt:  # recorded as interrupted; queue the configuration again for others
             requeue(study, trial)
             raise

@@ -83,6 +83,9 @@ def open_study(url: str, *, create: bool, resume: bool) -> optuna.Study:
 
 #: The user attribute that carries a trial's knobs outside its Optuna params (`split_knobs`).
 EXTRA_KNOBS = "extra_knobs"
+#: A trial queued ahead for a worker of another device set (`TrialRunner.prefetch`), and the set that ran it.
+PREFETCH = "prefetch"
+DEVICE_SET = "device_set"
 
 
 def split_knobs(knobs: Knobs, choices: dict[str, list]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -201,6 +204,35 @@ def from_queue(study: optuna.Study, trial: optuna.Trial) -> bool:
     one. Read from the frozen trial: `optuna.Trial` has no public `system_attrs` in Optuna >= 4."""
     frozen = next((t for t in running(study) if t.number == trial.number), None)
     return frozen is not None and "fixed_params" in frozen.system_attrs
+
+
+def start_trial(study: optuna.Study, params: dict[str, Any], user_attrs: dict[str, Any],
+                choices: dict[str, list[Any]]) -> optuna.Trial:
+    """A new RUNNING trial of these params, never through the queue: where workers pop the queue
+    (`tuner.search.pool`), a configuration enqueued to be asked for here could be taken by one of them,
+    and `ask` would pop the oldest waiting trial, which may be another. Created in one write, as `ask`
+    creates a trial when nothing waits (Optuna's storage API)."""
+    dists = {k: optuna.distributions.CategoricalDistribution(v) for k, v in choices.items()}
+    frozen = optuna.trial.create_trial(
+        state=TrialState.RUNNING, params={k: params[k] for k in dists if k in params},
+        distributions={k: d for k, d in dists.items() if k in params}, user_attrs=user_attrs)
+    trial_id = study._storage.create_new_trial(study._study_id, template_trial=frozen)
+    return optuna.Trial(study, trial_id)
+
+
+def claim(study: optuna.Study, frozen: optuna.trial.FrozenTrial, choices: dict[str, list[Any]]) -> optuna.Trial | None:
+    """Take one particular WAITING trial to run here (None: a worker took it first). `ask` pops the oldest;
+    this takes the one asked for, as atomically (Optuna's own pop sets RUNNING the same way), and gives it
+    its queued params through the public suggest API, as `ask` would."""
+    try:
+        if not study._storage.set_trial_state_values(frozen._trial_id, state=TrialState.RUNNING):
+            return None
+    except optuna.exceptions.UpdateFinishedTrialError:
+        return None
+    trial = optuna.Trial(study, frozen._trial_id)
+    for k, v in choices.items():
+        trial.suggest_categorical(k, v)
+    return trial
 
 
 def requeue(study: optuna.Study, trial: optuna.Trial) -> None:

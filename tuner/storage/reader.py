@@ -10,11 +10,12 @@ trial's attribute `record` a `TrialRecord` (see `tuner.storage.records`).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from tuner.errors import UserError
-from tuner.storage.optuna_study import STUDY_NAME
+from tuner.storage.optuna_study import PREFETCH, STUDY_NAME
 from tuner.storage.records import StudyInfo, TrialRecord
 
 
@@ -114,6 +115,13 @@ def _record(t) -> TrialRecord:
                        knobs={k: v for k, v in t.params.items()})
 
 
+def _not_run_ahead(t: Any) -> bool:
+    """A configuration queued ahead for another device set (`tuner.search.ahead`) that the study ended
+    before it was measured: not a trial of the search, not shown."""
+    rec = t.user_attrs.get("record") or {}
+    return bool(t.user_attrs.get(PREFETCH)) and t.state.name == "FAIL" and bool(rec.get("interrupted"))
+
+
 def load_study_data(run_dir: str | Path) -> StudyData:
     """Everything stored about the study in `run_dir`; a `UserError` when it is not a tuner study."""
     import optuna
@@ -139,7 +147,7 @@ def load_study_data(run_dir: str | Path) -> StudyData:
     trials = [TrialView(number=t.number, state=t.state.name, value=t.value, record=_record(t),
                         started_unix=t.datetime_start.timestamp() if t.datetime_start else None,
                         finished_unix=t.datetime_complete.timestamp() if t.datetime_complete else None)
-              for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)]
+              for t in sorted(study.get_trials(deepcopy=False), key=lambda t: t.number) if not _not_run_ahead(t)]
     outcome = study.user_attrs.get("outcome")
     return StudyData(run_dir=str(run_dir), storage_url=url, study_name=name, info=info, trials=trials,
                      outcome=outcome if isinstance(outcome, dict) else {},

@@ -249,6 +249,11 @@ class TrialRecord(BaseModel):
     #: paired: earlier launches of this configuration, interrupted, whose finished windows this trial
     #: carries (they are not measured again: a Ctrl-C repeats no finished window)
     windows_from: list[int] = Field(default_factory=list)
+    #: measured ahead on another device set (`tuner.search.pool`) before the strategy asked for it: a
+    #: full knee search from its predicted capacity, judged against the incumbent when asked for
+    prefetched: bool = False
+    #: the device set the trial ran on ('0,1'); None: the whole host (one trial at a time)
+    device_set: str | None = None
 
     @field_validator("knobs", mode="before")
     @classmethod

@@ -23,24 +23,28 @@ def run(run: StrategyRun) -> Outcome:
 def grid(runner: TrialRunner, max_trials: int) -> Outcome:
     """Exhaustive search through the trial queue: `tune worker` processes on other hosts can share it."""
     base = runner.evaluate(Knobs(), role="baseline")
-    enqueue_grid(runner)
+    # with workers on other device sets (`tuner.search.pool`) the queue is the budget: they pop it too
+    left_out = enqueue_grid(runner, limit=max(0, max_trials - runner.launches) if runner.helpers else None)
     work(runner, max_trials=max(0, max_trials - runner.launches), idle_exit_s=0.0)
     recs = [r for r in runner.finished().values() if r.capacity_rps]
     best = max(recs, key=lambda r: r.capacity_rps, default=None)
-    return Outcome(base, best, "grid done" if not waiting(runner.study) else "budget spent")
+    return Outcome(base, best, "grid done" if not waiting(runner.study) and not left_out else "budget spent")
 
 
-def enqueue_grid(runner: TrialRunner) -> int:
+def enqueue_grid(runner: TrialRunner, limit: int | None = None) -> int:
     """Enqueue every grid configuration not already in the study (an interrupted trial does not count: its
-    configuration is queued again); returns how many were added."""
+    configuration is queued again), or the first `limit` of them; returns how many were left out."""
     layout = runner.space.layout  # the grid's configurations fill the host; a trial's params do not say so
     have = {layout(Knobs.stored({k: v for k, v in params.items() if v is not None})).key()
             for params in [*stored_params(runner.study), *queued_params(runner.study)]}
-    n = 0
+    n = left_out = 0
     for knobs in runner.space.iter_grid():
         if knobs.key() in have:
+            continue
+        if limit is not None and n >= limit:
+            left_out += 1
             continue
         enqueue(runner.study, {k: getattr(knobs, k) for k in runner.space.knobs}, {"role": "grid"})
         have.add(knobs.key())
         n += 1
-    return n
+    return left_out

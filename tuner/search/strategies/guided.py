@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from tuner.knobs import Knobs
 from tuner.search.runner import TrialRunner
 from tuner.search.strategies import StrategyRun, register_strategy
 from tuner.search.strategy import (TIE_MARGIN, Budget, LaunchNoise, Outcome, current_value, narrowed, values_toward,
@@ -81,6 +82,8 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
             # estimate: a candidate that fails there cannot be better than what the study stands on
             race = (inc.capacity_rps or 0.0) * (1 + race_margin)
             tried += 1
+            if runner.helpers:  # the knob's next values side by side, on the other device sets
+                _queue_ahead(runner, budget, queue, inc_knobs, knob, lessons, best.capacity_rps or runner.start_rate)
             rec = runner.evaluate(knobs, changed_knob=knob, incumbent=inc.capacity_rps,
                                   race_rate=race if inc.capacity_rps else None,
                                   start_rate=best.capacity_rps or runner.start_rate,
@@ -116,3 +119,21 @@ def guided(runner: TrialRunner, budget: Budget, *, noise_floor: float, plateau: 
                                           f"{' (the baseline measured alike on two launches)' if noise.negligible else ''}",
                                chain)
     return Outcome(base, inc, "budget spent", chain)
+
+
+def _queue_ahead(runner: TrialRunner, budget: Budget, values: list, inc_knobs: Knobs, knob: str, lessons,
+                 start_rate: float) -> None:
+    """The values of `knob` this loop would try after the one it launches now, queued for the workers of
+    the other device sets (`tuner.search.pool`), as many as are free and the budget leaves. The loop
+    still decides in its order: a value it reaches is read back, one it never reaches was measured more."""
+    free = min(runner.helpers - runner.in_flight(), budget.max_trials - runner.launches - 1 - runner.in_flight())
+    ahead: list[tuple[Knobs, float | None]] = []
+    for v in values:
+        if len(ahead) >= free:
+            break
+        knobs = normalize(lessons.repair(inc_knobs.with_(**{knob: v}), runner.defaults), runner.defaults)
+        if runner.space.allows(knobs, runner.defaults) or runner.seen(knobs) or \
+                lessons.broken_by(knobs, runner.defaults):
+            continue
+        ahead.append((knobs, start_rate))
+    runner.prefetch(ahead)

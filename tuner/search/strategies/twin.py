@@ -60,7 +60,10 @@ def run(run: StrategyRun) -> Outcome:
 
 
 def _launched(runner: TrialRunner) -> list[TrialRecord]:
-    return [r for recs in runner.finished_all().values() for r in recs if r.launched and r.load_runs]
+    """The launches the twin is fitted to. One measured ahead on another device set counts once the search
+    asked for it: when a worker finishes it is a matter of timing, and the fit must not be."""
+    return [r for recs in runner.finished_all().values() for r in recs
+            if r.launched and r.load_runs and (not r.prefetched or runner.seen(r.config))]
 
 
 def _verified(runner: TrialRunner, log: TwinLog) -> int:
@@ -176,6 +179,11 @@ def _verify(runner: TrialRunner, budget: Budget, twin: Twin, log: TwinLog, ranki
             expect = cand.capacity_rps
         log.predicted_before_launch.setdefault(cand.key, cand)  # a resumed study keeps the first one
         _save(runner, log)
+        if runner.helpers:
+            _queue_ahead(runner, budget, twin, ranking, cand, skip, noise_floor,
+                         lambda p: inc.capacity_rps * p.capacity_rps / mine.capacity_rps
+                         if inc and mine and mine.capacity_rps else p.capacity_rps,
+                         start_rate=inc.capacity_rps if inc else start)
         rec = runner.evaluate(knobs, role="candidate", incumbent=inc.capacity_rps if inc else None,
                               race_rate=inc.capacity_rps if inc else None, start_rate=expect,
                               accept_above=floor,
@@ -198,6 +206,36 @@ def _verify(runner: TrialRunner, budget: Budget, twin: Twin, log: TwinLog, ranki
     log.stop_reason = reason
     _save(runner, log)
     return Outcome(base, inc, reason, chain)
+
+
+def _queue_ahead(runner: TrialRunner, budget: Budget, twin: Twin, ranking, cand: Prediction,
+                 skip: Callable[[Prediction], bool], noise_floor: float, expect: Callable[[Prediction], float],
+                 *, start_rate: float) -> None:
+    """With workers on other device sets (`tuner.search.pool`): the twin's next best predictions after
+    `cand`, each in the form this loop would launch it (`simplest`), queued for them, as many as there are
+    free sets and launches left in the budget. A near-duplicate (one knob away from one already chosen,
+    predicted within the noise floor of it) is skipped: it would tell little the other does not."""
+    free = min(runner.helpers - runner.in_flight(),
+               budget.max_trials - runner.launches - 1 - runner.in_flight())
+    chosen: list[Prediction] = [cand]
+    canonical = lambda k: runner.space.layout(normalize(k, runner.defaults))  # noqa: E731
+    for p in ranking.predictions:
+        if len(chosen) > free:
+            break
+        if not p.capacity_rps or skip(p) or p.key == cand.key or not in_space(runner, p.config):
+            continue
+        p = simplest(twin, p, canonical, lambda q: skip(q) or not in_space(runner, q.config), noise_floor,
+                     runner.defaults, start_rate=start_rate)
+        if any(p.key == c.key or _near(p, c, noise_floor) for c in chosen):
+            continue
+        chosen.append(p)
+    runner.prefetch([(c.config, expect(c)) for c in chosen[1:]])
+
+
+def _near(a: Prediction, b: Prediction, floor: float) -> bool:
+    differ = {k for k in {*a.knobs, *b.knobs} if a.knobs.get(k) != b.knobs.get(k)}
+    return len(differ) <= 1 and bool(a.capacity_rps and b.capacity_rps) and \
+        abs(a.capacity_rps / b.capacity_rps - 1) <= floor
 
 
 def in_space(runner: TrialRunner, knobs: Knobs) -> bool:
