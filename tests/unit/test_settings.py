@@ -41,7 +41,8 @@ def test_every_tune_option_maps_onto_one_field_and_takes_its_default() -> None:
 
 def test_the_engine_options_of_worker_and_gate_are_the_same_fields() -> None:
     engine = {o for o, path in OPTIONS.items() if path.startswith("engine.")}
-    for cmd, own in (("worker", {"out", "storage", *WORKER_OPTIONS}), ("gate", {"workload", "slo"})):
+    devices = {o for o, path in OPTIONS.items() if path.startswith("devices.")}  # each host its own devices
+    for cmd, own in (("worker", {"out", "storage", *WORKER_OPTIONS, *devices}), ("gate", {"workload", "slo"})):
         host = set(_params(cmd)) & set(OPTIONS) - own
         assert host and host <= engine, (cmd, host - engine)
 

@@ -232,7 +232,9 @@ def test_the_start_read_off_a_launch_scales_the_client_and_the_prefill_to_the_li
 
 def test_the_start_read_off_a_launch_finds_a_per_sequence_cost_the_nominal_point_lacks(chat):
     """An engine whose step costs 0.4 ms a sequence (50x nominal): the start read off its launch carries
-    most of that slope and replays the launch better than the nominal point does."""
+    most of that slope and replays the launch's latencies better than the nominal point does. (Not its
+    verdicts: the knee search puts runs within a precision step of the knee, where a twin a few percent
+    slow fails a run the engine passed; the fit's later steps, not the start, settle those.)"""
     from tuner.twin.fit import loss_of, replay, weight_time
     from tuner.twin.start import decode_start
 
@@ -241,11 +243,14 @@ def test_the_start_read_off_a_launch_finds_a_per_sequence_cost_the_nominal_point
     obs = Observation.from_record(rec)
     ctx = FitContext(GPU, MODEL, wl, slo, LOAD)
     pairs: list = []
-    nominal_loss = loss_of(replay(ctx, nominal(), obs, pairs))
+    def latencies(terms):
+        return [t for t in terms if t[0] != "verdict"]
+
+    nominal_loss = loss_of(latencies(replay(ctx, nominal(), obs, pairs)))
     start = decode_start(nominal(), pairs, weight_time(ctx, nominal(), Knobs()))
     assert start is not None
     assert 1.5e-4 < value(start, "per_seq_overhead_s") < 8e-4
-    assert loss_of(replay(ctx, start, obs)) < nominal_loss
+    assert loss_of(latencies(replay(ctx, start, obs))) < nominal_loss / 2
 
 
 def test_a_run_the_engine_kept_up_with_and_the_twin_did_not_is_a_clipped_term_not_a_skipped_one():

@@ -62,7 +62,7 @@ def bracket_split(lo: float, hi: float, step: float, target: float) -> float:
     side closes to one step in no more runs than bisecting the whole would: a bracket n steps wide takes
     ceil(log2 n) halvings, so each side may be at most 2^(that - 1) steps."""
     n = math.log(hi / lo) / math.log(step)
-    half = 2 ** (math.ceil(math.log2(n)) - 1)
+    half = 2 ** (math.ceil(math.log2(n) - 1e-6) - 1)  # a bracket split exactly is that many steps, not one more
     low, high = max(n - half, 1.0), min(half, n - 1.0)  # where the split may go, in steps above lo
     at = math.log(max(target, lo) / lo) / math.log(step)
     return lo * step ** min(max(at, low), high)
@@ -330,10 +330,10 @@ class KneeSearch:
         closes a bracket of n precision steps in ceil(log2 n) runs whatever the curve; any split that leaves
         each side at most 2^(that - 1) steps closes it in as many. Inside that slack the split goes where
         the fitted knee says (just under it: if the fit is right the run passes and the side left is the
-        short one), else below the throughput a far-over fail still served. So the fit can only save runs,
-        never cost one: a fit that lands by a bound made a real search creep up from 8.00 through 8.95,
-        9.46, 9.93, 10.43, 11.54 to 12.45 req/s below a fail at 12.77 (issue 59), seven runs where
-        bisection needs three."""
+        short one), else below the throughput a far-over fail still served. So a fit that is right saves
+        runs and a wrong one never takes more than bisection's worst case: a fit that landed by a bound
+        made a real search creep up from 8.00 through 8.95, 9.46, 9.93, 10.43, 11.54 to 12.45 req/s below
+        a fail at 12.77 (issue 59), seven runs where bisection needs three."""
         x = self._estimate()
         if x is not None and lo < x < hi:
             target = x / math.sqrt(step)

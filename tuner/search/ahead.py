@@ -5,12 +5,14 @@ marked as such); the workers of the other sets pop them. When the strategy then 
 runs it itself if no worker took it yet (`claim_or_wait` takes that very trial), waits for its record if a
 worker runs it, and runs it itself if that worker died holding it. At the end what was never taken is
 recorded as interrupted (`cancel`), never as measured.
+
+`runner` is the `tuner.search.runner.TrialRunner` that calls these (not imported: it imports this module).
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import optuna
 
@@ -19,11 +21,7 @@ from tuner.knobs import Knobs
 from tuner.storage.optuna_study import (DEVICE_SET, EXTRA_KNOBS, PREFETCH, TrialState, claim, enqueue, interrupt,
                                         running, split_knobs, trial_knobs, waiting)
 
-if TYPE_CHECKING:
-    from tuner.search.runner import TrialRunner
-
-
-def prefetch(runner: "TrialRunner", configs: list[tuple[Knobs, float | None]]) -> int:
+def prefetch(runner: Any, configs: list[tuple[Knobs, float | None]]) -> int:
     """Queue configurations a strategy expects to ask for next (each with the rate its knee search
     starts from), for the workers of the other device sets; none that this process evaluated, that
     is stored or that is queued already. Returns how many were queued."""
@@ -44,7 +42,7 @@ def prefetch(runner: "TrialRunner", configs: list[tuple[Knobs, float | None]]) -
     return n
 
 
-def pending(runner: "TrialRunner") -> list[tuple[str, Any]]:
+def pending(runner: Any) -> list[tuple[str, Any]]:
     """(key, frozen trial) of each prefetched trial not finished: queued, or running on a worker."""
     out = []
     for t in [*waiting(runner.study), *running(runner.study)]:
@@ -55,7 +53,7 @@ def pending(runner: "TrialRunner") -> list[tuple[str, Any]]:
     return out
 
 
-def claim_or_wait(runner: "TrialRunner", key: str, poll_s: float = 0.5) -> optuna.Trial | None:
+def claim_or_wait(runner: Any, key: str, poll_s: float = 0.5) -> optuna.Trial | None:
     """The queued trial of `key`, taken to run here; or, when a worker runs it, None once it is told.
     A worker that died holding it (its set's process gone) leaves it interrupted: it is run here."""
     while True:
@@ -78,7 +76,7 @@ def claim_or_wait(runner: "TrialRunner", key: str, poll_s: float = 0.5) -> optun
         time.sleep(poll_s)
 
 
-def cancel(runner: "TrialRunner") -> int:
+def cancel(runner: Any) -> int:
     """Every queued-ahead trial still waiting is recorded as interrupted (not run; never shown as
     measured). For the end of a study, after the workers stopped."""
     n = 0

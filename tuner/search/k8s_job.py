@@ -24,7 +24,9 @@ def input_files(info: StudyInfo) -> list[Path]:
     """The study's input files as it recorded them, each checked to lie under the directory it ran in
     (the one directory a pod mounts)."""
     root = Path(info.cwd) if info.cwd else None
-    files = [info.input_path(p) for p in (info.settings.workload, info.settings.slo) if p is not None]
+    # a relative path was relative to the directory the study ran in, the one the pod mounts
+    files = [Path(p) if Path(p).is_absolute() or root is None else root / p
+             for p in (info.settings.workload, info.settings.slo) if p is not None]
     for f in files:
         if root is None or not f.is_relative_to(root):
             raise UserError(f"{f} is outside the directory the study ran in ({root}): a pod mounts that "
