@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Iterable, Literal, Sequence
+from contextlib import contextmanager
+from typing import Iterable, Iterator, Literal, Sequence
 
 DeviceKind = Literal["gpu", "cpu"]
 DeviceSet = tuple[int, ...]
@@ -94,3 +95,21 @@ def pin(kind: DeviceKind, s: DeviceSet) -> None:
         return
     os.sched_setaffinity(0, set(s))
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = label(s)
+
+
+@contextmanager
+def pinned(kind: DeviceKind, s: DeviceSet) -> Iterator[None]:
+    """`pin` for a while: the process's affinity and environment as they were afterwards (the study's work
+    after its trials, the paired check and the report, has the whole host again)."""
+    affinity = os.sched_getaffinity(0)
+    env = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "VLLM_CPU_OMP_THREADS_BIND")}
+    pin(kind, s)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, affinity)
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -39,7 +39,7 @@ from tuner.report import write_report
 from tuner.capacity.windows import default_windows, plan_for
 from tuner.search.attribute import attribute_study
 from tuner.search.earn import earn
-from tuner.search.pool import device_plan, side_by_side, stderr_line
+from tuner.search.pool import READY_ENV, device_plan, side_by_side, stderr_line
 from tuner.search.runner import NullReporter, Reporter, TrialRunner
 from tuner.search.space import SearchSpace, fit_to_workload, load_space
 from tuner.search.strategies import StrategyRun, get as get_strategy, names as strategy_names
@@ -378,6 +378,8 @@ def run_worker(run_dir: Path, host: RunSettings, options: WorkerOptions, device_
     load = LoadSettings(**info.load) if info.load else load_settings(settings, engine)
     runner = trial_runner(settings, study, engine, workload, slo, space, load, None)
     runner.device_set = device_set
+    if os.environ.get(READY_ENV):  # started by a pool (`tuner.search.pool`): it waits for this
+        Path(os.environ[READY_ENV]).touch()
     # `--devices`/`--set-size`: this worker on the first set, one more worker on each other set
     plan = device_plan(settings.model_copy(update={"devices": host.devices}), space) \
         if device_set is None and host.devices.given else None

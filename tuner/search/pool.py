@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator, NamedTuple, Sequence
 
 from tuner import signals
-from tuner.devices import DeviceKind, DeviceSet, host_ids, label, leftover, parse_ids, parse_sets, pin, split
+from tuner.devices import DeviceKind, DeviceSet, host_ids, label, leftover, parse_ids, parse_sets, pin, pinned, split
 from tuner.engine.launcher import pdeathsig_preexec
 from tuner.engine.registry import engine_class
 from tuner.errors import UserError
@@ -36,6 +36,10 @@ from tuner.settings import DeviceOptions, RunSettings
 
 #: how long a worker may take to stop its server and record its trial after SIGTERM
 STOP_GRACE_S = 60.0
+#: how long a worker may take to start (imports, reading the study and its inputs) before the study goes on
+READY_TIMEOUT_S = 120.0
+#: the file a worker started by the pool creates once it is ready to pop the queue
+READY_ENV = "TUNER_WORKER_READY_FILE"
 
 
 class DevicePlan(NamedTuple):
@@ -105,11 +109,25 @@ class WorkerPool:
             name = label(s)
             argv = [sys.executable, "-m", "tuner.cli", "worker", "--out", str(self.run_dir),
                     "--device-kind", self.kind, "--device-set", name, "--idle-exit", str(MAX_SECONDS)]
-            with open(logs / f"set-{name.replace(',', '_')}.log", "ab") as log:
-                self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                                    stdin=subprocess.DEVNULL,
+            stem = logs / f"set-{name.replace(',', '_')}"
+            ready = stem.with_suffix(".ready")
+            ready.unlink(missing_ok=True)
+            with open(stem.with_suffix(".log"), "ab") as log:
+                self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                                    env={**env, READY_ENV: str(ready)}, stdin=subprocess.DEVNULL,
                                                     preexec_fn=pdeathsig_preexec(signal.SIGTERM))
+        self._wait_ready(logs)
         return self
+
+    def _wait_ready(self, logs: Path) -> None:
+        """Until every worker has read the study and is about to pop the queue (or has exited): the
+        strategy's first queued configurations then find their sets working, not still importing."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        for name, p in self.procs.items():
+            ready = logs / f"set-{name.replace(',', '_')}.ready"
+            while not ready.exists() and p.poll() is None and time.monotonic() < deadline:
+                signals.check()
+                time.sleep(0.05)
 
     def alive(self, name: str) -> bool:
         """Whether the worker of set `name` still runs (a trial it holds will be told)."""
@@ -117,11 +135,13 @@ class WorkerPool:
         return p is not None and p.poll() is None
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self.stop()  # a second stop is a no-op: every worker has exited
 
-    def stop(self) -> None:
+    def stop(self) -> dict[str, int]:
         """SIGTERM every worker (each records its trial as interrupted and queues it again), wait for them
-        to stop their servers, then SIGKILL what is left."""
+        to stop their servers, then SIGKILL what is left. Returns the exit codes of the workers that had
+        stopped before they were asked to (by set)."""
+        early = {name: p.returncode for name, p in self.procs.items() if p.poll() is not None}
         for p in self.procs.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -132,6 +152,7 @@ class WorkerPool:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        return early
 
 
 def device_plan(settings: RunSettings, space: SearchSpace) -> DevicePlan | None:
@@ -170,24 +191,33 @@ def side_by_side(runner: TrialRunner, plan: DevicePlan | None, out: Path, api_ke
     if plan is None:
         yield
         return
-    pin(plan.kind, plan.sets[0])
-    runner.device_set = label(plan.sets[0])
     if plan.left:
         say(f"device{'s' * (len(plan.left) > 1)} {label(tuple(plan.left))} left out: not a whole set")
     if len(plan.sets) == 1:
-        yield
+        runner.device_set = label(plan.sets[0])
+        try:
+            with pinned(plan.kind, plan.sets[0]):
+                yield
+        finally:
+            runner.device_set = None  # what runs after the search has the whole host
         return
     say(f"{len(plan.sets)} device sets ({'; '.join(label(s) for s in plan.sets)}): this process runs trials "
         f"on {label(plan.sets[0])}, a worker on each other set runs the configurations queued ahead")
-    with WorkerPool(out, plan.kind, plan.sets[1:], api_key=api_key, storage=storage) as pool:
+    # the workers first: a process started after this one is pinned would inherit its set
+    with WorkerPool(out, plan.kind, plan.sets[1:], api_key=api_key, storage=storage) as pool, \
+            pinned(plan.kind, plan.sets[0]):
+        runner.device_set = label(plan.sets[0])
         runner.helpers, runner.helper_alive = len(plan.sets) - 1, pool.alive
         try:
             yield
         finally:
             with signals.shielded():
-                pool.stop()
-                runner.helpers = 0
+                early = pool.stop()
+                runner.helpers, runner.device_set = 0, None  # what runs after the search has the whole host
                 runner.cancel_prefetched()
+            for name, code in early.items():
+                say(f"warning: the worker of device set {name} stopped early (exit {code}); its log: "
+                    f"{out / 'workers'}")
 
 
 def pin_worker(devices: DeviceOptions) -> str | None:
