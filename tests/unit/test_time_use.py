@@ -4,7 +4,7 @@ trials from Optuna's trial times, and nothing where the records do not say."""
 from __future__ import annotations
 
 from tuner.knobs import Knobs
-from tuner.report.time_use import time_use, time_use_rows
+from tuner.report.time_use import set_use_rows, time_use, time_use_rows
 from tuner.storage.reader import TrialView
 from tuner.storage.records import TrialRecord
 
@@ -39,3 +39,19 @@ def test_overlapping_trials_leave_the_time_between_them_unknown() -> None:
 def test_a_study_from_before_the_breakdown_has_none() -> None:
     assert time_use([_trial(0, 1000.0, 100.0, 0.0, 0.0)], virtual=False) is None
     assert time_use([], virtual=True) is None
+
+
+def test_trials_side_by_side_show_each_device_sets_busy_and_idle_time() -> None:
+    """Issue 59: two sets over a 300 s span; set 0 ran two trials (100 + 80 s), set 1 one (150 s)."""
+    def on(t: TrialView, name: str) -> TrialView:
+        return t.model_copy(update={"record": t.record.model_copy(update={"device_set": name})})
+
+    trials = [on(_trial(0, 1000.0, 100.0, 30.0, 60.0), "0"), on(_trial(1, 1120.0, 150.0, 30.0, 100.0), "1"),
+              on(_trial(2, 1220.0, 80.0, 20.0, 50.0), "0")]
+    u = time_use(trials, virtual=False)
+    assert u is not None
+    assert [(s.device_set, s.trials, s.busy_s, s.idle_s) for s in u.sets] == [("0", 2, 180.0, 120.0),
+                                                                              ("1", 1, 150.0, 150.0)]
+    assert set_use_rows(u)[1] == ["0", "2", "3.0 min", "2.0 min", "60%"]
+    # one set (or none recorded): no table
+    assert time_use([on(t, "0") for t in trials], virtual=False).sets == []

@@ -219,11 +219,13 @@ def _queue_ahead(runner: TrialRunner, budget: Budget, twin: Twin, ranking, cand:
                budget.max_trials - runner.launches - 1 - runner.in_flight())
     chosen: list[Prediction] = [cand]
     canonical = lambda k: runner.space.layout(normalize(k, runner.defaults))  # noqa: E731
+    looked = 0
     for p in ranking.predictions:
-        if len(chosen) > free:
+        if len(chosen) > free or looked >= 4 * free:  # each look costs the twin a few predictions
             break
         if not p.capacity_rps or skip(p) or p.key == cand.key or not in_space(runner, p.config):
             continue
+        looked += 1
         p = simplest(twin, p, canonical, lambda q: skip(q) or not in_space(runner, q.config), noise_floor,
                      runner.defaults, start_rate=start_rate)
         if any(p.key == c.key or _near(p, c, noise_floor) for c in chosen):
