@@ -95,12 +95,16 @@ def main() -> None:
     if a.engine == "vllm" and not (os.environ.get("TUNER_VLLM_PYTHON") and os.environ.get("TUNER_TINY_MODEL")):
         sys.exit("--engine vllm needs `. .ci/env` (TUNER_VLLM_PYTHON, TUNER_TINY_MODEL)")
     order = [int(x) for x in a.sets.split(",")]
+    if 1 not in order:
+        sys.exit("--sets must include 1: the one-trial-at-a-time baseline every ratio is taken against")
     rows = []
     with tempfile.TemporaryDirectory() as d:
         for n, sets in enumerate(order):
             print(f"{sets} device set(s) ...", file=sys.stderr, flush=True)
             rows.append(one(sets, a.strategy, Path(d), n, a.engine))
             print(f"  {rows[-1]['wall_s']:.1f} s", file=sys.stderr, flush=True)
+    if not any(r["sets"] == 1 for r in rows):
+        sys.exit("--sets must include 1: the one-trial-at-a-time baseline every ratio is taken against")
     one_set = statistics.median(r["wall_s"] for r in rows if r["sets"] == 1)
     print(f"host: {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} at the end; "
           f"strategy {a.strategy}; order {a.sets}")

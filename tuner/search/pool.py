@@ -223,6 +223,12 @@ def side_by_side(runner: TrialRunner, plan: DevicePlan | None, out: Path, api_ke
 def pin_worker(devices: DeviceOptions) -> str | None:
     """`tune worker --device-set`: this worker on those devices (checked against this host), and their
     label for its records; None: the whole host."""
+    if devices.ids is not None and os.environ.get(READY_ENV) and devices.kind is not None:
+        # started by a pool (`WorkerPool`): the `tune` that started it checked its set against the host and
+        # the study's engine (a simulated engine's GPUs are no GPUs of this host), so it is taken as given
+        s = tuple(parse_ids(devices.ids))
+        pin(devices.kind, s)
+        return label(s)
     if devices.ids is None:
         if devices.kind is not None:
             raise UserError("gives the kind of --device-set's devices: give --device-set too", field="--device-kind")
