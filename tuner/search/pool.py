@@ -99,7 +99,7 @@ class WorkerPool:
 
     def __enter__(self) -> "WorkerPool":
         logs = self.run_dir / "workers"
-        logs.mkdir(exist_ok=True)
+        logs.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         if self.api_key:
             env["VLLM_API_KEY"] = self.api_key  # never on a command line
