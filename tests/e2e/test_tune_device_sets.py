@@ -104,3 +104,25 @@ def test_worker_job_wants_a_study_on_a_shared_database(tmp_path: Path) -> None:
     p = tune("worker-job", "--out", run, "--image", "img", timeout=60)
     assert p.returncode == 2 and "shared database" in p.stderr and "--out" in p.stderr, p.stderr
     assert sorted(x.name for x in run.iterdir()) == ["study.db"]  # nothing written
+
+
+@pytest.mark.skipif(not TWO_CORES, reason="needs two CPU cores to make two sets")
+@pytest.mark.parametrize("sampler", ["random", "tpe"])
+def test_a_sampler_on_two_core_sets_asks_in_parallel_within_its_budget(tmp_path: Path, sampler: str) -> None:
+    """tpe/random with two sets: the sampler's next proposal is measured on the other set beside this one
+    (Optuna's parallel asking); every configuration at most once, the budget kept, nothing left queued."""
+    from optuna.trial import TrialState
+
+    out = tmp_path / "run"
+    args = grid_args(out, "--device-kind", "cpu", "--devices", "0-1", "--set-size", "1")
+    args[args.index("grid")] = sampler
+    args[args.index("--max-trials") + 1] = "6"
+    p = tune(*args, timeout=600)
+    assert p.returncode == 0, p.stderr
+    trials = load_trials(sqlite_url(out))
+    assert not [t for t in trials if t.state in (TrialState.WAITING, TrialState.RUNNING)]
+    measured = [t for t in trials if record(t) and record(t).get("launched") and not record(t).get("interrupted")]
+    keys = [knobs_of(t) for t in measured]
+    assert len(keys) == len(set(keys)) and 4 <= len(keys) <= 6, sorted(keys)
+    assert {record(t)["device_set"] for t in measured} == {"0", "1"}
+    assert not processes_mentioning("tuner.cli", "worker", str(out)), "a worker outlived the tool"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 import uuid
 from contextlib import contextmanager
@@ -243,6 +244,53 @@ def test_two_workers_with_two_device_sets_each_share_the_grid_once(tmp_path: Pat
     used = {record(t).get("device_set") for t in trials if record(t).get("role") == "grid"}
     assert used == {"0", "1"}, used
     # no set's worker outlived its host's worker
+    assert not processes_mentioning("tuner.cli", "worker", "--device-set")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPU cores to make two sets")
+def test_a_host_with_two_device_sets_lost_mid_trial_loses_nothing(tmp_path: Path, pg_queued: str, spawn) -> None:
+    """Issue 59, Must show 4: a worker host with two device sets is lost whole (SIGKILL to its process group:
+    the host's worker and its sets' workers) while one of its sets runs the queued trial. A second host, also
+    with two sets, finds that trial stale, re-runs it on one of its sets, and nothing runs twice."""
+    from optuna.trial import TrialState
+
+    pg_url = pg_queued
+    env = tune_env(**HEARTBEAT_ENV)
+    sets = ["--device-kind", "cpu", "--devices", "0-1", "--set-size", "1"]
+    victim = spawn([*worker_args(tmp_path / "w1", pg_url), *sets], tmp_path / "w1.log", env=env)
+    seen: dict[int, float] = {}
+
+    def under_load():
+        assert victim.poll() is None, victim.output()
+        recs = [r for r in server_pidfiles(tmp_path / "w1") if not port_is_free(r["port"])]
+        if len(recs) != 1:
+            return None
+        first = seen.setdefault(recs[0]["pid"], time.monotonic())
+        return recs[0] if time.monotonic() - first > 2.0 else None
+    srv = wait_for(under_load, 120, 0.2, "the first host's trial to be under load")
+    (running,) = [t for t in load_trials(pg_url) if t.state == TrialState.RUNNING]
+    assert running.user_attrs.get("device_set") in ("0", "1"), running.user_attrs
+    set_workers = processes_mentioning("tuner.cli", "--device-set", str(tmp_path / "w1"))
+    assert set_workers, "the first host runs its trials in its sets' workers"
+
+    survivor = spawn([*worker_args(tmp_path / "w2", pg_url), *sets], tmp_path / "w2.log", env=env)
+    time.sleep(2)  # the second host is up, finds the queue empty and the trial running: it waits
+    assert survivor.poll() is None, survivor.output()
+    os.killpg(victim.pid, signal.SIGKILL)  # the host is lost: no worker of it can hand anything back
+    victim.popen.wait()
+    wait_for(lambda: server_gone(srv), 20, what=f"the lost host's server to go: {srv}")
+    wait_for(lambda: not processes_mentioning("tuner.cli", "--device-set", str(tmp_path / "w1")), 10,
+             what="the lost host's set workers to go")
+
+    assert survivor.wait(timeout=240) == 0, survivor.output()
+    assert "Traceback" not in survivor.output()
+    trials = assert_grid_done_once(pg_url, grid=1)
+    stale = next(t for t in trials if t.number == running.number)
+    assert stale.state == TrialState.FAIL and not record(stale), (stale.state, record(stale))
+    retried = [t for t in trials if t.system_attrs.get("failed_trial") == stale.number]
+    assert len(retried) == 1 and retried[0].state in (TrialState.COMPLETE, TrialState.PRUNED), retried
+    assert knobs_of(retried[0]) == knobs_of(stale) == '{"max_num_seqs": 64}'
+    assert record(retried[0])["capacity_rps"] and record(retried[0])["device_set"] in ("0", "1")
     assert not processes_mentioning("tuner.cli", "worker", "--device-set")
 
 

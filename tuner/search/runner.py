@@ -28,7 +28,7 @@ from tuner.capacity.paired import capacity as paired_capacity
 from tuner.capacity.windows import WindowPlan, measure_windows
 from tuner.quality import QualityCheck
 from tuner.storage.quality import load_reference, save_reference
-from tuner.storage.optuna_study import (DEVICE_SET, EXTRA_KNOBS, TrialState, ask, enqueue,
+from tuner.storage.optuna_study import (DEVICE_SET, EXTRA_KNOBS, TrialState, ask, ask_new, enqueue,
                                         finished_records, heartbeats, interrupt, split_knobs, start_trial, tell,
                                         trial_knobs)
 from tuner.storage.records import Diagnosis, LearnedConstraint, LoadRunSummary, TrialRecord, WindowCapacity
@@ -227,11 +227,13 @@ class TrialRunner:
         """Record every queued-ahead trial still waiting as interrupted (the end of a study)."""
         return ahead.cancel(self)
 
-    def ask(self, choices: dict[str, list[Any]] | None = None) -> optuna.Trial:
+    def ask(self, choices: dict[str, list[Any]] | None = None, *, sample: bool = False) -> optuna.Trial:
         """The next trial (`tuner.storage.optuna_study.ask`; `choices` default: the space's), remembered as
-        the trial under way until it is told (see `abandon`)."""
+        the trial under way until it is told (see `abandon`). `sample`: a new trial for the sampler, never
+        a queued one (`ask_new`: queued trials are the workers')."""
         with signals.deferred():
-            self.current = ask(self.study, self.all_choices() if choices is None else choices)
+            self.current = (ask_new(self.study) if sample else
+                            ask(self.study, self.all_choices() if choices is None else choices))
         return self.current
 
     def abandon(self) -> bool:

@@ -132,6 +132,15 @@ def ask(study: optuna.Study, choices: dict[str, list[Any]] | None) -> optuna.Tri
     return study.ask({k: optuna.distributions.CategoricalDistribution(v) for k, v in (choices or {}).items()})
 
 
+def ask_new(study: optuna.Study) -> optuna.Trial:
+    """A new trial for the study's sampler to fill, never one from the queue: where workers pop the queue
+    (`tuner.search.pool`), `ask` would hand back the oldest waiting trial, a configuration meant for one
+    of them. Made as `ask` makes a trial when nothing waits (the sampler told first)."""
+    trial_id = study._storage.create_new_trial(study._study_id)
+    study.sampler.before_trial(study, study._storage.get_trial(trial_id))
+    return optuna.Trial(study, trial_id)
+
+
 def tell(study: optuna.Study, trial: optuna.Trial, record: TrialRecord, state: TrialState) -> None:
     """A trial's record and its end state (COMPLETE: the capacity is its value)."""
     trial.set_user_attr("record", record.model_dump(mode="json"))

@@ -3,6 +3,8 @@ the same baseline as every strategy (what peer tools do; for comparison and for 
 
 from __future__ import annotations
 
+import optuna
+
 from tuner.knobs import Knobs
 from tuner.search.runner import TrialRunner
 from tuner.search.strategies import StrategyRun, register_strategy
@@ -36,21 +38,64 @@ def whole_space(runner: TrialRunner, budget: Budget, *, sampler: str, noise_floo
     seen = set(runner.finished())
     stale = 0
     while budget.left(runner) and stale < 50:
-        trial = runner.ask({})
-        picked = {k: trial.suggest_categorical(k, runner.choices(k)) for k in runner.space.knobs}
-        knobs = runner.space.layout(Knobs.stored({k: v for k, v in picked.items() if v is not None}))
-        if knobs.key() in seen or runner.space.allows(knobs, runner.defaults) or \
-                runner.lessons().broken_by(knobs, runner.defaults):
-            prune(runner.study, trial)
-            runner.current = None
+        trial, knobs = _propose(runner, seen)
+        if knobs is None:
             stale += 1
             continue
         stale = 0
-        seen.add(knobs.key())
+        # with other device sets: the sampler's next proposals measured beside this one, each judged in turn
+        # after it, as a sequential study would have judged them
+        ahead = _propose_ahead(runner, budget, seen, start=best.capacity_rps if best else None)
         floor = accept_floor(best, noise_floor) if best else None
         rec = runner.run_trial(trial, role=sampler, race_rate=floor if race else None,
                                start_rate=(best.capacity_rps if best else None),
                                incumbent=best.capacity_rps if best else None, accept_above=floor)
         if rec.accepted:
             best = rec
+        for other in ahead:
+            if not budget.left(runner):
+                break
+            floor = accept_floor(best, noise_floor) if best else None
+            rec = runner.evaluate(other, role=sampler, start_rate=best.capacity_rps if best else None,
+                                  incumbent=best.capacity_rps if best else None, accept_above=floor)
+            if rec.accepted:
+                best = rec
     return Outcome(base, best, "budget spent" if stale < 50 else "space exhausted")
+
+
+def _propose(runner: TrialRunner, seen: set[str]) -> tuple[optuna.Trial | None, Knobs | None]:
+    """The sampler's next configuration as an asked trial; (None, None) when it proposed one already
+    seen or one the space or the study's lessons rule out (that trial is pruned: the sampler learns from
+    it, as Optuna's own studies do)."""
+    trial = runner.ask({}, sample=bool(runner.helpers))
+    picked = {k: trial.suggest_categorical(k, runner.choices(k)) for k in runner.space.knobs}
+    knobs = runner.space.layout(Knobs.stored({k: v for k, v in picked.items() if v is not None}))
+    if knobs.key() in seen or runner.space.allows(knobs, runner.defaults) or \
+            runner.lessons().broken_by(knobs, runner.defaults):
+        prune(runner.study, trial)
+        runner.current = None
+        return None, None
+    seen.add(knobs.key())
+    return trial, knobs
+
+
+def _propose_ahead(runner: TrialRunner, budget: Budget, seen: set[str], start: float | None) -> list[Knobs]:
+    """As many further proposals as there are idle device sets (and budget), queued for their workers
+    (`TrialRunner.prefetch`): Optuna's parallel asking, where each worker asks the shared study for its
+    own trial. Each proposal is an asked trial, pruned once its configuration is handed over (as a
+    proposal not run here always is), so the sampler's next proposal is another; what the sampler learns
+    from is the worker's trial of that configuration, once it completes. A batch's proposals are made
+    before the results of the batch: with one set, the sampler would have seen each result first."""
+    free = min(runner.helpers - runner.in_flight(), budget.max_trials - runner.launches - 1 - runner.in_flight())
+    out: list[Knobs] = []
+    tries = 0
+    while len(out) < free and tries < 4 * free:
+        tries += 1
+        trial, knobs = _propose(runner, seen)
+        if trial is None or knobs is None:
+            continue
+        prune(runner.study, trial)
+        runner.current = None
+        out.append(knobs)
+    runner.prefetch([(k, start) for k in out])
+    return out
