@@ -1,4 +1,4 @@
-"""Part files and the page they make: each part's dated header, and RESULTS.md assembled from the parts.
+"""Part files and the pages they make: each part's dated header, and the results pages assembled from them.
 
 A part file (`benchmarks/results/sections/<name>.md`) is a header and a body:
 
@@ -13,28 +13,40 @@ A part file (`benchmarks/results/sections/<name>.md`) is a header and a body:
     ...the section's body: the command's output (quoted or verbatim markdown), written by run_all.py...
 
 `measured` starts with the date (YYYY-MM-DD; a time or a range may follow); `commit` is the code the
-measurement ran on (`+local` when tuner/ or benchmarks/*.py had uncommitted changes). The page is a pure
-function of the registry (`_parts.py`), the part files, the notes, ANALYSIS.md and the last run's summary,
-so `run_all.py --assemble` rebuilds it without running anything, and the unit test can check that the page
-on disk is what the parts say.
+measurement ran on (`+local` when tuner/ or benchmarks/*.py had uncommitted changes).
+
+The pages: `benchmarks/RESULTS.md` is the index, one row per current section with its headline figures
+(read from the section by the part's `headline`, so they cannot drift from it), the target the section
+states and whether it was met, and the date; each row links to its section in full on its page,
+`benchmarks/results/<page>.md` (the keys of `_parts.PAGES`), beside the lab notebook (`notebook.md`), the
+analysis (`analysis.md`, from ANALYSIS.md) and how the sections are regenerated (`regeneration.md`). A short
+index is what a reader looking for one figure needs; the sections in full stay one link away. Every page is
+a pure function of the registry (`_parts.py`), the part files, the notes, ANALYSIS.md and the last runs'
+summary, so `run_all.py --assemble` rebuilds them without running anything, and the unit test can check
+that the pages on disk are what the parts say.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from _parts import ANALYSIS, PARTS, Part
+from _parts import ANALYSIS, NOTEBOOK, PAGES, PARTS, Figure, Part
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-SECTIONS = HERE / "results" / "sections"
+RESULTS = HERE / "results"
+SECTIONS = RESULTS / "sections"
 NOTES = HERE / "notes"
 PAGE = HERE / "RESULTS.md"
-RUN_SUMMARY = HERE / "results" / "run_all.json"
+RUN_SUMMARY = RESULTS / "run_all.json"
+#: the first line under every assembled page's title: a page that carries it is regenerated, never edited
+GENERATED = ("<!-- assembled by `python benchmarks/run_all.py --assemble` from benchmarks/results/sections/: "
+             "edit the parts, not this page -->")
 FIELDS = ("name", "measured", "commit", "wall", "command", "host")
 _HEADER = re.compile(r"\A<!-- results-part\n(?P<fields>.*?)\n-->\n", re.S)
 _DATE = re.compile(r"\A\d{4}-\d{2}-\d{2}\b")
@@ -168,7 +180,7 @@ def _status_table(parts: list[tuple[Part, PartFile]]) -> list[str]:
     rows = ["| section | kind | measured | commit | wall | how it is (re)generated |",
             "|---|---|---|---|---|---|"]
     for p, pf in parts:
-        rows.append(f"| [{p.title}](#{_anchor(p.title)}) | {p.kind} | {pf.header['measured']} | "
+        rows.append(f"| {_link(p, RESULTS)} | {p.kind} | {pf.header['measured']} | "
                     f"`{pf.header['commit']}` | {pf.header['wall']} | {_regen(p)} |")
     return rows
 
@@ -193,58 +205,170 @@ def _anchor(title: str) -> str:
     return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
 
 
+def page_of(p: Part) -> str:
+    """The page a part is on: its own `page`, the lab notebook's for a notebook part."""
+    page = NOTEBOOK if p.notebook else p.page
+    if page not in PAGES and page != NOTEBOOK:
+        raise PartError(f"benchmarks/_parts.py: part {p.name}: page {p.page!r} is not one of "
+                        f"{', '.join(PAGES)} (a notebook part needs none)")
+    return page
+
+
+def page_path(page: str) -> Path:
+    return RESULTS / f"{page}.md"
+
+
+def _link(p: Part, from_dir: Path) -> str:
+    """A markdown link to a part's section on its page, relative to a page in `from_dir`."""
+    target = os.path.relpath(page_path(page_of(p)), from_dir)
+    return f"[{p.title}]({Path(target).as_posix()}#{_anchor(p.title)})"
+
+
+_MD_LINK = re.compile(r"(\]\()([^)\s#]+)")
+
+
+def _relink(text: str, source_dir: Path, page_dir: Path) -> str:
+    """A part's or a note's links, written relative to its own file, made relative to the page it lands on."""
+    def one(m: re.Match) -> str:
+        target = m.group(2)
+        if "://" in target or target.startswith(("/", "mailto:")):
+            return m.group(0)
+        return m.group(1) + Path(os.path.relpath(source_dir / target, page_dir)).as_posix()
+    return _MD_LINK.sub(one, text)
+
+
+def section_text(p: Part, pf: PartFile) -> str:
+    """What a section says below its date line: the part's body and its note, as written."""
+    note = note_path(p.name)
+    return pf.body.strip("\n") + ("\n\n" + note.read_text().strip("\n") if note.exists() else "")
+
+
 def _section(p: Part, pf: PartFile) -> list[str]:
     h = pf.header
+    note = note_path(p.name)
     out = [f"## {p.title}", "",
            f"*Measured {h['measured']} on commit `{h['commit']}` ({h['wall']}; {h['host']}), "
-           f"{KIND_WHY[p.kind]}.*", "", f"`{h['command']}`", "", pf.body.strip("\n"), ""]
-    note = note_path(p.name)
+           f"{KIND_WHY[p.kind]}.*", "", f"`{h['command']}`", "", _relink(pf.body.strip("\n"), SECTIONS, RESULTS), ""]
     if note.exists():
-        out += [note.read_text().strip("\n"), ""]
+        out += [_relink(note.read_text().strip("\n"), NOTES, RESULTS), ""]
     return out
 
 
-def _analysis(parts: list[tuple[Part, PartFile]]) -> list[str]:
+def _figure(p: Part, fig: Figure, text: str) -> tuple[str, str]:
+    """One figure's words on the index and its target (with met or not met), from the section's text."""
+    matches = [{k: " ".join((v or "").split()) for k, v in m.groupdict().items()}  # a figure may wrap a line
+               for m in re.finditer(fig.pattern, text, re.M | re.S)]
+    if not matches:
+        raise PartError(f"benchmarks/results/sections/{p.name}.md: headline figure not found: {fig.pattern!r} "
+                        f"(the section's wording changed: update its headline in benchmarks/_parts.py)")
+    if callable(fig.text):
+        said = fig.text(matches)
+    elif fig.text:  # '' for a figure that only says the target
+        said = fig.label + ", ".join(fig.text.format(**m) for m in (matches if fig.each else matches[:1]))
+    else:
+        said = ""
+    target = fig.target.format(**matches[0])
+    if fig.met is not None:
+        met = [fig.met(m) for m in (matches if fig.each else matches[:1])]
+        verdict = "met" if all(met) else "not met" if not any(met) else f"met on {sum(met)} of {len(met)}"
+        target = f"{target}: {verdict}"
+    return said, target
+
+
+def headline(p: Part, pf: PartFile) -> tuple[str, str]:
+    """A part's headline figures and the targets its section states, each joined by '; '."""
+    text = section_text(p, pf)
+    said = [_figure(p, fig, text) for fig in p.headline]
+    return "; ".join(s for s, _ in said if s), "; ".join(t for _, t in said if t)
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _index(parts: list[tuple[Part, PartFile]]) -> str:
+    """RESULTS.md: how the pages are made, then one row per current section with its headline figures."""
+    md = ["# Benchmark results", "", GENERATED, "",
+          "Every figure the documentation quotes, with the date it was measured. Each section is one dated part "
+          "(`benchmarks/results/sections/`, listed in `benchmarks/_parts.py`), written by one benchmark command "
+          "or recorded by hand; `python benchmarks/run_all.py` re-measures them (`--all`: every section a "
+          f"command can, ~{full_regeneration_s() / 3600:.1f} h on 2 cores) and `python benchmarks/run_all.py "
+          "--assemble` rebuilds this index and the pages the sections are on, running nothing. The figures below "
+          "are read from the sections themselves; each row links to its section in full, with its command, host "
+          "and commit. [How each section is regenerated, and the last runs](results/regeneration.md); "
+          "[what the numbers say](results/analysis.md), targets met and missed; "
+          "[the lab notebook](results/notebook.md), earlier code's measurements kept for the record.", "",
+          "| what was measured | headline figures | target (the section's) | measured |", "|---|---|---|---|"]
+    for page, title in PAGES.items():
+        md.append(f"| **[{title}](results/{page}.md)** | | | |")
+        for p, pf in parts:
+            if page_of(p) == page:
+                said, target = headline(p, pf)
+                md.append(f"| {_link(p, HERE)} | {_cell(said)} | {_cell(target)} | {pf.date} |")
+    return "\n".join(md) + "\n"
+
+
+def _page_text(title: str, intro: str, sections: list[list[str]]) -> str:
+    """A page under the index: its title, the mark that it is assembled, a line back to the index, its sections."""
+    md = [f"# {title}", "", GENERATED, "", intro, ""]
+    for lines in sections:
+        md += lines
+    return "\n".join(md).rstrip("\n") + "\n"
+
+
+_BACK = "[The index of every section and its headline figures](../RESULTS.md)."
+
+
+def _analysis(parts: list[tuple[Part, PartFile]]) -> str:
     path = HERE / ANALYSIS
     pf = parse_part(path.read_text(), f"benchmarks/{ANALYSIS}")
-    newer = [f"{p.title} ({pf_.header['measured']})" for p, pf_ in parts
+    newer = [f"{_link(p, RESULTS)} ({pf_.header['measured']})" for p, pf_ in parts
              if pf_.date > pf.date and not p.notebook]
-    out = ["## What the numbers say (targets met and missed)", "",
-           f"*Written {pf.header['measured']} on commit `{pf.header['commit']}`, against the sections as "
-           f"they stood then.*"]
+    out = [f"*Written {pf.header['measured']} on commit `{pf.header['commit']}` (`benchmarks/{ANALYSIS}`), "
+           f"against the sections as they stood then.*"]
     if newer:
         out += ["", "**Measured after this analysis was written** (its figures for these may be out of "
                 "date; the section itself is current): " + "; ".join(newer) + "."]
-    return out + ["", pf.body.strip("\n"), ""]
+    out += ["", _relink(pf.body.strip("\n"), HERE, RESULTS), ""]
+    return _page_text("What the numbers say (targets met and missed)", _BACK, [out])
 
 
-def assemble() -> str:
-    """RESULTS.md from the registry's parts, their notes, the analysis and the last run's summary."""
-    parts = [(p, read_part(p.name)) for p in PARTS]
-    md = ["# Benchmark results", "",
-          "This page is assembled from one part per section (`benchmarks/results/sections/`), each written "
-          "by one benchmark command; `benchmarks/_parts.py` lists them. Regenerate it with one command:", "",
-          "```", f"python benchmarks/run_all.py --all      # the whole page: every section but the hand-recorded "
+def _regeneration(parts: list[tuple[Part, PartFile]]) -> str:
+    """How every section is regenerated, the last runs of `run_all.py`, and each section's date and commit."""
+    md = ["Regenerate the pages with one command:", "",
+          "```", f"python benchmarks/run_all.py --all      # every section but the hand-recorded "
           f"ones, ~{full_regeneration_s() / 3600:.1f} h on 2 cores (. .ci/env first)",
           f"python benchmarks/run_all.py            # only the quick `sim` sections, ~{_total('sim')} min",
           f"python benchmarks/run_all.py --long     # and the long simulated ones, ~{_total('long')} min more",
           f"python benchmarks/run_all.py --real     # and those on real vLLM, ~{_total('real')} min more",
-          "python benchmarks/run_all.py --assemble # rebuild this page from the parts, running nothing",
+          "python benchmarks/run_all.py --assemble # rebuild the pages from the parts, running nothing",
           "```", "",
           f"`record` sections ({_count('record')}, the lab notebook's included) are studies of several hand-run "
           "commands; each says how it was run and when it last was, and they are not part of `--all`.", ""]
     md += _runs_text(read_runs())
     md += ["Every section says when it was measured, on which commit, by which command and in how long.", ""]
     md += _status_table(parts) + [""]
-    current = [(p, pf) for p, pf in parts if not p.notebook]
-    for p, pf in current:
-        md += _section(p, pf)
-    md += _analysis(parts)
-    notebook = [(p, pf) for p, pf in parts if p.notebook]
-    if notebook:
-        md += ["# Lab notebook: earlier code's measurements", "",
-               "Kept for the record: what was measured on the code of those days, and why it changed. "
-               "The sections above supersede them where they measure the same thing.", ""]
-        for p, pf in notebook:
-            md += _section(p, pf)
-    return "\n".join(md).rstrip("\n") + "\n"
+    return _page_text("How the results are regenerated", _BACK, [md])
+
+
+def assemble() -> dict[Path, str]:
+    """Every results page, by path: the index (RESULTS.md), one page per entry of PAGES with its sections in
+    full, the lab notebook, the analysis and the regeneration log; from the registry's parts, their notes,
+    ANALYSIS.md and the last runs' summary."""
+    parts = [(p, read_part(p.name)) for p in PARTS]
+    for p in PARTS:
+        if not p.notebook and not p.headline:
+            raise PartError(f"benchmarks/_parts.py: part {p.name} has no headline (the index shows its figures)")
+    pages = {PAGE: _index(parts), page_path("analysis"): _analysis(parts),
+             page_path("regeneration"): _regeneration(parts)}
+    for page, title in [*PAGES.items(), (NOTEBOOK, "Lab notebook: earlier code's measurements")]:
+        intro = _BACK + (" Kept for the record: what was measured on the code of those days, and why it "
+                         "changed; the current sections supersede them where they measure the same thing."
+                         if page == NOTEBOOK else "")
+        pages[page_path(page)] = _page_text(title, intro, [_section(p, pf) for p, pf in parts if page_of(p) == page])
+    return pages
+
+
+def stale_pages(pages: dict[Path, str]) -> list[Path]:
+    """Pages an earlier assembly wrote that this one does not (a page renamed or dropped): to be removed."""
+    return sorted(f for f in RESULTS.glob("*.md") if f not in pages and GENERATED in f.read_text())

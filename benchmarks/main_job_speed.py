@@ -14,7 +14,7 @@ previous code measured in the same minutes, so both trees run alternated (A B A 
 
 The earlier commit (`--base`, default 7943471: the code when issue 36 was filed) is exported with
 `git archive` into a temporary folder; this tree is the working tree as it is. Printed: markdown (the
-`main_job_speed` section of benchmarks/RESULTS.md), progress on stderr.
+`main_job_speed` part of the results, `benchmarks/results/sections/`), progress on stderr.
 
     python benchmarks/main_job_speed.py [--base 7943471] [--runs 3] [--rank-runs 1] [--no-rank]
 """

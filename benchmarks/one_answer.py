@@ -12,7 +12,7 @@ how many of the seeds give the most common decision with the same knob set.
 Then (`--truth-windows`, `benchmarks/one_answer_truth.py`) every answer is scored against the careful
 truth: each configuration the studies named, measured on many more windows than a study spends.
 
-Printed: markdown (the `one_answer` section of benchmarks/RESULTS.md), progress on stderr.
+Printed: markdown (the `one_answer` part of the results, `benchmarks/results/sections/`), progress on stderr.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Regenerate benchmarks/RESULTS.md: run the benchmarks, write one dated part per section, assemble the page.
+"""Regenerate the results: run the benchmarks, write one dated part per section, assemble the pages.
 
     python benchmarks/run_all.py                 # the quick default: every `sim` section (--list: their times)
     python benchmarks/run_all.py --long          # and the long simulated ones (search efficiency, the twin
@@ -8,15 +8,18 @@
                                                  # (sim, long and real; `. .ci/env` first; --list: how long)
     python benchmarks/run_all.py --only knee_search,sim_speed
     python benchmarks/run_all.py --fresh         # recompute cached ground truths (search_efficiency's grids)
-    python benchmarks/run_all.py --assemble      # rebuild the page from the part files, running nothing
+    python benchmarks/run_all.py --assemble      # rebuild the pages from the part files, running nothing
     python benchmarks/run_all.py --list          # the sections, their kinds and expected wall times
     python benchmarks/run_all.py --record NAME BODY.md --command "..." [--wall-s N] [--measured "..."]
 
-The sections, their commands and kinds are in `benchmarks/_parts.py` (how to add one is said there).
-Each run writes `benchmarks/results/sections/<name>.md`: the command's stdout under a header with the date,
-the commit, the command and its wall time, so every number on the page was measured by the run its header
-names. A section whose command fails keeps its previous part, and the page says it failed. Sections not
-run this time (long, real, record) are included as they were last measured, with that date.
+The sections, their commands, kinds, pages and headline figures are in `benchmarks/_parts.py` (how to add
+one is said there). Each run writes `benchmarks/results/sections/<name>.md`: the command's stdout under a
+header with the date, the commit, the command and its wall time, so every number on the pages was measured
+by the run its header names. A section whose command fails keeps its previous part, and the regeneration
+page says it failed. Sections not run this time (long, real, record) are included as they were last
+measured, with that date. The pages: `benchmarks/RESULTS.md`, the index (one row of headline figures per
+section, read from the section), and `benchmarks/results/<page>.md`, the sections in full, the lab notebook,
+the analysis and the regeneration log.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _page import (PAGE, ROOT, RUN_SUMMARY, SECTIONS, PartError, assemble,  # noqa: E402
-                   code_commit, format_part, full_regeneration_s, part_path, read_runs)
+from _page import (PAGE, RESULTS, ROOT, RUN_SUMMARY, SECTIONS, PartError, assemble,  # noqa: E402
+                   code_commit, format_part, full_regeneration_s, part_path, read_runs, stale_pages)
 from _parts import KINDS, PARTS, Part, by_name  # noqa: E402
 
 
@@ -122,12 +125,20 @@ def record(args: argparse.Namespace) -> int:
 
 
 def write_page() -> int:
+    """Write the index and every page it links to, and remove the pages an earlier assembly made that this
+    one does not; nothing is written when a part cannot be read or a headline figure is not found."""
     try:
-        PAGE.write_text(assemble())
+        pages = assemble()
     except PartError as e:
         print(f"run_all.py: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {PAGE.relative_to(ROOT)}", file=sys.stderr)
+    for path, text in pages.items():
+        path.write_text(text)
+    for path in stale_pages(pages):
+        path.unlink()
+        print(f"removed {path.relative_to(ROOT)} (no longer assembled)", file=sys.stderr)
+    print(f"wrote {PAGE.relative_to(ROOT)} and {len(pages) - 1} pages under "
+          f"{RESULTS.relative_to(ROOT)}/", file=sys.stderr)
     return 0
 
 

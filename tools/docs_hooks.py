@@ -3,7 +3,9 @@ of `docs/`.
 
 Generated at build time, so they cannot drift from the code:
 - `index.md`: the README, its links rewritten for the site;
-- `results.md`: `benchmarks/RESULTS.md` (the measured figures and their dates), with its plots;
+- `results.md`: `benchmarks/RESULTS.md`, the index of the measured figures and their dates, and
+  `results/<page>.md`: the pages it links to (`benchmarks/results/*.md`, the sections in full), with their
+  plots; under "Results" in the nav, in the order the index links them;
 - `reference/cli.md`: every `tune` command and option, from the typer app (help text and defaults as the
   code declares them);
 - `reference/files.md`: the input and output file formats (SLO, search space, GPU profile, gate file,
@@ -17,6 +19,7 @@ exist fails the build (`mkdocs build --strict`, `tests/unit/test_docs_site.py`).
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from pathlib import Path
 
@@ -24,13 +27,26 @@ from mkdocs.exceptions import PluginError
 from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[1]
-#: files outside docs/ that are pages of the site, by their path in the repository
-PAGES = {"README.md": "index.md", "benchmarks/RESULTS.md": "results.md"}
+RESULTS = ROOT / "benchmarks" / "results"
 LINK = re.compile(r"\]\(([^)\s#]+)(#[^)\s]*)?\)")
 
 
-def _rewrite(text: str, source: Path) -> str:
-    """Links of a page whose source is `source` (a file in the repository) that leave `docs/`."""
+def _site_files() -> dict[str, str]:
+    """Files outside docs/ that are on the site, by their path in the repository: the README, the results
+    index and the pages and plots it links to (written by `benchmarks/run_all.py --assemble`)."""
+    out = {"README.md": "index.md", "benchmarks/RESULTS.md": "results.md"}
+    for f in sorted([*RESULTS.glob("*.md"), *RESULTS.glob("*.png")]):
+        out[f.relative_to(ROOT).as_posix()] = f"results/{f.name}"
+    return out
+
+
+PAGES = _site_files()
+
+
+def _rewrite(text: str, source: Path, site_path: str) -> str:
+    """Links of a page whose source is `source` (a file in the repository) that leave `docs/`, made relative
+    to the page's place on the site, `site_path`."""
+    here = posixpath.dirname(site_path)
 
     def one(m: re.Match) -> str:
         target, anchor = m.group(1), m.group(2) or ""
@@ -42,9 +58,9 @@ def _rewrite(text: str, source: Path) -> str:
         except ValueError:
             raise PluginError(f"{source.relative_to(ROOT)}: link {target!r} leaves the repository") from None
         if rel.startswith("docs/"):
-            return f"]({Path(rel).relative_to('docs').as_posix()}{anchor})"
+            return f"]({posixpath.relpath(Path(rel).relative_to('docs').as_posix(), here or '.')}{anchor})"
         if rel in PAGES:
-            return f"]({PAGES[rel]}{anchor})"
+            return f"]({posixpath.relpath(PAGES[rel], here or '.')}{anchor})"
         if not path.exists():
             raise PluginError(f"{source.relative_to(ROOT)}: link {target!r} names no file ({rel})")
         return f"]({_REPO_PREFIX}{rel})"
@@ -200,16 +216,26 @@ def _file_reference() -> str:
     return "\n".join(out) + "\n"
 
 
+def on_config(config):
+    """The results pages in the nav under "Results", after the index, in the order the index links them."""
+    index = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    linked = list(dict.fromkeys(re.findall(r"\]\(results/(\w+\.md)", index)))
+    for item in config.nav or []:
+        if isinstance(item, dict) and item.get("Results") == "results.md":
+            item["Results"] = ["results.md", *(f"results/{name}" for name in linked)]
+    return config
+
+
 def on_files(files: Files, config) -> Files:
     """Add the generated pages to the site."""
     def add(name: str, text: str) -> None:
         files.append(File.generated(config, name, content=text))
-    add("index.md", _rewrite((ROOT / "README.md").read_text(), ROOT / "README.md"))
-    results = ROOT / "benchmarks" / "RESULTS.md"
-    add("results.md", _rewrite(results.read_text(), results).replace(f"]({_REPO_PREFIX}benchmarks/results/",
-                                                                          "](results/"))
-    for png in sorted((ROOT / "benchmarks" / "results").glob("*.png")):
-        files.append(File.generated(config, f"results/{png.name}", abs_src_path=str(png)))
+    for rel, site in PAGES.items():
+        path = ROOT / rel
+        if path.suffix == ".md":
+            add(site, _rewrite(path.read_text(), path, site))
+        else:
+            files.append(File.generated(config, site, abs_src_path=str(path)))
     add("reference/cli.md", _cli_reference())
     add("reference/files.md", _file_reference())
     return files
@@ -219,7 +245,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     """A written page's links out of `docs/` (generated pages were rewritten when made)."""
     if page.file.generated_by or page.file.abs_src_path is None:
         return markdown
-    return _rewrite(markdown, ROOT / "docs" / page.file.src_uri)  # as if in docs/ (a copy elsewhere too)
+    return _rewrite(markdown, ROOT / "docs" / page.file.src_uri, page.file.src_uri)  # as if in docs/
 
 
 def on_page_content(html: str, page, config, files) -> str:

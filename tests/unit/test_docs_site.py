@@ -1,5 +1,6 @@
 """The docs site builds strictly (`mkdocs build --strict`, as CI does): every page in the nav, every link
-and anchor found, the generated pages (home, results, CLI and file-format reference) made from the code."""
+and anchor found, the generated pages (home, the results index and its pages, CLI and file-format
+reference) made from the code."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ def test_the_site_builds_strictly_with_its_generated_pages(tmp_path: Path) -> No
     home = (tmp_path / "site" / "index.html").read_text()
     assert "slo-tuner" in home and "docs/twin.md" not in home  # README links point at the site's pages
     assert (tmp_path / "site" / "results" / "index.html").exists()
+    for page in (ROOT / "benchmarks" / "results").glob("*.md"):  # the pages the results index links to
+        assert (tmp_path / "site" / "results" / page.stem / "index.html").exists(), page.name
 
 
 def test_a_broken_link_fails_the_build(tmp_path: Path) -> None:
