@@ -1,0 +1,82 @@
+"""A study's measurements and decisions as canonical JSON, to show a refactoring changed no answer.
+
+Issue 62 asks that restructuring the code leave every study the same: the same trials, in the same order,
+measured at the same rates with the same verdicts and capacities, the same acceptances and the same
+recommendation. This dumps what a run directory's study holds, less what no two runs share (wall-clock
+seconds, timestamps, host load), with floats rounded to 9 significant digits so that a reordering of
+a float sum does not read as a change while any real change still does. `--diff A B` prints a unified
+diff of two run directories' dumps and exits 1 when they differ (0: the same).
+
+    python tools/study_dump.py RUN_DIR                # the dump, to stdout
+    python tools/study_dump.py --diff RUN_A RUN_B     # before/after: empty and exit 0 when unchanged
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sqlite3
+import sys
+from pathlib import Path
+from typing import Any
+
+#: record fields that hold real (wall-clock) time or its by-products: they differ between two runs of the
+#: same study on a simulated engine, and between hosts
+VOLATILE = {"wall_s", "launch_s", "load_wall_s", "seconds"}
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, float):
+        return float(f"{value:.9g}")
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in sorted(value.items()) if k not in VOLATILE}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    return value
+
+
+def dump(run_dir: Path) -> dict[str, Any]:
+    """The study's trials (number, state, role, record) and the report's answer, canonical."""
+    db = run_dir / "study.db"
+    if not db.is_file():
+        raise SystemExit(f"{run_dir}: no study.db (a run directory of `tune` on SQLite storage)")
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)  # never written
+    try:
+        trials = con.execute("SELECT trial_id, number, state FROM trials ORDER BY number").fetchall()
+        attrs: dict[int, dict[str, Any]] = {}
+        for trial_id, key, value in con.execute("SELECT trial_id, key, value_json FROM trial_user_attributes"):
+            attrs.setdefault(trial_id, {})[key] = json.loads(value)
+    finally:
+        con.close()
+    out: dict[str, Any] = {"trials": [
+        {"number": n, "state": state, **_canonical(attrs.get(tid, {}))} for tid, n, state in trials]}
+    report = run_dir / "report.json"
+    if report.is_file():
+        rep = json.loads(report.read_text())
+        out["answer"] = _canonical({k: rep.get(k) for k in ("status", "tuned", "recommendation", "headline")})
+    return out
+
+
+def text(run_dir: Path) -> list[str]:
+    return json.dumps(dump(run_dir), indent=1, sort_keys=True).splitlines(keepends=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir", nargs="?", type=Path)
+    ap.add_argument("--diff", nargs=2, type=Path, metavar=("RUN_A", "RUN_B"))
+    a = ap.parse_args(argv)
+    if a.diff:
+        before, after = a.diff
+        lines = list(difflib.unified_diff(text(before), text(after), str(before), str(after)))
+        sys.stdout.writelines(lines)
+        return 1 if lines else 0
+    if a.run_dir is None:
+        ap.error("give RUN_DIR or --diff RUN_A RUN_B")
+    sys.stdout.writelines(text(a.run_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
