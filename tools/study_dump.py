@@ -9,6 +9,12 @@ diff of two run directories' dumps and exits 1 when they differ (0: the same).
 
     python tools/study_dump.py RUN_DIR                # the dump, to stdout
     python tools/study_dump.py --diff RUN_A RUN_B     # before/after: empty and exit 0 when unchanged
+    python tools/study_dump.py --scenarios DIR        # run every shipped scenario into DIR/<name>
+    python tools/study_dump.py --diff DIR_A DIR_B     # two such folders: every scenario's diff
+
+`--scenarios` runs each of `workloads/`'s workload and SLO pairs (the seed scenarios) as the README's
+main job does (default strategy, the simulated RTX 4090 and Qwen2.5-7B, seed 0) with `--max-trials 6`:
+run it on the commit before a refactoring and on the one after, then diff the two folders.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import argparse
 import difflib
 import json
 import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -58,6 +65,51 @@ def dump(run_dir: Path) -> dict[str, Any]:
     return out
 
 
+ROOT = Path(__file__).resolve().parents[1]
+W = ROOT / "workloads"
+#: the seed scenarios: every workload and SLO file `workloads/` ships (tests/e2e/test_tune_scenarios.py
+#: holds that list complete), with the options each needs
+SCENARIOS: dict[str, list[str]] = {
+    "chat": ["chat.jsonl", "chat.slo.yaml"],
+    "chat-strict": ["chat.jsonl", "chat-strict.slo.yaml"],
+    "rag": ["rag.jsonl", "rag.slo.yaml"],
+    "multitenant": ["multitenant.jsonl", "multitenant.slo.yaml"],
+    "azure": ["azure_conv_excerpt.csv", "azure.slo.yaml", "--arrival", "trace"],
+    "multitenant-lora": ["multitenant-lora.jsonl", "multitenant-lora.slo.yaml", "--lora-dir",
+                         str(W / "multitenant-lora.adapters.yaml"), "--search-space", "multitenant-lora"],
+    "smollm2": ["smollm2-questions.jsonl", "smollm2-cpu.slo.yaml"],
+}
+
+
+def run_scenarios(dest: Path) -> int:
+    """Each seed scenario's study into dest/<name> with this checkout's code; the exit codes printed."""
+    if dest.exists():
+        raise SystemExit(f"{dest}: exists; give a new folder")
+    dest.mkdir(parents=True)
+    for name, (workload, slo, *extra) in SCENARIOS.items():
+        args = [sys.executable, "-m", "tuner.cli", "--workload", str(W / workload), "--slo", str(W / slo),
+                "--gpu", "rtx4090", "--model", "qwen2.5-7b", "--seed", "0", "--max-trials", "6", "--no-confirm",
+                *extra, "--out", str(dest / name)]
+        p = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
+        print(f"{name}: exit {p.returncode}", file=sys.stderr, flush=True)
+    return 0
+
+
+def diff(before: Path, after: Path) -> list[str]:
+    """The unified diff of two run directories' dumps, or of every scenario of two `--scenarios` folders."""
+    if (before / "study.db").is_file():
+        return list(difflib.unified_diff(text(before), text(after), str(before), str(after)))
+    names = sorted({p.name for p in before.iterdir() if p.is_dir()} | {p.name for p in after.iterdir() if p.is_dir()})
+    out: list[str] = []
+    for name in names:
+        a, b = before / name, after / name
+        if not (a / "study.db").is_file() or not (b / "study.db").is_file():
+            out.append(f"{name}: a study in only one of the two folders\n")
+            continue
+        out += diff(a, b)
+    return out
+
+
 def text(run_dir: Path) -> list[str]:
     return json.dumps(dump(run_dir), indent=1, sort_keys=True).splitlines(keepends=True)
 
@@ -66,10 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", nargs="?", type=Path)
     ap.add_argument("--diff", nargs=2, type=Path, metavar=("RUN_A", "RUN_B"))
+    ap.add_argument("--scenarios", type=Path, metavar="DIR", help="run every seed scenario into DIR/<name>")
     a = ap.parse_args(argv)
+    if a.scenarios:
+        return run_scenarios(a.scenarios)
     if a.diff:
-        before, after = a.diff
-        lines = list(difflib.unified_diff(text(before), text(after), str(before), str(after)))
+        lines = diff(*a.diff)
         sys.stdout.writelines(lines)
         return 1 if lines else 0
     if a.run_dir is None:
