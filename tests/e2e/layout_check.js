@@ -43,7 +43,7 @@
         if (r.width <= 0 || r.height <= 0) continue;
         const note = Array.from(el.childNodes).find((c) => c.nodeType === Node.COMMENT_NODE);
         const name = `${chart}: ${snip(note ? note.data : el.textContent)}`;
-        out.push({ id: el, name, r });
+        out.push({ id: el, name, r, q: turned(el) });
         if (r.left < box.left - TOL || r.right > box.right + TOL || r.top < box.top - TOL
             || r.bottom > box.bottom + TOL) say(`outside: ${name} runs past its chart's edge`);
         let px;
@@ -110,7 +110,7 @@
       const holder = block(owner);
       for (const r of Array.from(range.getClientRects())) {
         if (r.width <= 0 || r.height <= 0) continue;
-        out.push({ id: node, name, r });
+        out.push({ id: node, name, r, q: corners(r) });
         if (r.left < -TOL || r.right > width + TOL) say(`outside: ${name} runs past the page's ${width} px`);
         const h = holder.getBoundingClientRect();
         if (r.left < h.left - TOL || r.right > h.right + TOL) {
@@ -127,6 +127,37 @@
     }
   }
 
+  function corners(r) {
+    return [[r.left, r.top], [r.right, r.top], [r.right, r.bottom], [r.left, r.bottom]];
+  }
+
+  // A chart text's box turned as the text is: its glyphs' box in their own (unturned) units, taken to the
+  // screen. The upright box around a slanted label (getBoundingClientRect) would call two neighbouring
+  // slanted labels overlapping where their letters are well apart.
+  function turned(el) {
+    const inner = el.tagName === "text" ? el : el.querySelector('g[transform*="scale"]') || el;
+    const b = inner.getBBox(), m = inner.getScreenCTM();
+    return [[b.x, b.y], [b.x + b.width, b.y], [b.x + b.width, b.y + b.height], [b.x, b.y + b.height]]
+      .map(([x, y]) => { const p = new DOMPoint(x, y).matrixTransform(m); return [p.x, p.y]; });
+  }
+
+  // Two convex boxes overlap by more than TOL when no edge's normal separates them (by more than TOL).
+  function meet(a, b) {
+    for (const quad of [a, b]) {
+      for (let i = 0; i < 4; i++) {
+        const [x0, y0] = quad[i], [x1, y1] = quad[(i + 1) % 4];
+        const len = Math.hypot(x1 - x0, y1 - y0);
+        if (len === 0) continue;
+        const n = [(y0 - y1) / len, (x1 - x0) / len];
+        const pa = a.map(([x, y]) => x * n[0] + y * n[1]), pb = b.map(([x, y]) => x * n[0] + y * n[1]);
+        if (Math.min(Math.max(...pa), Math.max(...pb)) - Math.max(Math.min(...pa), Math.min(...pb)) <= TOL) {
+          return false;
+        }
+      }
+    }
+    return true;
+  }
+
   function overlaps(boxes) {
     boxes.sort((a, b) => a.r.top - b.r.top);
     for (let i = 0; i < boxes.length; i++) {
@@ -136,7 +167,9 @@
         if (a.id === b.id) continue;
         const w = Math.min(a.r.right, b.r.right) - Math.max(a.r.left, b.r.left);
         const h = Math.min(a.r.bottom, b.r.bottom) - Math.max(a.r.top, b.r.top);
-        if (w > TOL && h > TOL) say(`overlap: ${a.name} and ${b.name} (${w.toFixed(0)} x ${h.toFixed(0)} px)`);
+        if (w > TOL && h > TOL && meet(a.q, b.q)) {
+          say(`overlap: ${a.name} and ${b.name} (${w.toFixed(0)} x ${h.toFixed(0)} px)`);
+        }
       }
     }
   }
@@ -167,5 +200,13 @@
     document.documentElement.setAttribute("data-layout", JSON.stringify(found));
   }
 
-  if (document.readyState === "complete") check(); else window.addEventListener("load", check);
+  function run() {  // a fault of the check itself is reported as such, not as a page without problems
+    try {
+      check();
+    } catch (e) {
+      document.documentElement.setAttribute("data-layout", JSON.stringify({ error: String((e && e.stack) || e) }));
+    }
+  }
+
+  if (document.readyState === "complete") run(); else window.addEventListener("load", run);
 })();

@@ -83,6 +83,7 @@ def layout_problems(page: Path, work: Path, width: int = 1280) -> list[str]:
     found = re.search(r'<html[^>]* data-layout="([^"]*)"', p.stdout)
     assert found, f"the layout check did not run (exit {p.returncode}): {p.stderr[-2000:]}"
     result = json.loads(htmllib.unescape(found.group(1)))
+    assert "error" not in result, f"the layout check failed: {result.get('error')}"
     assert result["texts"] > 0, "the layout check found no text at all"
     return result["problems"]
 

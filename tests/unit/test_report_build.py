@@ -355,6 +355,22 @@ def test_every_chart_is_readable_at_the_reports_width(rep, monkeypatch):
     assert plots.PROBLEMS == []
 
 
+def test_a_long_studys_charts_fit_the_page(rep, monkeypatch):
+    """Forty trials: the charts with a column per trial stay within the report's width (12.5 in: a wider
+    one is shrunk to fit, and its labels under what can be read) and still draw no text over another."""
+    from tuner.report import plots
+
+    many = [rep.trials[i % len(rep.trials)].model_copy(update={"number": i}) for i in range(40)]
+    long = rep.model_copy(update={"trials": many})
+    monkeypatch.setattr(plots, "PROBLEMS", [])
+    for draw in (plots.capacity_per_trial, plots.knob_trajectory):
+        svg = draw(long)
+        assert svg is not None
+        width = float(re.search(r'<svg[^>]* width="([0-9.]+)pt"', svg).group(1))
+        assert width <= 12.5 * 72, (draw.__name__, width)
+    assert plots.PROBLEMS == []
+
+
 def test_the_layout_check_finds_overlaps_and_covered_curves():
     import matplotlib.pyplot as plt
 

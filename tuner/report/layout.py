@@ -6,6 +6,10 @@ the report's charts and the fleet's timeline are drawn with it on in the tests.
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 
 def _drawn_texts(fig) -> list:
     """The texts a chart shows: titles, axis labels, the tick labels of ticks inside each axis's view,
@@ -26,6 +30,38 @@ def _drawn_texts(fig) -> list:
     return [t for t in unique if t.get_visible() and t.get_text().strip()]
 
 
+def _quad(t, renderer) -> np.ndarray:
+    """A text's box turned as the text is (four corners, display pixels). Its window extent is the upright
+    box around it, which calls two neighbouring slanted tick labels overlapping where their letters are
+    well apart; the turned box is the upright text's box turned about the extent's centre."""
+    box = t.get_window_extent(renderer)
+    corners = np.array([[box.x0, box.y0], [box.x1, box.y0], [box.x1, box.y1], [box.x0, box.y1]])
+    angle = t.get_rotation()
+    if angle % 90 == 0:
+        return corners
+    t.set_rotation(0)
+    flat = t.get_window_extent(renderer)
+    t.set_rotation(angle)
+    c, s = math.cos(math.radians(angle)), math.sin(math.radians(angle))
+    w, h = flat.width / 2, flat.height / 2
+    local = np.array([[-w, -h], [w, -h], [w, h], [-w, h]])
+    return local @ np.array([[c, s], [-s, c]]) + corners.mean(axis=0)
+
+
+def _meet(a: np.ndarray, b: np.ndarray, tol: float = 1.0) -> bool:
+    """Two convex boxes overlap by more than `tol` pixels: no edge's normal separates them."""
+    for quad in (a, b):
+        for i in range(4):
+            edge = quad[(i + 1) % 4] - quad[i]
+            if not edge.any():
+                continue
+            n = np.array([-edge[1], edge[0]]) / np.hypot(*edge)
+            pa, pb = a @ n, b @ n
+            if min(pa.max(), pb.max()) - max(pa.min(), pb.min()) <= tol:
+                return False
+    return True
+
+
 def layout_problems(fig) -> list[str]:
     """Texts that overlap each other, and curves drawn under a legend, in the figure as drawn: what makes a
     chart unreadable at the report's width (the issue found an axis label over the next panel, tick labels
@@ -33,13 +69,11 @@ def layout_problems(fig) -> list[str]:
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     name = fig._suptitle.get_text() if fig._suptitle is not None else "a chart"
-    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in _drawn_texts(fig)]
+    boxes = [(t.get_text(), _quad(t, renderer)) for t in _drawn_texts(fig)]
     out = []
-    for i, (a, ba) in enumerate(boxes):
-        for b, bb in boxes[i + 1:]:
-            w = min(ba.x1, bb.x1) - max(ba.x0, bb.x0)
-            h = min(ba.y1, bb.y1) - max(ba.y0, bb.y0)
-            if w > 1 and h > 1:
+    for i, (a, qa) in enumerate(boxes):
+        for b, qb in boxes[i + 1:]:
+            if _meet(qa, qb):
                 out.append(f"{name}: {a!r} overlaps {b!r}")
     for lg in list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]:
         box = lg.get_window_extent(renderer)
