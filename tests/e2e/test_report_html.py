@@ -85,6 +85,8 @@ def layout_problems(page: Path, work: Path, width: int = 1280) -> list[str]:
     result = json.loads(htmllib.unescape(found.group(1)))
     assert "error" not in result, f"the layout check failed: {result.get('error')}"
     assert result["texts"] > 0, "the layout check found no text at all"
+    charts = text.count('src="data:image/svg+xml;base64,')
+    assert result["charts"] == charts, f"{result['charts']} of the page's {charts} charts were checked"
     return result["problems"]
 
 
