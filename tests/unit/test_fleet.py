@@ -250,3 +250,55 @@ def test_a_real_router_run_the_model_does_not_reproduce_is_warned_about() -> Non
     assert "verdicts differ" in w and "0.810" in w
     assert "attainment 0.900" in disagreements(side(0.90), side(0.97), 0.5)[0]
     assert "failed 7 requests" in disagreements(side(1.0, errors=7), side(1.0), 0.99)[0]
+
+
+def test_the_fleet_pages_put_each_policys_lines_and_tables_under_its_heading(tmp_path):
+    """fleet.md and fleet.html carry the same sections: per policy its verdict, one replica down and the
+    verified N's shares (on the terminal indented under it), the per-N table and the per-replica table;
+    the lines that hold whatever the policy come after every policy."""
+    from tuner.fleet.measure import FleetCheck, ReplicaStats
+    from tuner.fleet.render import lines
+    from tuner.fleet.verify import FleetVerification, PolicyResult
+    from tuner.report.fleet import write_fleet
+
+    def check(n: int, policy: str) -> FleetCheck:
+        reps = [ReplicaStats(replica=i, routed=10, share=1 / n, prefix_hit_rate=None, attainment=1.0,
+                             p99_ttft_ms=100.0, p99_tpot_ms=20.0, state="ready") for i in range(n)]
+        return FleetCheck(replicas=n, policy=policy, rate=5.0, n=100, attainment=0.995, meets=True,
+                          p99_ttft_ms=120.0, p99_tpot_ms=21.0, errors=0, prefix_hit_rate=None,
+                          output_tokens_per_s=100.0, per_replica=reps)
+
+    pol = [PolicyResult(policy=p, verified_n=n, checks=[check(n, p)], n_minus_1=check(n - 1, p))
+           for p, n in (("round_robin", 3), ("session", 4))]
+    v = FleetVerification(run_dir="r", peak=5, target=0.99, plan_n=3, plan_spare=1, cold_start_s=20,
+                          cold_start_source="given", policies=pol)
+    write_fleet(v, tmp_path)
+    md = (tmp_path / "fleet.md").read_text()
+    rr, se, tail = (md.index("## Routing policy round_robin"), md.index("## Routing policy session"),
+                    md.index("## Spare, scenarios, autoscaling and cost"))
+    assert rr < md.index("- round_robin: plan N") < md.index("- one replica down at the peak (N-1 = 2)") \
+        < md.index("- at N = 3: ") < md.index("| replica | share |") < se
+    assert se < md.index("- one replica down at the peak (N-1 = 3)") < md.index("- at N = 4: ") < tail
+    assert md.index("- cold start: 20.0 s (given)") > tail
+    page = (tmp_path / "fleet.html").read_text()
+    assert "<style>" in page and page.count("<table>") == 4 and page.count("<h2>Routing policy ") == 2
+    text = "\n".join(lines(v))
+    assert "\n  one replica down at the peak (N-1 = 2)" in text and "\n  at N = 4: " in text
+
+
+def test_the_timeline_is_readable(monkeypatch):
+    """The timeline drawn as the report's charts are: no text over another, no legend over a curve (the
+    legend was inside each panel, over the queue and the rate)."""
+    from tuner.fleet.render import timeline_svg
+    from tuner.fleet.verify import FleetVerification, Scenario
+    from tuner.report import plots
+
+    tl = [(float(t), 3 + (t > 60), int(40 < t < 60), max(0, 50 - abs(t - 50)), 3) for t in range(0, 120, 2)]
+    scs = [Scenario(name=name, what="the peak doubled for 20 s", policy="round_robin", replicas_start=3,
+                    attainment=0.97, p99_ttft_ms=400.0, broken_s=20.0, replica_seconds=400.0, max_replicas=4,
+                    windows=[(40.0, 0.5, 30), (50.0, 1.0, 30)], timeline=tl, profile=[(0.0, 5.0), (40.0, 10.0)])
+           for name in ("surge", "cold start")]
+    v = FleetVerification(run_dir="r", peak=5, target=0.99, plan_n=3, plan_spare=1, cold_start_s=20,
+                          cold_start_source="given", policies=[], scenarios=scs)
+    monkeypatch.setattr(plots, "PROBLEMS", [])
+    assert timeline_svg(v) and plots.PROBLEMS == []

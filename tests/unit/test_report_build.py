@@ -307,6 +307,26 @@ def test_a_knob_whose_share_was_only_predicted_is_not_shown_as_measured_to_matte
         assert claim not in md and "rides with it unproven" in md
 
 
+def test_shares_all_n_a_are_a_sentence_not_an_empty_chart(rep):
+    """A step of several knobs with no prediction and no measurement of each: every share is n/a, so no
+    share chart is drawn (it was an empty frame) and the report says why in its place."""
+    from tuner.report.plots import knob_shares
+    from tuner.report.render import to_html, to_markdown
+    from tuner.storage.select import KnobRow, KnobStep
+
+    rows = [KnobRow(knob=k, change=f"{k}: default -> x", share_pct=None, source="unknown")
+            for k in ("max_num_seqs", "enable_prefix_caching")]
+    steps = [KnobStep(trial=1, knobs_changed=[r.knob for r in rows], change="two knobs", before_rps=4.0,
+                      after_rps=4.5, gain_rps=0.5, gain_pct=12.5, rows=rows)]
+    unknown = rep.model_copy(update={"attribution": steps})
+    assert knob_shares(unknown) is None
+    why = "No chart of the shares: every knob's share above is n/a"
+    assert why in to_markdown(unknown, set()) and why in to_html(unknown, {})
+    known = rows[:1] + [rows[1].model_copy(update={"share_pct": 3.0, "source": "predicted"})]
+    partly = rep.model_copy(update={"attribution": [steps[0].model_copy(update={"rows": known})]})
+    assert knob_shares(partly) is not None and why not in to_markdown(partly, {"shares"})
+
+
 def test_a_trial_launched_once_is_never_said_to_have_been_launched_twice(rep):
     """"launched twice" and "its second launch" are said only of a configuration the study launched more
     than once; a lone launch off the final chain says what it was."""
@@ -332,6 +352,22 @@ def test_every_chart_is_readable_at_the_reports_width(rep, monkeypatch):
     monkeypatch.setattr(plots, "PROBLEMS", [])
     drawn = [name for name, draw in plots.PLOTS.items() if draw(rep)]
     assert {"knee", "capacity", "knobs", "latency_cdf", "timeseries"} <= set(drawn), drawn
+    assert plots.PROBLEMS == []
+
+
+def test_a_long_studys_charts_fit_the_page(rep, monkeypatch):
+    """Forty trials: the charts with a column per trial stay within the report's width (12.5 in: a wider
+    one is shrunk to fit, and its labels under what can be read) and still draw no text over another."""
+    from tuner.report import plots
+
+    many = [rep.trials[i % len(rep.trials)].model_copy(update={"number": i}) for i in range(40)]
+    long = rep.model_copy(update={"trials": many})
+    monkeypatch.setattr(plots, "PROBLEMS", [])
+    for draw in (plots.capacity_per_trial, plots.knob_trajectory):
+        svg = draw(long)
+        assert svg is not None
+        width = float(re.search(r'<svg[^>]* width="([0-9.]+)pt"', svg).group(1))
+        assert width <= 12.5 * 72, (draw.__name__, width)
     assert plots.PROBLEMS == []
 
 

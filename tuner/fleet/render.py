@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import io
-import re
 import textwrap
 
 import matplotlib
@@ -12,10 +10,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from tuner.fleet.measure import fmt_ms  # noqa: E402
-from tuner.fleet.verify import THRESHOLDS, FleetVerification, Scenario  # noqa: E402
-
-RC = {"svg.hashsalt": "slo-tuner", "svg.fonttype": "path", "font.size": 9, "axes.grid": True,
-      "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False}
+from tuner.fleet.verify import THRESHOLDS, FleetVerification, PolicyResult, Scenario  # noqa: E402
+# the report's chart style: constrained layout, one legend outside the panels, the same SVG text
+from tuner.report.plots import RC, legend, svg  # noqa: E402
 
 
 def _plan_n(v: FleetVerification) -> str:
@@ -37,28 +34,47 @@ def _agreement(v: FleetVerification, verified: int | None) -> str:
 
 def lines(v: FleetVerification) -> list[str]:
     """The verification's findings, one per line, the numbers as measured in virtual time."""
-    out = [f"fleet verification of {v.run_dir}: {v.model} on {v.gpu}, tuned knobs {v.knobs or 'vLLM defaults'}, "
-           f"peak {v.peak:g} req/s, target attainment {v.target:g} (virtual time, {120:g} s per N, first 20 s "
-           "not scored)"]
+    out = [head_line(v)]
     for p in v.policies:
-        tried = ", ".join(f"N={c.replicas}: {c.attainment:.4f}" for c in p.checks)
-        got = f"verified N = {p.verified_n}" if p.verified_n else "not met within 4x the plan"
-        out.append(f"{p.policy}: {_plan_n(v)}, {got}{_agreement(v, p.verified_n)}  [{tried}]")
-        if p.n_minus_1 is not None:
-            c = p.n_minus_1
-            out.append(f"  one replica down at the peak (N-1 = {c.replicas}): attainment {c.attainment:.4f}, "
-                       f"p99 TTFT {fmt_ms(c.p99_ttft_ms)}, p99 TPOT {fmt_ms(c.p99_tpot_ms)}")
-        best = next((c for c in p.checks if c.replicas == p.verified_n), None)
-        if best is not None:
-            hit = f"{best.prefix_hit_rate:.2f}" if best.prefix_hit_rate is not None else "n/a"
-            shares = [f"{r.share:.2f}" for r in best.per_replica]
-            out.append(f"  at N = {best.replicas}: p99 TTFT {fmt_ms(best.p99_ttft_ms)}, p99 TPOT "
-                       f"{fmt_ms(best.p99_tpot_ms)}, prefix-cache hit rate {hit}, load share per replica "
-                       f"{min(shares)}-{max(shares)}")
-    if v.spare_verdict:
-        out.append(v.spare_verdict)
+        first, *rest = policy_lines(v, p)
+        out += [first] + [f"  {x}" for x in rest]
+    return out + tail_lines(v)
+
+
+def head_line(v: FleetVerification) -> str:
+    """What was verified, and how."""
+    return (f"fleet verification of {v.run_dir}: {v.model} on {v.gpu}, tuned knobs {v.knobs or 'vLLM defaults'}, "
+            f"peak {v.peak:g} req/s, target attainment {v.target:g} (virtual time, {120:g} s per N, first 20 s "
+            "not scored)")
+
+
+def policy_lines(v: FleetVerification, p: PolicyResult) -> list[str]:
+    """One routing policy's findings: its verified N first (named by the policy, so the line stands alone
+    on a terminal), then one replica down and the verified N's latencies and load shares (which the
+    terminal indents under it and the pages put under the policy's heading)."""
+    tried = ", ".join(f"N={c.replicas}: {c.attainment:.4f}" for c in p.checks)
+    got = f"verified N = {p.verified_n}" if p.verified_n else "not met within 4x the plan"
+    out = [f"{p.policy}: {_plan_n(v)}, {got}{_agreement(v, p.verified_n)}  [{tried}]"]
+    if p.n_minus_1 is not None:
+        c = p.n_minus_1
+        out.append(f"one replica down at the peak (N-1 = {c.replicas}): attainment {c.attainment:.4f}, "
+                   f"p99 TTFT {fmt_ms(c.p99_ttft_ms)}, p99 TPOT {fmt_ms(c.p99_tpot_ms)}")
+    best = next((c for c in p.checks if c.replicas == p.verified_n), None)
+    if best is not None:
+        hit = f"{best.prefix_hit_rate:.2f}" if best.prefix_hit_rate is not None else "n/a"
+        shares = [f"{r.share:.2f}" for r in best.per_replica]
+        out.append(f"at N = {best.replicas}: p99 TTFT {fmt_ms(best.p99_ttft_ms)}, p99 TPOT "
+                   f"{fmt_ms(best.p99_tpot_ms)}, prefix-cache hit rate {hit}, load share per replica "
+                   f"{min(shares)}-{max(shares)}")
+    return out
+
+
+def tail_lines(v: FleetVerification) -> list[str]:
+    """The findings past the choice of policy: spare, scenarios (each run under the chosen policy, which
+    its line names), autoscaling, cost."""
+    out = [v.spare_verdict] if v.spare_verdict else []
     for s in v.scenarios:
-        out.append(f"{s.name}: {s.what}: SLO broken {s.broken_s:g} s (10 s windows), attainment "
+        out.append(f"{s.name} ({s.policy}): {s.what}: SLO broken {s.broken_s:g} s (10 s windows), attainment "
                    f"{s.attainment:.4f}, p99 TTFT {fmt_ms(s.p99_ttft_ms)}, {s.replica_seconds / 3600:.2f} "
                    f"replica-hours, at most {s.max_replicas} replicas")
     if v.threshold is not None:
@@ -69,8 +85,7 @@ def lines(v: FleetVerification) -> list[str]:
                  if v.cost_per_million_output_tokens is not None else "")
         out.append(f"cost: {v.cost_per_hour:,.2f}/h for the verified N + 1 spare at {v.price_per_gpu_hour:g} "
                    f"per GPU-hour{per_m}")
-    out += [f"note: {n}" for n in v.notes]
-    return out
+    return out + [f"note: {n}" for n in v.notes]
 
 
 def timeline_svg(v: FleetVerification) -> str | None:
@@ -79,18 +94,14 @@ def timeline_svg(v: FleetVerification) -> str | None:
     if not v.scenarios:
         return None
     with plt.rc_context(RC):
-        fig, axes = plt.subplots(len(v.scenarios), 1, figsize=(8, 2.6 * len(v.scenarios)), squeeze=False)
-        for ax, s in zip(axes[:, 0], v.scenarios):
-            _panel(ax, s, v.target)
-        fig.tight_layout()
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
-        plt.close(fig)
-    text = re.sub(r"<!DOCTYPE[^>]*>\s*", "", buf.getvalue())
-    return re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.S)
+        fig, axes = plt.subplots(len(v.scenarios), 1, figsize=(8, 2.6 * len(v.scenarios) + 0.4), squeeze=False)
+        twins = [_panel(ax, s, v.target) for ax, s in zip(axes[:, 0], v.scenarios)]
+        legend(fig, list(axes[:, 0]) + twins, where="outside upper center")
+        return svg(fig)
 
 
-def _panel(ax, s: Scenario, target: float) -> None:
+def _panel(ax, s: Scenario, target: float):
+    """One scenario on `ax` (replicas) and a twin axis (queue, rate), which it returns for the legend."""
     t = [x[0] for x in s.timeline]
     for start, att, n in s.windows:
         if n and att < target:
@@ -104,14 +115,13 @@ def _panel(ax, s: Scenario, target: float) -> None:
     for (a, rate), b in zip(s.profile, ends):
         ax2.hlines(rate, a, b, color="#2ca02c", lw=1.2, label="offered req/s" if a == 0 else None)
     ax2.set_ylabel("waiting / req/s")
-    ax.set_title(textwrap.fill(f"{s.name}: {s.what} - SLO broken {s.broken_s:g} s (shaded)", 110), fontsize=8)
+    ax.set_title(textwrap.fill(f"{s.name} ({s.policy}): {s.what} - SLO broken {s.broken_s:g} s (shaded)", 110), fontsize=8)
     ax.set_xlabel("seconds")
-    h1, l1 = ax.get_legend_handles_labels()
-    h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper right")
+    ax2.grid(False)
+    return ax2
 
 
-__all__ = ["lines", "timeline_svg", "threshold_line"]
+__all__ = ["head_line", "lines", "policy_lines", "tail_lines", "timeline_svg", "threshold_line"]
 
 
 def threshold_line(v: FleetVerification) -> str:

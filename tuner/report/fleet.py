@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tuner.fleet.measure import fmt_ms
-from tuner.fleet.render import lines, timeline_svg
+from tuner.fleet.render import head_line, policy_lines, tail_lines, timeline_svg
 from tuner.fleet.verify import FleetVerification
 from tuner.report.render import Block, page_html, page_markdown
 
@@ -15,10 +15,13 @@ TIMELINE = "fleet-timeline"
 
 
 def fleet_blocks(v: FleetVerification, timeline: bool) -> list[Block]:
-    """The verdict lines, then a section per routing policy, then the scenarios' timeline."""
-    out = [Block("h1", "Fleet verification"), Block("ul", rows=[[x] for x in lines(v)])]
+    """What was verified, then a section per routing policy (its own lines under its heading: the
+    terminal's indented lines, flattened into one list, lost which policy they were of), then what was
+    run under the chosen policy, and the scenarios' timeline."""
+    out = [Block("h1", "Fleet verification"), Block("p", head_line(v)[0].upper() + head_line(v)[1:] + ".")]
     for p in v.policies:
-        out.append(Block("h2", f"Routing policy {p.policy}"))
+        out += [Block("h2", f"Routing policy {p.policy}"), Block("ul", rows=[[x] for x in policy_lines(v, p)]),
+                Block("p", f"Each N tried at the peak ({v.peak:g} req/s):")]
         rows = [["N", "attainment", "p99 TTFT", "p99 TPOT", "hit rate", "errors"]]
         rows += [[str(c.replicas), f"{c.attainment:.4f}", fmt_ms(c.p99_ttft_ms), fmt_ms(c.p99_tpot_ms),
                   f"{c.prefix_hit_rate:.2f}" if c.prefix_hit_rate is not None else "n/a", str(c.errors)]
@@ -34,6 +37,9 @@ def fleet_blocks(v: FleetVerification, timeline: bool) -> list[Block]:
                  else "n/a", f"{r.attainment:.4f}" if r.attainment is not None else "n/a", fmt_ms(r.p99_ttft_ms),
                  fmt_ms(r.p99_tpot_ms)] for r in best.per_replica]
         out.append(Block("table", rows=per))
+    under = f" (routing policy {v.scenarios[0].policy})" if v.scenarios else ""
+    out += [Block("h2", f"Spare, scenarios, autoscaling and cost{under}"),
+            Block("ul", rows=[[x] for x in tail_lines(v)])]
     if timeline:
         out += [Block("h2", "Scenarios over time"),
                 Block("fig", "Replicas serving and starting, the summed queue and the offered rate; shaded: "

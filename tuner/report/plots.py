@@ -17,6 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import LogFormatter  # noqa: E402
 
+from tuner.report.layout import layout_problems  # noqa: E402
 from tuner.report.model import ConfigSummary, Report  # noqa: E402
 from tuner.twin.workers import Workers  # noqa: E402
 
@@ -49,7 +50,7 @@ def _plain_log_ticks(fig) -> None:
                 axis.set_minor_formatter(PlainLogFormatter(base=10, labelOnlyBase=False))
 
 
-def _legend(fig, axes, ncol: int = 4, where: str = "outside lower center") -> None:
+def legend(fig, axes, ncol: int = 4, where: str = "outside lower center") -> None:
     """One legend for the figure, outside every panel (a legend inside covers data), each label once."""
     seen: dict = {}
     for ax in axes:
@@ -60,51 +61,7 @@ def _legend(fig, axes, ncol: int = 4, where: str = "outside lower center") -> No
         fig.legend(list(seen.values()), list(seen), loc=where, ncol=min(ncol, len(seen)), fontsize=7, frameon=False)
 
 
-def _drawn_texts(fig) -> list:
-    """The texts a chart shows: titles, axis labels, the tick labels of ticks inside each axis's view,
-    texts and annotations, legend entries (matplotlib keeps Text objects for ticks it does not draw)."""
-    out = [t for t in [fig._suptitle, *fig.texts] if t is not None]
-    for ax in fig.axes:
-        out += [ax.title, ax._left_title, ax._right_title, ax.xaxis.label, ax.yaxis.label, *ax.texts]
-        for axis in (ax.xaxis, ax.yaxis):
-            lo, hi = sorted(axis.get_view_interval())
-            pad = 1e-9 * max(abs(hi - lo), 1e-300)
-            for tick in axis.get_major_ticks() + axis.get_minor_ticks():
-                loc = tick.get_loc()
-                if loc is not None and lo - pad <= loc <= hi + pad:
-                    out += [tick.label1, tick.label2]
-    for lg in list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]:
-        out += list(lg.get_texts())
-    unique = list({id(t): t for t in out}.values())  # the suptitle is among the figure's texts too
-    return [t for t in unique if t.get_visible() and t.get_text().strip()]
-
-
-def layout_problems(fig) -> list[str]:
-    """Texts that overlap each other, and curves drawn under a legend, in the figure as drawn: what makes a
-    chart unreadable at the report's width (the issue found an axis label over the next panel, tick labels
-    over an axis title, legends over the curves)."""
-    fig.canvas.draw()
-    renderer = fig.canvas.get_renderer()
-    name = fig._suptitle.get_text() if fig._suptitle is not None else "a chart"
-    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in _drawn_texts(fig)]
-    out = []
-    for i, (a, ba) in enumerate(boxes):
-        for b, bb in boxes[i + 1:]:
-            w = min(ba.x1, bb.x1) - max(ba.x0, bb.x0)
-            h = min(ba.y1, bb.y1) - max(ba.y0, bb.y0)
-            if w > 1 and h > 1:
-                out.append(f"{name}: {a!r} overlaps {b!r}")
-    for lg in list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]:
-        box = lg.get_window_extent(renderer)
-        for ax in fig.axes:
-            for line in ax.get_lines():
-                path = line.get_transform().transform_path(line.get_path())
-                if len(path.vertices) and path.intersects_bbox(box, filled=False):
-                    out.append(f"{name}: the legend covers {line.get_label()!r}")
-    return out
-
-
-def _svg(fig) -> str:
+def svg(fig) -> str:
     _plain_log_ticks(fig)
     if PROBLEMS is not None:
         PROBLEMS.extend(layout_problems(fig))
@@ -173,9 +130,15 @@ def knee_curves(rep: Report) -> str | None:
                 ax.plot([0, lim], [0, lim], color="#cccccc", lw=0.8, label="goodput = offered")
             ax.set_xlabel("offered rate (req/s, open loop)")
             ax.set_ylabel(ylabel)
-        _legend(fig, axes)
+        legend(fig, axes)
         fig.suptitle("Knee curves: the capacity is the last filled point before the SLO breaks")
-        return _svg(fig)
+        return svg(fig)
+
+
+def _trials_width(rep: Report) -> float:
+    """Inches for a chart with a column per trial: wider with more trials, up to the report's width (12.5
+    in): a wider chart is shrunk to fit the page, and its labels with it, below what can be read."""
+    return min(12.0, max(6.0, 0.55 * len(rep.trials) + 2))
 
 
 def _status(t) -> str:
@@ -187,7 +150,7 @@ def capacity_per_trial(rep: Report) -> str | None:
     if not rep.trials:
         return None
     with plt.rc_context(RC):
-        fig, ax = plt.subplots(figsize=(max(6, 0.55 * len(rep.trials) + 2), 3.4))
+        fig, ax = plt.subplots(figsize=(_trials_width(rep), 3.4))
         xs = [t.number for t in rep.trials]
         for t in rep.trials:
             cap = t.capacity_rps or 0.0
@@ -213,10 +176,10 @@ def capacity_per_trial(rep: Report) -> str | None:
         for label, key in [("accepted", "accepted"), ("rejected", "COMPLETE"), ("raced out", "PRUNED"),
                            ("failed", "FAIL")]:
             ax.bar([math.nan], [math.nan], color=STATE_COLOR[key], label=label)
-        _legend(fig, [ax], ncol=5)
+        legend(fig, [ax], ncol=5)
         ax.set_title("Capacity per trial, in the order the search ran them (outline: raced out at that "
                      "rate)", fontsize=9)
-        return _svg(fig)
+        return svg(fig)
 
 
 def _encode(values: list) -> tuple[list[float], list[str] | None]:
@@ -229,37 +192,39 @@ def _encode(values: list) -> tuple[list[float], list[str] | None]:
 
 
 def knob_trajectory(rep: Report) -> str | None:
-    """Each knob that any trial set, per trial (unset = vLLM's default, drawn at the bottom row)."""
+    """Each knob that any trial set, per trial ("def": unset, vLLM's default), and above the top panel the
+    diagnosis of each accepted trial. Its labels are the report's smallest readable size (9 and 8 pt: the
+    issue found them tiny at 7 and 8)."""
     names = [k for k in dict.fromkeys(k for t in rep.trials for k in t.knobs)]
     if not names:
         return None
     with plt.rc_context(RC):
-        fig, axes = plt.subplots(len(names), 1, figsize=(max(6, 0.55 * len(rep.trials) + 2),
-                                                          1.3 * len(names) + 0.8), sharex=True,
+        fig, axes = plt.subplots(len(names), 1, figsize=(_trials_width(rep), 1.3 * len(names) + 0.8), sharex=True,
                                  squeeze=False)
         xs = [t.number for t in rep.trials]
         for ax, name in zip(axes[:, 0], names):
-            raw = [t.knobs.get(name) for t in rep.trials]
-            ys, cats = _encode(raw)
+            ys, cats = _encode([t.knobs.get(name) for t in rep.trials])
             for x, y, t in zip(xs, ys, rep.trials):
-                c = STATE_COLOR.get(_status(t), "#bbbbbb")
                 if math.isnan(y):
-                    ax.text(x, 0.5, "def", ha="center", va="center", fontsize=8, color="#999999",
+                    ax.text(x, 0.5, "def", ha="center", va="center", fontsize=9, color="#888888",
                             transform=ax.get_xaxis_transform())
                 else:
-                    ax.scatter([x], [y], color=c, s=28, zorder=3, edgecolors="black", linewidths=0.4)
-                if t.accepted and t.diagnosis is not None:
+                    ax.scatter([x], [y], color=STATE_COLOR.get(_status(t), "#bbbbbb"), s=28, zorder=3,
+                               edgecolors="black", linewidths=0.4)
+                if ax is axes[0, 0] and t.accepted and t.diagnosis is not None:
                     ax.annotate(t.diagnosis.kind, (x, 1.0), xycoords=("data", "axes fraction"),
-                                fontsize=7, ha="left", va="bottom", rotation=30, color="#555555")
+                                fontsize=8, ha="left", va="bottom", rotation=30, color="#555555")
             if cats:
                 ax.set_yticks(range(len(cats)))
-                ax.set_yticklabels(cats, fontsize=8)
-            ax.set_ylabel(name, fontsize=8, rotation=0, ha="right", va="center")
+                ax.set_yticklabels(cats, fontsize=9)
+            ax.set_ylabel(name, fontsize=9, rotation=0, ha="right", va="center")
+        # a trial's label ("def" included) never sits on the axis line at either end
+        axes[-1, 0].set_xlim(min(xs) - 0.6, max(xs) + 0.6)
         axes[-1, 0].set_xticks(xs)
         axes[-1, 0].set_xlabel("trial (colour: green accepted, blue rejected, orange raced out, red failed;"
                                " label: diagnosis of an accepted trial)")
         fig.suptitle("Knob trajectory")
-        return _svg(fig)
+        return svg(fig)
 
 
 def _rate(cap: float | None) -> str:
@@ -287,9 +252,9 @@ def latency_cdfs(rep: Report) -> str | None:
             ax.set_xlabel(f"{m.upper()} (ms)")
             ax.set_ylabel("fraction of requests")
             ax.set_ylim(0, 1.01)
-        _legend(fig, list(axes[0]))
+        legend(fig, list(axes[0]))
         fig.suptitle("Latency distribution at capacity")
-        return _svg(fig)
+        return svg(fig)
 
 
 def timeseries(rep: Report) -> str | None:
@@ -318,9 +283,9 @@ def timeseries(rep: Report) -> str | None:
             ax2.grid(False)
             twins.append(ax2)
             ax.set_title(f"{c.label} at {c.knee_metrics.rate:.3g} req/s", fontsize=9)
-        _legend(fig, list(axes[0]) + twins)
+        legend(fig, list(axes[0]) + twins)
         fig.suptitle("Queue depth and KV usage just above the knee")
-        return _svg(fig)
+        return svg(fig)
 
 
 PLOTS = {"knee": knee_curves, "capacity": capacity_per_trial, "knobs": knob_trajectory,
@@ -347,8 +312,8 @@ def twin_curves(rep: Report) -> str | None:
         ax.set_yscale("log")
         ax.set_xlabel("offered rate (req/s)")
         ax.set_ylabel("SLO badness (1 = on the SLO)")
-        _legend(fig, [ax], ncol=2, where="outside right upper")
-        return _svg(fig)
+        legend(fig, [ax], ncol=2, where="outside right upper")
+        return svg(fig)
 
 
 PLOTS["twin"] = twin_curves
@@ -380,9 +345,9 @@ def knob_shares(rep: Report) -> str | None:
         ax.set_yticks(ys)
         ax.set_yticklabels(labels, fontsize=7)
         ax.set_xlabel("share of the step's capacity gain (% of the capacity before the step)")
-        _legend(fig, [ax])
+        legend(fig, [ax])
         ax.set_title("Each knob's share (hatched: predicted by the fitted twin, not measured)", fontsize=9)
-        return _svg(fig)
+        return svg(fig)
 
 
 PLOTS["shares"] = knob_shares
@@ -395,4 +360,4 @@ def all_plots(rep: Report) -> dict[str, str]:
     names = list(PLOTS)
     with Workers(lambda name: PLOTS[name](rep)) as workers:
         svgs = workers.map(names)
-    return {name: svg for name, svg in zip(names, svgs) if svg}
+    return {name: text for name, text in zip(names, svgs) if text}

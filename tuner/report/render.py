@@ -173,6 +173,10 @@ def _attribution(rep: Report, figures: set[str] = frozenset()) -> list[Block]:
         out.append(Block("p", rep.simplification.note))
     if "shares" in figures:
         out.append(Block("fig", "Each knob's share of the gain (hatched: predicted)", lang="shares"))
+    elif not any(r.share_pct is not None for s in rep.attribution for r in s.rows):
+        out.append(Block("p", "No chart of the shares: every knob's share above is n/a (no step's knobs were "
+                              "measured one at a time and no fitted twin predicted them; `--attribute` measures "
+                              "each with one launch)."))
     return out
 
 
@@ -408,7 +412,7 @@ h1{font-size:1.5em}h2{font-size:1.2em;border-bottom:1px solid #ddd;padding-botto
 table{border-collapse:collapse;margin:.6em 0;font-size:.88em}
 td,th{border:1px solid #ddd;padding:.3em .55em;text-align:left;vertical-align:top}
 th{background:#f4f4f4}tr:nth-child(even) td{background:#fafafa}
-pre{background:#f6f8fa;padding:.7em;overflow-x:auto;font-size:.85em}
+pre{background:#f6f8fa;padding:.7em;font-size:.85em;white-space:pre-wrap;overflow-wrap:anywhere}
 code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.92em}
 .note{background:#fff3cd;border:1px solid #e0c060;padding:.6em .9em;font-weight:600}
 figure{margin:1em 0}figure img{max-width:100%;height:auto;border:1px solid #eee}
