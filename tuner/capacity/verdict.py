@@ -319,11 +319,7 @@ def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: Stead
     g0, g1, growth, growth_se, peak, fit_sends = _in_flight_fit(table, now, w_sent, p99)
     served = _served(offered, growth)
     z = Z95 if final else Z_STOP
-    order = np.argsort(w_sent, kind="stable")
-    rk = r[order]
-    deff = design_effect(~(rk[~np.isnan(rk)] <= 1.0))
-    lo = wilson_interval(round(good / deff), max(1, round(n / deff)), z)[0]
-    hi = wilson_interval(round((good + unknown) / deff), max(1, round(n / deff)), z)[1]
+    deff, lo, hi = _attainment_interval(r, w_sent, n, good, unknown, z)
     allowed = st.tolerance * offered * (g1 - g0) if offered is not None and g1 > g0 else 0.0
     # Proven steady without statistics: the backlog cannot have grown by more than the in-flight count
     # ever was, and that stayed under what the tolerance allows over the fit. Otherwise the slope
@@ -331,15 +327,7 @@ def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: Stead
     proven = long_enough and g1 > g0 and peak <= allowed
     testable = long_enough and (proven or fit_sends >= st.min_fit_sends)
     growing = testable and not proven and offered is not None and growth > st.tolerance * offered
-    # The final verdict calls a run overloaded when its queue grew by more than the tolerance plus two
-    # standard errors; stopping a run early for it takes more (twice the tolerance, three standard
-    # errors, 100 sends in the fit): the rule looks every quarter second, and on a real server the
-    # in-flight count jumps as whole batches finish.
-    clearly_growing = growing and growth > st.tolerance * offered + 2 * growth_se
-    if not final:
-        clearly_growing = clearly_growing and fit_sends >= st.early_overload_sends and \
-            g1 - g0 >= st.early_overload_s and growth > max(
-            2 * st.tolerance * offered, st.tolerance * offered + 3 * growth_se)
+    clearly_growing = growing and _clearly_growing(st, final, offered, growth, growth_se, fit_sends, g1 - g0)
     v = Verdict(False, False, "inconclusive", n=n, good=good, unknown=unknown, errors=errors,
                 ci_low=lo, ci_high=hi, design_effect=deff, offered_rps=offered, served_rps=served,
                 departure_rps=offered - growth if offered is not None else None, growth_rps=growth, growth_se=growth_se,
@@ -369,6 +357,33 @@ def judge(records: Sequence[RequestRecord] | RunTable, slo: SLO, settings: Stead
     v.reason = "meets" if v.passed else miss_reason
     v.decided = lo >= target if v.passed else hi < target
     return v
+
+
+def _attainment_interval(r: np.ndarray, w_sent: np.ndarray, n: int, good: int, unknown: int,
+                         z: float) -> tuple[float, float, float]:
+    """The design effect of the scored requests' outcomes in send order, and the attainment's Wilson
+    interval over n / deff effective requests: its low end counts the unknown as bad, its high end as
+    good."""
+    rk = r[np.argsort(w_sent, kind="stable")]
+    deff = design_effect(~(rk[~np.isnan(rk)] <= 1.0))
+    lo = wilson_interval(round(good / deff), max(1, round(n / deff)), z)[0]
+    hi = wilson_interval(round((good + unknown) / deff), max(1, round(n / deff)), z)[1]
+    return deff, lo, hi
+
+
+def _clearly_growing(st: SteadySettings, final: bool, offered: float, growth: float, growth_se: float,
+                     fit_sends: int, fit_span: float) -> bool:
+    """Whether a queue growing by more than the tolerance grew clearly enough to call the run overloaded.
+
+    The final verdict calls a run overloaded when its queue grew by more than the tolerance plus two
+    standard errors; stopping a run early for it takes more (twice the tolerance, three standard
+    errors, 100 sends in the fit): the rule looks every quarter second, and on a real server the
+    in-flight count jumps as whole batches finish."""
+    clearly = growth > st.tolerance * offered + 2 * growth_se
+    if not final:
+        clearly = clearly and fit_sends >= st.early_overload_sends and fit_span >= st.early_overload_s and \
+            growth > max(2 * st.tolerance * offered, st.tolerance * offered + 3 * growth_se)
+    return clearly
 
 
 class StopRule:

@@ -126,6 +126,34 @@ def _model_of(names: list[str], model: str | None) -> str:
     return names[0]
 
 
+def _schedule_line(reqs, url: str, name: str, adapters: list[str], lora_assignment: str, rate: float, arrival: str,
+               max_concurrency: int | None) -> str:
+    """What the run will send, said before it starts: how many requests, where, which adapters, at what
+    pace."""
+    n_adapters = len({r.lora for r in reqs if r.lora})
+    return (f"{len(reqs)} requests to {url} ({name}"
+            + (f"; {n_adapters} LoRA adapters, {lora_assignment if adapters else 'as the workload names them'}"
+               if n_adapters else "") + "), "
+            + (f"rate {rate:g} req/s {arrival}" if math.isfinite(rate) else
+               "the trace's timestamps" if arrival == "trace" else "rate inf")
+            + (f", at most {max_concurrency} in flight" if max_concurrency else ""))
+
+
+def _print_result(run, res, check, percentiles: list[float]) -> None:
+    """The client's warnings (stderr), then `vllm bench serve`'s table and the server-side check that
+    tells a slow server from a client that waited for a CPU."""
+    from tuner.bench.result import format_table
+
+    for w in run.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    print(format_table(res, percentiles))
+    print(f"{'Server-side check':-^50}")
+    print(check.line() or "(the server exports no latency histograms)")
+    if check.client_bound:
+        print("CLIENT-BOUND: these timings are the client's, not the server's: " + "; ".join(check.reasons)
+              + " (docs/measurement.md, 'Who gets the CPU')")
+
+
 #: `tune bench`'s options that act only beside another (`tuner.cli.needs`)
 BENCH_NEEDS: Needs = {"--lora-assignment": ("--lora-modules", flag_set("lora_modules"))}
 
@@ -160,7 +188,7 @@ def bench(
                                         help="random | round-robin: how --lora-modules are given to requests."),
 ) -> None:
     """One load run against a running server, printed as `vllm bench serve` prints it."""
-    from tuner.bench.result import assign_adapters, bench_result, bench_schedule, format_table
+    from tuner.bench.result import assign_adapters, bench_result, bench_schedule
     from tuner.replay.check import bound_ms, check_run
     from tuner.replay.client import run_load_http
     from tuner.slo import load_slo
@@ -183,13 +211,7 @@ def bench(
     served = _served(url, api_key)
     name = _model_of(served, model)
     _check_served(served, adapters, reqs, workload)
-    n_adapters = len({r.lora for r in reqs if r.lora})
-    print(f"{len(reqs)} requests to {url} ({name}"
-          + (f"; {n_adapters} LoRA adapters, {lora_assignment if adapters else 'as the workload names them'}"
-             if n_adapters else "") + "), "
-          + (f"rate {rate:g} req/s {arrival}" if math.isfinite(rate) else
-             "the trace's timestamps" if arrival == "trace" else "rate inf")
-          + (f", at most {max_concurrency} in flight" if max_concurrency else ""), file=sys.stderr)
+    print(_schedule_line(reqs, url, name, adapters, lora_assignment, rate, arrival, max_concurrency), file=sys.stderr)
     run = run_load_http(url, reqs, times, offered_rate=rate if math.isfinite(rate) else 0.0, model=name,
                         api=api, api_key=api_key, request_timeout_s=request_timeout,
                         stall_timeout_s=request_timeout, metrics=True, sample_interval_s=0,
@@ -199,14 +221,7 @@ def bench(
     check = check_run(run, bound_ms(the_slo.ttft.max_ms if the_slo is not None and the_slo.ttft else None))
     res = bench_result(run, rate=rate, burstiness=burstiness, max_concurrency=max_concurrency, model=name,
                        api=api, percentiles=percentiles, slo=the_slo)
-    for w in run.warnings:
-        print(f"warning: {w}", file=sys.stderr)
-    print(format_table(res, percentiles))
-    print(f"{'Server-side check':-^50}")
-    print(check.line() or "(the server exports no latency histograms)")
-    if check.client_bound:
-        print("CLIENT-BOUND: these timings are the client's, not the server's: " + "; ".join(check.reasons)
-              + " (docs/measurement.md, 'Who gets the CPU')")
+    _print_result(run, res, check, percentiles)
     if json_out is not None:
         json_out.write_text(json.dumps({**res.model_dump(mode="json"), "client_check": check.model_dump(mode="json")},
                                        indent=2) + "\n")

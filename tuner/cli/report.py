@@ -117,8 +117,24 @@ def plan(ctx: typer.Context,
                           real=RealRouterOptions(duration_s=real_duration, replicas=real_replicas,
                                                  time_scale=time_scale, stop_replica_at=stop_replica_at)
                           if real_router else None)
+    from tuner.plan import format_plan
+
+    p = _plan(run_dir, rate_per_instance=rate_per_instance, tokens_per_s=tokens_per_s, peak_rate=peak_rate,
+              headroom=headroom, tp=tp, gpu=gpu, model=model, slo_file=slo_file, price=price,
+              mean_prompt=mean_prompt, mean_output=mean_output, quantization=quantization)
+    print(p.model_dump_json(indent=2) if as_json else format_plan(p))
+    if not p.feasible:
+        sys.exit(1)  # not typer.Exit: the app runs with standalone_mode=False, which returns its code
+
+
+def _plan(run_dir: Path | None, *, rate_per_instance: float | None, tokens_per_s: float | None,
+          peak_rate: float | None, headroom: float | None, tp: int, gpu: str | None, model: str | None,
+          slo_file: Path | None, price: float | None, mean_prompt: float | None, mean_output: float | None,
+          quantization: str | None):
+    """`tune plan`'s plan from its options: the run directory's measured capacity, or the numbers given
+    (checked first, each in a finite range); exits with the study's code for a run that measured none."""
     from tuner.knobs import Knobs
-    from tuner.plan import format_plan, make_plan, plan_from_run
+    from tuner.plan import make_plan, plan_from_run
     from tuner.search.space import knob_value_error
     from tuner.slo import load_slo
 
@@ -164,9 +180,7 @@ def plan(ctx: typer.Context,
                       knobs=Knobs(quantization=quantization) if quantization else None,
                       price_per_gpu_hour=price if price is not None else (slo.price_per_gpu_hour if slo else None),
                       mean_prompt_tokens=mean_prompt, mean_output_tokens=mean_output)
-    print(p.model_dump_json(indent=2) if as_json else format_plan(p))
-    if not p.feasible:
-        sys.exit(1)  # not typer.Exit: the app runs with standalone_mode=False, which returns its code
+    return p
 
 
 def gate(gate_file: Path = typer.Argument(..., help="gate.yaml written by a tuning run."),

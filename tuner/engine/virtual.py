@@ -107,70 +107,39 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
     """
     core = engine or EngineCore(cfg, cost_params, noise=noise, seed=seed)
     base_step = core.step_idx
-    order = sorted(range(len(requests)), key=lambda i: requests[i].arrival)
-    seqs: list[Seq | None] = [None] * len(requests)
-    errors: dict[int, str] = {}
-    n = len(order)
-    last_arrival = requests[order[-1]].arrival if n else 0.0
-    deadline = last_arrival + request_timeout_s if request_timeout_s else float("inf")
-    # closed loop: when each of the C slots became free (run seconds); the deadline then runs from the
-    # last real send, once every request is sent
-    free_at: list[float] = [0.0] * max_concurrency if max_concurrency else []
-    sent_rel: dict[int, float] = {}
+    n = len(requests)
     t0 = core.step_end[-1] if core.step_end else 0.0  # this run's zero on the engine's clock
+    sends = _Sends(requests, t0, base_step, max_concurrency, request_timeout_s)
+    free_at = sends.free_at
     now = t0
-    i = 0
     samples: list[GaugeSample] = []
-    lora, lora_samples = core.lora, []
+    lora_samples: list[LoraSample] = []
+    lora = core.lora
     sampler = Sampler(0.0, sample_interval_s)
     # the fused decode steps take the gauge samples between their steps (not the LoRA ones: it stops there)
     fused_sampler = sampler if lora is None else None
     it_tokens: list[int] = []
     pool = core.pool
-    c0 = (core.preemptions, core.prefix_queries, core.prefix_hits, core.prompt_tokens,
-          core.generation_tokens, core.requests_finished, core.spec_drafts, core.spec_draft_tokens,
-          core.spec_accepted)
-    l0 = (lora.gpu_loads, lora.disk_loads) if lora is not None else (0, 0)
+    c0 = _counters(core)
     while True:
         rel = now - t0
-        while i < n and requests[order[i]].arrival <= rel and (not max_concurrency or free_at):
-            idx = order[i]
-            r = requests[idx]
-            arrival = r.arrival
-            if max_concurrency:
-                arrival = sent_rel[idx] = max(arrival, heapq.heappop(free_at))
-                if i == n - 1 and request_timeout_s:
-                    deadline = arrival + request_timeout_s
-            err = core.check(r.prompt_len, r.output_len)
-            if err:
-                errors[idx] = err
-                if max_concurrency:  # refused at once: the slot is free again
-                    heapq.heappush(free_at, arrival)
-            else:
-                seq = Seq(rid=idx + base_step * 1_000_003, arrival=t0 + arrival, prompt_len=r.prompt_len,
-                          output_len=r.output_len, hashes=list(r.hashes), lora=r.lora)
-                seqs[idx] = seq
-                core.add(seq)
-            i += 1
+        if sends.next_at <= rel:
+            sends.send_due(core, rel)
         if not core.running and not core.waiting:  # `core.has_work()`, inlined (every step)
-            if i >= n:
+            if sends.i >= n:
                 break
-            now = max(now, t0 + requests[order[i]].arrival)
+            now = max(now, t0 + sends.next_at)
             continue
-        while sampler.next_t <= rel:
-            samples.append(_gauge(sampler.next_t, len(core.running), len(core.waiting), pool.usage))
-            if lora is not None:
-                lora_samples.append(LoraSample(t=sampler.next_t, running=len(lora.running),
-                                               waiting=lora.waiting_adapters(core.waiting), max_lora=lora.max_loras))
-            sampler.next_t += sample_interval_s
-        if rel > deadline and (i >= n or not max_concurrency):
+        if sampler.next_t <= rel:
+            _sample(sampler, rel, core, samples, lora_samples)
+        if rel > sends.deadline and (sends.i >= n or not max_concurrency):
             break
         if FUSED_DECODE and not max_concurrency:  # plain decode steps up to the next arrival, in one call
-            until = requests[order[i]].arrival if i < n else float("inf")
+            until = sends.next_at
             if fused_sampler is None:  # ... or sample
                 until = min(until, sampler.next_t)
             at = core.step_idx
-            now = decode_steps(core, now, t0, until, deadline, it_tokens, fused_sampler)
+            now = decode_steps(core, now, t0, until, sends.deadline, it_tokens, fused_sampler)
             if sampler.taken:
                 samples.extend(_gauge(*x) for x in sampler.taken)
                 sampler.taken.clear()
@@ -185,16 +154,87 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
     samples.append(GaugeSample(t=end_rel, running=core.num_running, waiting=core.num_waiting,
                                kv_usage=pool.usage))
 
-    records, lat = _records(requests, seqs, errors, sent_rel, core, t0, end_rel, request_timeout_s,
-                            token_times)
+    records, lat = _records(requests, sends.seqs, sends.errors, sends.sent_rel, core, t0, end_rel,
+                            request_timeout_s, token_times)
     _mark_window(records, warmup_s, cooldown_s)
-    metrics = _window_metrics(cfg, core, c0, samples, it_tokens, lat)
-    if lora is not None:
-        metrics.lora_samples = lora_samples
-        metrics.counters[LORA_GPU_LOADS] = lora.gpu_loads - l0[0]
-        metrics.counters[LORA_DISK_LOADS] = lora.disk_loads - l0[1]
+    metrics = _window_metrics(cfg, core, c0, samples, it_tokens, lat, lora_samples)
     return VirtualRun(records=records, metrics=metrics, duration_s=end_rel,
                       steps=core.step_idx - base_step, engine=core)
+
+
+class _Sends:
+    """A run's requests in arrival order, sent into the engine as their time comes: each one's sequence
+    or refusal (vLLM's 400), and for the closed loop (`max_concurrency`) the slots' free times and each
+    request's real send time. `next_at` is when the next request is due (run seconds; inf once all are
+    sent), so the run's loop calls `send_due` only when one is."""
+
+    __slots__ = ("requests", "order", "i", "next_at", "seqs", "errors", "free_at", "sent_rel", "deadline",
+                 "t0", "base_step", "max_concurrency", "request_timeout_s")
+
+    def __init__(self, requests: Sequence[SimRequest], t0: float, base_step: int, max_concurrency: int | None,
+                 request_timeout_s: float | None):
+        self.requests = requests
+        self.order = order = sorted(range(len(requests)), key=lambda i: requests[i].arrival)
+        self.i = 0
+        self.next_at = requests[order[0]].arrival if order else float("inf")
+        self.seqs: list[Seq | None] = [None] * len(requests)
+        self.errors: dict[int, str] = {}
+        last_arrival = requests[order[-1]].arrival if order else 0.0
+        self.deadline = last_arrival + request_timeout_s if request_timeout_s else float("inf")
+        # closed loop: when each of the C slots became free (run seconds); the deadline then runs from the
+        # last real send, once every request is sent
+        self.free_at: list[float] = [0.0] * max_concurrency if max_concurrency else []
+        self.sent_rel: dict[int, float] = {}
+        self.t0 = t0
+        self.base_step = base_step
+        self.max_concurrency = max_concurrency
+        self.request_timeout_s = request_timeout_s
+
+    def send_due(self, core: EngineCore, rel: float) -> None:
+        """Send every request due by run time `rel` (in the closed loop, while a slot is free)."""
+        requests, order, i, n = self.requests, self.order, self.i, len(self.order)
+        max_concurrency, free_at, request_timeout_s = self.max_concurrency, self.free_at, self.request_timeout_s
+        while i < n and requests[order[i]].arrival <= rel and (not max_concurrency or free_at):
+            idx = order[i]
+            r = requests[idx]
+            arrival = r.arrival
+            if max_concurrency:
+                arrival = self.sent_rel[idx] = max(arrival, heapq.heappop(free_at))
+                if i == n - 1 and request_timeout_s:
+                    self.deadline = arrival + request_timeout_s
+            err = core.check(r.prompt_len, r.output_len)
+            if err:
+                self.errors[idx] = err
+                if max_concurrency:  # refused at once: the slot is free again
+                    heapq.heappush(free_at, arrival)
+            else:
+                seq = Seq(rid=idx + self.base_step * 1_000_003, arrival=self.t0 + arrival, prompt_len=r.prompt_len,
+                          output_len=r.output_len, hashes=list(r.hashes), lora=r.lora)
+                self.seqs[idx] = seq
+                core.add(seq)
+            i += 1
+        self.i = i
+        self.next_at = requests[order[i]].arrival if i < n else float("inf")
+
+
+def _sample(sampler: Sampler, rel: float, core: EngineCore, samples: list[GaugeSample],
+            lora_samples: list[LoraSample]) -> None:
+    """The gauge samples due by run time `rel` (and the adapters' with LoRA), of the engine as it is now."""
+    pool, lora = core.pool, core.lora
+    while sampler.next_t <= rel:
+        samples.append(_gauge(sampler.next_t, len(core.running), len(core.waiting), pool.usage))
+        if lora is not None:
+            lora_samples.append(LoraSample(t=sampler.next_t, running=len(lora.running),
+                                           waiting=lora.waiting_adapters(core.waiting), max_lora=lora.max_loras))
+        sampler.next_t += sampler.interval
+
+
+def _counters(core: EngineCore) -> tuple:
+    """vLLM's cumulative counters of `core` (those a run reports as deltas), the adapters' loads last."""
+    lora = core.lora
+    return (core.preemptions, core.prefix_queries, core.prefix_hits, core.prompt_tokens,
+            core.generation_tokens, core.requests_finished, core.spec_drafts, core.spec_draft_tokens,
+            core.spec_accepted, *((lora.gpu_loads, lora.disk_loads) if lora is not None else (0, 0)))
 
 
 def _records(requests: Sequence[SimRequest], seqs: list, errors: dict[int, str], sent_rel: dict[int, float],
@@ -291,15 +331,14 @@ def _record(index, scheduled, sent, first, finish, times, prompt, out_tokens, ex
 
 
 def _window_metrics(cfg: ResolvedConfig, core: EngineCore, c0: tuple, samples: list[GaugeSample],
-                    it_tokens: list[int], lat: tuple[list, list, list, list]) -> MetricsWindow:
-    """What vLLM's /metrics would have shown over the run: counter deltas, histograms, cache config."""
+                    it_tokens: list[int], lat: tuple[list, list, list, list],
+                    lora_samples: list[LoraSample]) -> MetricsWindow:
+    """What vLLM's /metrics would have shown over the run: counter deltas (`c0`: `_counters` at its
+    start), histograms, cache config; with LoRA, the adapters' loads and gauges."""
     ttfts, e2es, queues, prefills = lat
-    c1 = (core.preemptions, core.prefix_queries, core.prefix_hits, core.prompt_tokens,
-          core.generation_tokens, core.requests_finished, core.spec_drafts, core.spec_draft_tokens,
-          core.spec_accepted)
-    d = [b - a for a, b in zip(c0, c1)]
+    d = [b - a for a, b in zip(c0, _counters(core))]
     info = cfg.cache_info()
-    return MetricsWindow(
+    metrics = MetricsWindow(
         samples=samples,
         counters={PREEMPTIONS: d[0], PREFIX_QUERIES: d[1], PREFIX_HITS: d[2], PROMPT_TOKENS: d[3],
                   GENERATION_TOKENS: d[4], REQUEST_SUCCESS: d[5],
@@ -314,6 +353,11 @@ def _window_metrics(cfg: ResolvedConfig, core: EngineCore, c0: tuple, samples: l
         cache_config={k: info[k] for k in ("gpu_memory_utilization", "cache_dtype", "block_size",
                                             "enable_prefix_caching", "num_gpu_blocks")},
     )
+    if core.lora is not None:
+        metrics.lora_samples = lora_samples
+        metrics.counters[LORA_GPU_LOADS] = d[9]
+        metrics.counters[LORA_DISK_LOADS] = d[10]
+    return metrics
 
 
 def _mark_window(records: list[RequestRecord], warmup_s: float, cooldown_s: float) -> None:

@@ -256,30 +256,7 @@ def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: 
                       if sp.spread > configured else f", within the {configured:.0%} floor")
                    + "; the lower capacity stands.")
     for c in (base, tuned) if tuned.trial != base.trial else (base,):
-        if c.capacity_rps and rec is not None and rec.paired:
-            out.append(f"{c.label.capitalize()}'s capacity {c.capacity_rps:.3g} req/s: 95% interval "
-                       f"[{c.capacity_low_rps or 0:.3g}, {c.capacity_high_rps or 0:.3g}] over the common windows "
-                       "(the spread of the request samples, not of one search's bracket).")
-        elif c.capacity_rps:
-            lo, hi = c.capacity_low_rps, c.capacity_high_rps
-            out.append(f"{c.label.capitalize()}'s capacity {c.capacity_rps:.3g} req/s: "
-                       + (f"it passed with its interval clear of the target at {lo:.3g} req/s"
-                          if lo else "no load run passed with its interval clear of the target")
-                       + (f" and failed clearly at {hi:.3g} req/s" if hi else ", and none failed clearly above it")
-                       + " (the capacity's uncertainty from request sampling).")
-        elif c.no_capacity_reason:
-            out.append(f"{c.label.capitalize()}: {c.no_capacity_reason}.")
-        causes: dict[str, int] = {}
-        for p in c.knee:
-            for k, v in p.errors_by_cause.items():
-                causes[k] = causes.get(k, 0) + v
-        if causes:
-            out.append(f"{c.label.capitalize()}: failed requests by cause over its load runs: "
-                       + ", ".join(f"{k} {v}" for k, v in sorted(causes.items(), key=lambda kv: -kv[1]))
-                       + "; failed, truncated and timed-out requests are never good.")
-        warns = list(dict.fromkeys(w for p in c.knee for w in p.warnings))
-        for w in warns[:5]:
-            out.append(f"{c.label.capitalize()}, client warning: {w}")
+        out += _config_caveats(c, paired=rec is not None and rec.paired)
     out += _recommendation_caveats(rec, gain_pct, floor)
     if tuned.capacity_rps is None:
         low = min((r.rate for r in tuned.knee), default=None)
@@ -296,6 +273,38 @@ def caveats(info: StudyInfo, tuned: ConfigSummary, base: ConfigSummary, counts: 
                    f"search, not of the comparison.")
     if counts.get("RUNNING", 0) or counts.get("WAITING", 0):
         out.append("The study was interrupted: some trials never finished. `tune` resumes it.")
+    return out
+
+
+def _config_caveats(c: ConfigSummary, *, paired: bool) -> list[str]:
+    """A compared configuration's caveats: how certain its capacity is (its interval over the common
+    windows when `paired`, else the bracket of its knee search), its failed requests by cause, and the
+    load client's warnings."""
+    out = []
+    if c.capacity_rps and paired:
+        out.append(f"{c.label.capitalize()}'s capacity {c.capacity_rps:.3g} req/s: 95% interval "
+                   f"[{c.capacity_low_rps or 0:.3g}, {c.capacity_high_rps or 0:.3g}] over the common windows "
+                   "(the spread of the request samples, not of one search's bracket).")
+    elif c.capacity_rps:
+        lo, hi = c.capacity_low_rps, c.capacity_high_rps
+        out.append(f"{c.label.capitalize()}'s capacity {c.capacity_rps:.3g} req/s: "
+                   + (f"it passed with its interval clear of the target at {lo:.3g} req/s"
+                      if lo else "no load run passed with its interval clear of the target")
+                   + (f" and failed clearly at {hi:.3g} req/s" if hi else ", and none failed clearly above it")
+                   + " (the capacity's uncertainty from request sampling).")
+    elif c.no_capacity_reason:
+        out.append(f"{c.label.capitalize()}: {c.no_capacity_reason}.")
+    causes: dict[str, int] = {}
+    for p in c.knee:
+        for k, v in p.errors_by_cause.items():
+            causes[k] = causes.get(k, 0) + v
+    if causes:
+        out.append(f"{c.label.capitalize()}: failed requests by cause over its load runs: "
+                   + ", ".join(f"{k} {v}" for k, v in sorted(causes.items(), key=lambda kv: -kv[1]))
+                   + "; failed, truncated and timed-out requests are never good.")
+    warns = list(dict.fromkeys(w for p in c.knee for w in p.warnings))
+    for w in warns[:5]:
+        out.append(f"{c.label.capitalize()}, client warning: {w}")
     return out
 
 
@@ -335,6 +344,42 @@ def _storage_label(data: StudyData) -> str:
         return url.split("@")[-1]
 
 
+def _compared(trials: list[TrialView], rec: Recommendation, base_t: TrialView | None, tuned_t: TrialView | None,
+              best_t: TrialView | None) -> tuple[ConfigSummary, ConfigSummary, ConfigSummary]:
+    """The baseline, recommended and best configurations as the report compares them: with the paired
+    check, each at the capacity merged over its common windows (they may span two paired launches)."""
+    forced = base_t.record.knobs if base_t is not None else {}
+    base = _summary("baseline (vLLM defaults" + (f"; {', '.join(f'{k}={v}' for k, v in forced.items())} to fit "
+                                                 "this host)" if forced else ")"), base_t, trials)
+    tuned = _summary("keep vLLM's defaults" if rec.kind == "defaults" else "recommended", tuned_t, trials)
+    best = _summary(("the search's best" if rec.paired else "best measured")
+                    + ("" if rec.best_significant else ", not significant"), best_t, trials)
+    if rec.paired:
+        if rec.defaults_capacity_rps is not None:
+            base = base.model_copy(update={"capacity_rps": rec.defaults_capacity_rps,
+                                           "capacity_low_rps": rec.defaults_low_rps,
+                                           "capacity_high_rps": rec.defaults_high_rps})
+        if rec.capacity_rps is not None:
+            tuned = tuned.model_copy(update={"capacity_rps": rec.capacity_rps,
+                                             "capacity_low_rps": rec.capacity_low_rps,
+                                             "capacity_high_rps": rec.capacity_high_rps})
+        if rec.best_capacity_rps is not None and best_t is not None and best_t.number == rec.best_trial:
+            best = best.model_copy(update={"capacity_rps": rec.best_capacity_rps})
+    return base, tuned, best
+
+
+def _tuned_command(info: StudyInfo, tuned: ConfigSummary, rec: Recommendation) -> tuple[str, str]:
+    """The recommended configuration's `vllm serve` command and `--config` file, with every other
+    argument the measured launches used (the LoRA adapters, `--vllm-arg`)."""
+    eng = info.settings.engine
+    lora = lora_serve_args(eng.lora_dir)
+    served = hub_id(eng.model) if info.simulated and eng.model else eng.model  # what vLLM loads
+    serve = serve_command(served, tuned.knobs, eng.extra_args, lora)
+    cfg = config_yaml(served, tuned.knobs, eng.extra_args,
+                      note=f"# Keep vLLM's defaults: {rec.why}.\n" if rec.kind == "defaults" else "", lora=lora)
+    return serve, cfg
+
+
 def build_report(run_dir: str | Path) -> Report:
     """The report of the study in `run_dir` (see `tuner.storage.reader` for the layout)."""
     data = load_study_data(run_dir)
@@ -352,23 +397,7 @@ def build_report(run_dir: str | Path) -> Report:
     tuned_t = by_number.get(rec.trial) if rec.kind != "none" else None
     if status != "tuned":
         best_t = None  # nothing is "best": no configuration met the SLO (or none launched)
-    forced = base_t.record.knobs if base_t is not None else {}
-    base = _summary("baseline (vLLM defaults" + (f"; {', '.join(f'{k}={v}' for k, v in forced.items())} to fit "
-                                                 "this host)" if forced else ")"), base_t, data.trials)
-    tuned = _summary("keep vLLM's defaults" if rec.kind == "defaults" else "recommended", tuned_t, data.trials)
-    best = _summary(("the search's best" if rec.paired else "best measured")
-                    + ("" if rec.best_significant else ", not significant"), best_t, data.trials)
-    if rec.paired:  # a configuration's windows may span two paired launches: the merged capacity
-        if rec.defaults_capacity_rps is not None:
-            base = base.model_copy(update={"capacity_rps": rec.defaults_capacity_rps,
-                                           "capacity_low_rps": rec.defaults_low_rps,
-                                           "capacity_high_rps": rec.defaults_high_rps})
-        if rec.capacity_rps is not None:
-            tuned = tuned.model_copy(update={"capacity_rps": rec.capacity_rps,
-                                             "capacity_low_rps": rec.capacity_low_rps,
-                                             "capacity_high_rps": rec.capacity_high_rps})
-        if rec.best_capacity_rps is not None and best_t is not None and best_t.number == rec.best_trial:
-            best = best.model_copy(update={"capacity_rps": rec.best_capacity_rps})
+    base, tuned, best = _compared(data.trials, rec, base_t, tuned_t, best_t)
     # the headline compares the defaults with what is recommended, or, when that is the defaults, with
     # the best measured configuration (labelled as not significant)
     shown = best if tuned_t is not None and tuned_t is base_t and best_t is not None else tuned
@@ -389,14 +418,8 @@ def build_report(run_dir: str | Path) -> Report:
              f"{hardware(info)}, workload {Path(str(info.settings.workload)).name}"
              + {"no_launch": ": NO RESULT (no configuration launched)",
                 "no_pass": ": NO RESULT (no configuration met the SLO)"}.get(status, ""))
-    if status != "tuned":
-        serve, cfg = "", f"# No tuned configuration: {status_text}\n"
-    else:
-        lora = lora_serve_args(eng.lora_dir)
-        served = hub_id(eng.model) if info.simulated and eng.model else eng.model  # what vLLM loads
-        serve = serve_command(served, tuned.knobs, eng.extra_args, lora)
-        cfg = config_yaml(served, tuned.knobs, eng.extra_args,
-                          note=f"# Keep vLLM's defaults: {rec.why}.\n" if rec.kind == "defaults" else "", lora=lora)
+    serve, cfg = _tuned_command(info, tuned, rec) if status == "tuned" else (
+        "", f"# No tuned configuration: {status_text}\n")
     gate = Path(run_dir) / "gate.yaml"
 
     return Report(

