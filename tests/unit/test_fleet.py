@@ -289,7 +289,7 @@ def test_the_fleet_pages_put_each_policys_lines_and_tables_under_its_heading(tmp
 def test_the_timeline_is_readable(monkeypatch):
     """The timeline drawn as the report's charts are: no text over another, no legend over a curve (the
     legend was inside each panel, over the queue and the rate)."""
-    from tuner.fleet.render import timeline_svg
+    from tuner.report.fleet import timeline_svg
     from tuner.fleet.verify import FleetVerification, Scenario
     from tuner.report import plots
 

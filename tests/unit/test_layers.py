@@ -319,3 +319,18 @@ def test_no_private_name_is_imported_from_another_module() -> None:
                 found += [f"{path.relative_to(PKG)}: {node.module}.{a.name}" for a in node.names
                           if a.name.startswith("_") and not a.name.startswith("__")]
     assert not found, found
+
+
+def test_no_function_is_over_80_lines() -> None:
+    """Issue 62: a function that does one thing reads in one screen; a longer one is split where it reads
+    better (its phases as functions of their own)."""
+    import ast
+
+    long = []
+    for path in sorted(PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > 80:
+                    long.append(f"{path.relative_to(PKG)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, long

@@ -1,18 +1,9 @@
-"""The fleet verification as text (the terminal) and its timeline plot; its pages: `tuner.report.fleet`."""
+"""The fleet verification as text (the terminal); its pages and timeline plot: `tuner.report.fleet`."""
 
 from __future__ import annotations
 
-import textwrap
-
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from tuner.fleet.measure import fmt_ms  # noqa: E402
-from tuner.fleet.verify import THRESHOLDS, FleetVerification, PolicyResult, Scenario  # noqa: E402
-# the report's chart style: constrained layout, one legend outside the panels, the same SVG text
-from tuner.report.plots import RC, legend, svg  # noqa: E402
+from tuner.fleet.measure import fmt_ms
+from tuner.fleet.verify import THRESHOLDS, FleetVerification, PolicyResult
 
 
 def _plan_n(v: FleetVerification) -> str:
@@ -88,40 +79,7 @@ def tail_lines(v: FleetVerification) -> list[str]:
     return out + [f"note: {n}" for n in v.notes]
 
 
-def timeline_svg(v: FleetVerification) -> str | None:
-    """One panel per scenario: offered rate, replicas serving and starting, summed waiting queue, and
-    the 10 s windows whose attainment broke the SLO (shaded)."""
-    if not v.scenarios:
-        return None
-    with plt.rc_context(RC):
-        fig, axes = plt.subplots(len(v.scenarios), 1, figsize=(8, 2.6 * len(v.scenarios) + 0.4), squeeze=False)
-        twins = [_panel(ax, s, v.target) for ax, s in zip(axes[:, 0], v.scenarios)]
-        legend(fig, list(axes[:, 0]) + twins, where="outside upper center")
-        return svg(fig)
-
-
-def _panel(ax, s: Scenario, target: float):
-    """One scenario on `ax` (replicas) and a twin axis (queue, rate), which it returns for the legend."""
-    t = [x[0] for x in s.timeline]
-    for start, att, n in s.windows:
-        if n and att < target:
-            ax.axvspan(start, start + 10.0, color="#d62728", alpha=0.15, lw=0)
-    ax.step(t, [x[1] for x in s.timeline], where="post", color="#1f77b4", label="replicas serving")
-    ax.step(t, [x[1] + x[2] for x in s.timeline], where="post", color="#1f77b4", ls=":", label="+ starting")
-    ax.set_ylabel("replicas")
-    ax2 = ax.twinx()
-    ax2.plot(t, [x[3] for x in s.timeline], color="#ff7f0e", lw=0.8, label="summed waiting")
-    ends = [p[0] for p in s.profile[1:]] + [max(t, default=0.0)]
-    for (a, rate), b in zip(s.profile, ends):
-        ax2.hlines(rate, a, b, color="#2ca02c", lw=1.2, label="offered req/s" if a == 0 else None)
-    ax2.set_ylabel("waiting / req/s")
-    ax.set_title(textwrap.fill(f"{s.name} ({s.policy}): {s.what} - SLO broken {s.broken_s:g} s (shaded)", 110), fontsize=8)
-    ax.set_xlabel("seconds")
-    ax2.grid(False)
-    return ax2
-
-
-__all__ = ["head_line", "lines", "policy_lines", "tail_lines", "timeline_svg", "threshold_line"]
+__all__ = ["head_line", "lines", "policy_lines", "tail_lines", "threshold_line"]
 
 
 def threshold_line(v: FleetVerification) -> str:

@@ -4,12 +4,19 @@ the verified N) and the HTML page has the report's style; `fleet.json` and the t
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
-from tuner.fleet.measure import fmt_ms
-from tuner.fleet.render import head_line, policy_lines, tail_lines, timeline_svg
-from tuner.fleet.verify import FleetVerification
-from tuner.report.render import Block, page_html, page_markdown
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from tuner.fleet.measure import fmt_ms  # noqa: E402
+from tuner.fleet.render import head_line, policy_lines, tail_lines  # noqa: E402
+from tuner.fleet.verify import FleetVerification, Scenario  # noqa: E402
+from tuner.report.plots import RC, legend, svg  # noqa: E402
+from tuner.report.render import Block, page_html, page_markdown  # noqa: E402
 
 TIMELINE = "fleet-timeline"
 
@@ -60,3 +67,36 @@ def write_fleet(v: FleetVerification, out: Path) -> list[Path]:
     files[1].write_text(page_markdown(page, fig_src="{}.svg"))
     files[2].write_text(page_html(f"Fleet verification: {v.run_dir}", page, {TIMELINE: svg} if svg else {}))
     return files
+
+
+def timeline_svg(v: FleetVerification) -> str | None:
+    """One panel per scenario: offered rate, replicas serving and starting, summed waiting queue, and
+    the 10 s windows whose attainment broke the SLO (shaded)."""
+    if not v.scenarios:
+        return None
+    with plt.rc_context(RC):
+        fig, axes = plt.subplots(len(v.scenarios), 1, figsize=(8, 2.6 * len(v.scenarios) + 0.4), squeeze=False)
+        twins = [_panel(ax, s, v.target) for ax, s in zip(axes[:, 0], v.scenarios)]
+        legend(fig, list(axes[:, 0]) + twins, where="outside upper center")
+        return svg(fig)
+
+
+def _panel(ax, s: Scenario, target: float):
+    """One scenario on `ax` (replicas) and a twin axis (queue, rate), which it returns for the legend."""
+    t = [x[0] for x in s.timeline]
+    for start, att, n in s.windows:
+        if n and att < target:
+            ax.axvspan(start, start + 10.0, color="#d62728", alpha=0.15, lw=0)
+    ax.step(t, [x[1] for x in s.timeline], where="post", color="#1f77b4", label="replicas serving")
+    ax.step(t, [x[1] + x[2] for x in s.timeline], where="post", color="#1f77b4", ls=":", label="+ starting")
+    ax.set_ylabel("replicas")
+    ax2 = ax.twinx()
+    ax2.plot(t, [x[3] for x in s.timeline], color="#ff7f0e", lw=0.8, label="summed waiting")
+    ends = [p[0] for p in s.profile[1:]] + [max(t, default=0.0)]
+    for (a, rate), b in zip(s.profile, ends):
+        ax2.hlines(rate, a, b, color="#2ca02c", lw=1.2, label="offered req/s" if a == 0 else None)
+    ax2.set_ylabel("waiting / req/s")
+    ax.set_title(textwrap.fill(f"{s.name} ({s.policy}): {s.what} - SLO broken {s.broken_s:g} s (shaded)", 110), fontsize=8)
+    ax.set_xlabel("seconds")
+    ax2.grid(False)
+    return ax2

@@ -22,6 +22,7 @@ from tuner.engine.base import Engine
 from tuner.failures import LaunchFailure
 from tuner.knobs import Knobs, fixing
 from tuner.capacity.knee import KneeSearch, KneeSettings
+from tuner.capacity.knee_model import KneeResult
 from tuner.search.lessons import Lessons, learn
 from tuner.capacity.measure import LoadSettings, latency_quantiles, measure
 from tuner.capacity.paired import capacity as paired_capacity
@@ -263,13 +264,7 @@ class TrialRunner:
             trial.set_user_attr(DEVICE_SET, self.device_set)
         t0 = time.perf_counter()
         self.reporter.trial_started(trial.number, knobs, role)
-        broken = self.space.allows(knobs, self.defaults)
-        if broken:
-            rec.launch_failure_kind, rec.launch_failure_message = "bad_flag", f"breaks constraint {broken}"
-            return self._tell(trial, rec, TrialState.FAIL, t0)
-        lesson = self.lessons().broken_by(knobs, self.defaults)
-        if lesson is not None:  # a strategy that samples blindly (tpe, random, grid) may ask for it
-            rec.launch_failure_kind, rec.launch_failure_message = "ruled_out", f"ruled out: {lesson.text()}"
+        if self._refused(rec, knobs):
             return self._tell(trial, rec, TrialState.FAIL, t0)
         server: Any = None
         search: KneeSearch | None = None
@@ -282,14 +277,7 @@ class TrialRunner:
                 finally:
                     rec.launch_s = time.perf_counter() - t_launch
             except LaunchFailure as e:
-                rec.launch_failure_kind, rec.launch_failure_message = e.kind, e.message
-                rec.launch_facts = e.facts
-                rec.learned = learn(rec, self.defaults)
-                knobs_fixing, directions = fixing(e.kind)
-                if knobs_fixing:
-                    rec.diagnosis = Diagnosis(kind="launch_failure", summary=e.message[:300],
-                                              evidence={"failure": e.kind}, knobs=knobs_fixing,
-                                              directions=directions)
+                self._launch_failed(rec, e)
                 return self._tell(trial, rec, TrialState.FAIL, t0)
             rec.launched = True
             rec.kv_cache_tokens = server.info.kv_cache_tokens
@@ -329,6 +317,35 @@ class TrialRunner:
                     rec.load_runs = search.result.points if search is not None else []
                     self._tell(trial, rec, TrialState.FAIL, t0)
             raise
+        return self._tell(trial, rec, self._record_result(rec, result), t0)
+
+    def _refused(self, rec: TrialRecord, knobs: Knobs) -> bool:
+        """A configuration not launched: one that breaks the space's constraints, or one a lesson of this
+        study rules out (a strategy that samples blindly, tpe, random or grid, may ask for it)."""
+        broken = self.space.allows(knobs, self.defaults)
+        if broken:
+            rec.launch_failure_kind, rec.launch_failure_message = "bad_flag", f"breaks constraint {broken}"
+            return True
+        lesson = self.lessons().broken_by(knobs, self.defaults)
+        if lesson is not None:
+            rec.launch_failure_kind, rec.launch_failure_message = "ruled_out", f"ruled out: {lesson.text()}"
+            return True
+        return False
+
+    def _launch_failed(self, rec: TrialRecord, e: LaunchFailure) -> None:
+        """A launch vLLM refused: its kind and message, what the study learns from it, and the knobs that
+        answer it as the trial's diagnosis."""
+        rec.launch_failure_kind, rec.launch_failure_message = e.kind, e.message
+        rec.launch_facts = e.facts
+        rec.learned = learn(rec, self.defaults)
+        knobs_fixing, directions = fixing(e.kind)
+        if knobs_fixing:
+            rec.diagnosis = Diagnosis(kind="launch_failure", summary=e.message[:300], evidence={"failure": e.kind},
+                                      knobs=knobs_fixing, directions=directions)
+
+    def _record_result(self, rec: TrialRecord, result: KneeResult) -> TrialState:
+        """The knee search's result into the record (capacity, failure, diagnosis, latencies); the
+        trial's end state."""
         self.engine_s += result.engine_s
         rec.engine_s = result.engine_s
         rec.load_runs = sorted(result.points, key=lambda p: p.rate)
@@ -347,9 +364,8 @@ class TrialRunner:
             rec.no_capacity_reason = why_none_with(rec.no_capacity_reason, rec.diagnosis)
             if result.pass_records:
                 rec.latency_at_capacity = latency_quantiles(result.pass_records)
-        state = TrialState.FAIL if result.requests_failed or result.client_bound else \
+        return TrialState.FAIL if result.requests_failed or result.client_bound else \
             TrialState.PRUNED if result.raced_out else TrialState.COMPLETE
-        return self._tell(trial, rec, state, t0)
 
     def _measure_windows(self, trial: optuna.Trial, rec: TrialRecord, server: Any, plan: WindowPlan,
                          start_rate: float | None, knobs: Knobs, t0: float,
