@@ -82,10 +82,11 @@ def _propose(runner: TrialRunner, seen: set[str]) -> tuple[optuna.Trial | None, 
 def _propose_ahead(runner: TrialRunner, budget: Budget, seen: set[str], start: float | None) -> list[Knobs]:
     """As many further proposals as there are idle device sets (and budget), queued for their workers
     (`TrialRunner.prefetch`): Optuna's parallel asking, where each worker asks the shared study for its
-    own trial. Each proposal is an asked trial, pruned once its configuration is handed over (as a
-    proposal not run here always is), so the sampler's next proposal is another; what the sampler learns
-    from is the worker's trial of that configuration, once it completes. A batch's proposals are made
-    before the results of the batch: with one set, the sampler would have seen each result first."""
+    own trial. Each proposal is an asked trial, pruned once its configuration is handed over (as every
+    proposal this process does not run is), so the sampler's next proposal is another; the sampler sees
+    that pruned proposal beside the worker's measured trial of the same configuration, once it completes.
+    A batch's proposals are made before the results of the batch: with one set, the sampler would have
+    seen each result first."""
     free = min(runner.helpers - runner.in_flight(), budget.max_trials - runner.launches - 1 - runner.in_flight())
     out: list[Knobs] = []
     tries = 0
