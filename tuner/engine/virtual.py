@@ -165,7 +165,7 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
             sampler.next_t += sample_interval_s
         if rel > deadline and (i >= n or not max_concurrency):
             break
-        if FUSED_DECODE and not max_concurrency:  # plain decode steps up to the next arrival, in one call
+        if FUSED_DECODE and not max_concurrency and core.multi_step == 1:  # plain decode steps up to the next arrival
             until = requests[order[i]].arrival if i < n else float("inf")
             if fused_sampler is None:  # ... or sample
                 until = min(until, sampler.next_t)
