@@ -33,6 +33,12 @@ from typing import Any
 VOLATILE = {"wall_s", "launch_s", "load_wall_s", "seconds"}
 
 
+def _bad_input(message: str) -> None:
+    """A user's mistake: one line, exit 2, as every command of the project."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def _canonical(value: Any) -> Any:
     if isinstance(value, float):
         return float(f"{value:.9g}")
@@ -47,7 +53,7 @@ def dump(run_dir: Path) -> dict[str, Any]:
     """The study's trials (number, state, role, record) and the report's answer, canonical."""
     db = run_dir / "study.db"
     if not db.is_file():
-        raise SystemExit(f"{run_dir}: no study.db (a run directory of `tune` on SQLite storage)")
+        _bad_input(f"{run_dir}: no study.db (a run directory of `tune` on SQLite storage)")
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)  # never written
     try:
         trials = con.execute("SELECT trial_id, number, state FROM trials ORDER BY number").fetchall()
@@ -84,7 +90,7 @@ SCENARIOS: dict[str, list[str]] = {
 def run_scenarios(dest: Path) -> int:
     """Each seed scenario's study into dest/<name> with this checkout's code; the exit codes printed."""
     if dest.exists():
-        raise SystemExit(f"{dest}: exists; give a new folder")
+        _bad_input(f"{dest}: exists; give a new folder")
     dest.mkdir(parents=True)
     for name, (workload, slo, *extra) in SCENARIOS.items():
         args = [sys.executable, "-m", "tuner.cli", "--workload", str(W / workload), "--slo", str(W / slo),
