@@ -103,6 +103,9 @@ def run_scenarios(dest: Path) -> int:
 
 def diff(before: Path, after: Path) -> list[str]:
     """The unified diff of two run directories' dumps, or of every scenario of two `--scenarios` folders."""
+    for d in (before, after):
+        if not d.is_dir():
+            _bad_input(f"{d}: no such folder")
     if (before / "study.db").is_file():
         return list(difflib.unified_diff(text(before), text(after), str(before), str(after)))
     names = sorted({p.name for p in before.iterdir() if p.is_dir()} | {p.name for p in after.iterdir() if p.is_dir()})
