@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT
 from tests.e2e.conftest import (GPU, MODEL, SLO, TUNE_FIX, WORKLOAD, knobs_of, load_trials, processes_mentioning,
                                 record, sqlite_url, tune)
 
@@ -22,10 +23,10 @@ pytestmark = pytest.mark.e2e
 TWO_CORES = len(os.sched_getaffinity(0)) >= 2
 
 
-def grid_args(out: Path, *extra: str) -> list[str]:
-    return [str(a) for a in ("--workload", WORKLOAD, "--slo", SLO, "--engine", "sim", "--gpu", GPU, "--model",
+def grid_args(out: Path, *extra: str, workload: Path = WORKLOAD, slo: Path = SLO, requests: int = 300) -> list[str]:
+    return [str(a) for a in ("--workload", workload, "--slo", slo, "--engine", "sim", "--gpu", GPU, "--model",
                              MODEL, "--search-space", TUNE_FIX / "space_grid8.yaml", "--strategy", "grid",
-                             "--max-trials", "9", "--no-confirm", "--windows", "0", "--requests-per-run", "300",
+                             "--max-trials", "9", "--no-confirm", "--windows", "0", "--requests-per-run", requests,
                              "--out", out, *extra)]
 
 
@@ -41,9 +42,15 @@ def test_a_grid_on_two_core_sets_measures_each_configuration_once_and_agrees(tmp
     from optuna.trial import TrialState
 
     alone, split = tmp_path / "alone", tmp_path / "split"
-    p1 = tune(*grid_args(alone), timeout=600)
+    # the chat workload at its full run length: a trial lasts long enough (about a second) that the other
+    # set's worker, looking at the queue every 0.2 s, takes its share even on a busy host; the tiny
+    # workload's trials (a tenth of a second) could all end before it looked
+    chat = {"workload": ROOT / "workloads" / "chat.jsonl", "slo": ROOT / "workloads" / "chat.slo.yaml",
+            "requests": 1500}
+    p1 = tune(*grid_args(alone, **chat), timeout=600)
     assert p1.returncode == 0, p1.stderr
-    p2 = tune(*grid_args(split, "--device-kind", "cpu", "--devices", "0-1", "--set-size", "1"), timeout=600)
+    p2 = tune(*grid_args(split, "--device-kind", "cpu", "--devices", "0-1", "--set-size", "1", **chat),
+              timeout=600)
     assert p2.returncode == 0, p2.stderr
     assert "2 device sets (0; 1)" in p2.stderr, p2.stderr[-2000:]
 
