@@ -218,14 +218,9 @@ _SIM_SPEED = (
            target="at least {t}x", met=lambda g: _num(g, "x") >= _num(g, "t")),
 )
 _CALIBRATION = (
-    Figure(r"^\| fitted \| \*\*all\*\* \| \d+ \| \*\*(?P<f25>\d+)%\*\* \| \*\*(?P<f10>\d+)%\*\*.*?"
-           r"^\| held-out \| \*\*all\*\* \| \d+ \| \*\*(?P<h25>\d+)%\*\* \| \*\*(?P<h10>\d+)%\*\*.*?"
-           r"^TTFT p99 \(both parts\): \d+ figures, (?P<p99>\d+)% within 25%",
-           "within 25% / 10% of the published figure: fitted part {f25}% / {f10}%, held out {h25}% / {h10}%; "
-           "TTFT p99 within 25%: {p99}%",
-           target="within 25% on 90%, within 10% on 60% (each part); p99 within 25% on 80%",
-           met=lambda g: min(_num(g, "f25"), _num(g, "h25")) >= 90 and min(_num(g, "f10"), _num(g, "h10")) >= 60
-           and _num(g, "p99") >= 80),
+    Figure(r"^[^\n]+? (?P<metric>req_per_s|out_tok_per_s|median_ttft_ms|median_tpot_ms) +pub +[\d.]+ sim +[\d.]+ +"
+           r"(?P<err>[+-]\d+)%$", lambda ms: f"within 25% of the published figure on {_within(25, ms)} "
+           f"(request throughput: {_within(25, [m for m in ms if m['metric'] == 'req_per_s'])})"),
 )
 _REPLAY_PRECISION = (
     Figure(r"^ +(?P<rate>\d+) +\d+ +\d+ +[\d.]+ +(?P<p99>[\d.]+) +[\d.]+ +[\d.]+ +[\d.]+ +",
@@ -384,8 +379,8 @@ PARTS: tuple[Part, ...] = (
     Part("sim_speed", "Simulator speed", "sim", ("benchmarks/sim_speed.py", "--repeat", "3"), expected_s=5,
          timing=True,
          page="measurement", headline=_SIM_SPEED),
-    Part("calibration", "Simulator calibration against published vLLM runs (issue 61)", "sim",
-         ("benchmarks/calibration_set.py", "--markdown"), expected_s=10, markdown=True,
+    Part("calibration", "Simulator calibration against published vLLM runs", "sim",
+         ("benchmarks/calibration.py",), expected_s=5,
          page="measurement", headline=_CALIBRATION),
     Part("replay_precision", "Replay client schedule precision", "sim",
          ("benchmarks/replay_precision.py",), expected_s=20, timing=True,

@@ -11,12 +11,6 @@ simulator does not model, is listed as skipped with the reason, never silently d
 A fixed part of the set is held out (`held_out`: by a hash of the run's id, about 30%): a fit of the cost
 model's parameters may look only at the rest, and both parts are reported apart (issue 61's rule).
 
-What a re-simulation takes from the run (no figure is tuned per run or per source): its checkpoint (an
-FP8 or AWQ one is the model profile's quantized entry), its multi-step flag (`tuner.sim.multistep`), and
-prompts that hash their own blocks (vLLM
-hashes every full prompt block, so a request preempted for recompute finds its own computed blocks in the
-prefix cache until they are evicted; prompts of the set share no prefix).
-
 Run: python benchmarks/calibration_set.py [--markdown] [--only ID ...]
 """
 
@@ -44,8 +38,6 @@ from tuner.knobs import Knobs, vllm_batch_defaults  # noqa: E402
 from tuner.profiles.gpus import get_gpu  # noqa: E402
 from tuner.profiles.models import get_model  # noqa: E402
 from tuner.sim.config import resolve  # noqa: E402
-from tuner.sim.costs import CostParams  # noqa: E402
-from tuner.sim.engine import EngineCore  # noqa: E402
 
 DATA = HERE / "data" / "calibration_published.yaml"
 #: ShareGPT through `vllm bench serve` (REFERENCE.md section 6): about 200 input / 190 output tokens a request
@@ -55,20 +47,7 @@ KINDS = {"req_per_s": "throughput", "output_tok_per_s": "throughput", "total_tok
          "mean_itl_ms": "TPOT/ITL", "median_itl_ms": "TPOT/ITL", "p99_itl_ms": "TPOT/ITL",
          "mean_ttft_ms": "TTFT mean/median", "median_ttft_ms": "TTFT mean/median", "p99_ttft_ms": "TTFT p99",
          "median_e2el_ms": "latency", "duration_s": "latency"}
-#: weights the simulator models, by the set's `dtype` wording (its first word): 16-bit, FP8, AWQ int4
-WEIGHTS = {"bf16": None, "fp16": None, "fp8": "fp8", "awq-int4": "awq"}
-#: a base checkpoint has its Instruct sibling's config.json (same layers, widths and vocabulary)
-SAME_CONFIG = {"meta-llama/Llama-3.1-8B": "meta-llama/Llama-3.1-8B-Instruct"}
-#: `--gpu-memory-utilization`'s default before the 0.92 of the 0.32 source is 0.9 (REFERENCE.md section 3),
-#: but at 0.9 nine runs of the set that did launch (Qwen3-32B on one A100 or H100, Qwen3-8B on an RTX 4090,
-#: each at the default max_model_len 40960) leave the simulator less KV than one such request needs: the
-#: simulator's activation and non-torch reserve reads high for those versions, or the sources raised the
-#: fraction. The set keeps the simulator's own default (0.92) for every version rather than drop them.
-OLD_UTILIZATION = None
-BLOCK = 16
-#: flags a source states for every run it published (REFERENCE.md section 6): the SGLang repository's vLLM
-#: 0.6.0 runs used multi-step scheduling
-SOURCE_FLAGS = {"sgl-project/sglang benchmark/benchmark_vllm_060/README.md": {"num_scheduler_steps": 10}}
+DTYPES = ("bf16", "fp16", None)
 
 
 def held_out(run_id: str) -> bool:
@@ -82,15 +61,12 @@ def _version(v: str | None) -> tuple[int, int]:
 
 
 def version_knobs(version: str | None, gpu, flags: dict, gpus: int) -> Knobs:
-    """The run's flags, and the defaults of the vLLM it ran: V0 (before 0.8) took 256 sequences and,
+    """The run's flags, and the batch defaults of the vLLM it ran: V0 (before 0.8) took 256 sequences and,
     without chunked prefill, a whole prompt a step (`max_num_batched_tokens` = the context); V1 took
-    `EngineArgs.get_batch_defaults` (the simulator's `vllm_batch_defaults`). Versions before 0.32 took
-    0.9 of the GPU's memory."""
+    `EngineArgs.get_batch_defaults` (the simulator's `vllm_batch_defaults`)."""
     known = {k: v for k, v in flags.items() if k in Knobs.model_fields}
     if gpus > 1:
         known["tensor_parallel_size"] = gpus
-    if _version(version) < (0, 32) and OLD_UTILIZATION:
-        known.setdefault("gpu_memory_utilization", OLD_UTILIZATION)
     if _version(version) < (0, 8):
         known.setdefault("max_num_seqs", 256)
         known.setdefault("max_num_batched_tokens", max(int(known.get("max_model_len") or 4096), 2048))
@@ -99,27 +75,6 @@ def version_knobs(version: str | None, gpu, flags: dict, gpus: int) -> Knobs:
         known.setdefault("max_num_seqs", seqs)
         known.setdefault("max_num_batched_tokens", tokens)
     return Knobs(**known)
-
-
-def checkpoint(run: dict) -> tuple[str, dict]:
-    """The model profile the run served and the flags its weights imply: the set names a quantized
-    checkpoint by its repository (Qwen/Qwen3-14B-FP8) or by the base and a dtype ('fp8 (dynamic W8A8)')."""
-    dtype = str(run.get("dtype") or "bf16").split()[0].rstrip(",")
-    if dtype not in WEIGHTS:
-        raise ValueError(f"dtype {run.get('dtype')} is not modelled")
-    name = str(run["model"]).split(" ")[0]
-    name = SAME_CONFIG.get(name, name)
-    quant = WEIGHTS[dtype]
-    suffix = {"fp8": "-FP8", "awq": "-AWQ"}.get(quant or "", "")
-    if suffix and not name.endswith(suffix):
-        name += suffix
-    return name, {}
-
-
-def prompt_hashes(index: int, prompt_len: int, seed: int) -> tuple[int, ...]:
-    """One distinct hash a full prompt block: no two prompts share a prefix, a request finds its own."""
-    base = (seed * 1_000_003 + index + 1) << 20
-    return tuple(base + b for b in range(prompt_len // BLOCK))
 
 
 def requests(run: dict, seed: int) -> tuple[list[SimRequest], int | None]:
@@ -139,20 +94,7 @@ def requests(run: dict, seed: int) -> tuple[list[SimRequest], int | None]:
         pin = np.clip(np.round(a / a.mean() * mean_in), 4, 1024).astype(int)
         pout = np.clip(np.round(b / b.mean() * mean_out), 1, 2048).astype(int)
     arr = np.zeros(n) if rate is None else np.cumsum(rng.exponential(1 / rate, n))
-    return [SimRequest(float(t), int(p), int(o), prompt_hashes(i, int(p), seed))
-            for i, (t, p, o) in enumerate(zip(arr, pin, pout))], w.get("max_concurrency")
-
-
-def with_hashes(reqs: list[SimRequest], seed: int = 0) -> list[SimRequest]:
-    return [SimRequest(r.arrival, r.prompt_len, r.output_len, prompt_hashes(i, r.prompt_len, seed))
-            for i, r in enumerate(reqs)]
-
-
-def chunk_gaps(times: list[float]) -> list[float]:
-    """The ITLs the client measures: one per streamed chunk after the first, and tokens that reach it
-    together (a multi-step burst, a speculative step's accepted tokens) come in one chunk."""
-    arrivals = [t for i, t in enumerate(times) if i == 0 or t != times[i - 1]]
-    return [b - a for a, b in zip(arrivals, arrivals[1:])]
+    return [SimRequest(float(t), int(p), int(o)) for t, p, o in zip(arr, pin, pout)], w.get("max_concurrency")
 
 
 def figures(recs) -> dict[str, float]:
@@ -160,7 +102,7 @@ def figures(recs) -> dict[str, float]:
     dur = max(r.finish_s for r in recs) - min(r.sent_s for r in recs)
     ttft = [r.ttft * 1e3 for r in recs]
     tpot = [r.tpot * 1e3 for r in recs if r.output_tokens > 1]
-    itl = [g * 1e3 for r in recs for g in chunk_gaps(r.token_times or [])]
+    itl = [(b - a) * 1e3 for r in recs for a, b in zip(r.token_times or [], (r.token_times or [])[1:])]
     e2e = [(r.finish_s - r.sent_s) * 1e3 for r in recs]
     out_tok, in_tok = sum(r.output_tokens for r in recs), sum(r.prompt_tokens or 0 for r in recs)
     q = lambda xs, p: float(np.percentile(xs, p)) if xs else math.nan  # noqa: E731
@@ -172,81 +114,62 @@ def figures(recs) -> dict[str, float]:
             "duration_s": dur}
 
 
-def _gpu(name: str, gpus: dict | None):
-    """The GPU's profile, with a fit's trial values of its fields (`gpus`: key -> {field: value})."""
-    gpu = get_gpu(name)
-    return gpu.model_copy(update=gpus[gpu.key]) if gpus and gpu.key in gpus else gpu
-
-
-def _run(cfg, reqs, params, flags: dict, conc: int | None = None) -> dict[str, float]:
-    """The figures of one re-simulation; V0's `--num-scheduler-steps` runs its decodes in bursts."""
-    core = EngineCore(cfg, params)
-    core.multi_step = int(flags.get("num_scheduler_steps") or 1)
-    return figures(run_virtual(cfg, reqs, token_times=True, max_concurrency=conc, engine=core).records)
-
-
-def simulate(run: dict, seed: int = 0, params: CostParams | None = None, gpus: dict | None = None) -> dict[str, float]:
-    if "_make" in run:  # an older case of calibration.py: its own knobs and requests
-        cfg = resolve(_gpu(run["gpu"], gpus), get_model(run["model"]), run["_knobs"])
-        return _run(cfg, with_hashes(run["_make"]()), params, run["flags"])
-    name, extra = checkpoint(run)
-    gpu, model = _gpu(run["gpu"], gpus), get_model(name)
-    flags = {**(run.get("flags") or {}), **extra}
-    knobs = version_knobs(run.get("vllm_version"), gpu, flags, int(run.get("gpus") or 1))
+def simulate(run: dict, seed: int = 0) -> dict[str, float]:
+    if run.get("dtype") not in DTYPES:
+        raise ValueError(f"dtype {run.get('dtype')} is not modelled")
+    gpu, model = get_gpu(run["gpu"]), get_model(run["model"])
+    knobs = version_knobs(run.get("vllm_version"), gpu, run.get("flags") or {}, int(run.get("gpus") or 1))
     reqs, conc = requests(run, seed)
-    return _run(resolve(gpu, model, knobs), reqs, params, flags, conc)
+    cfg = resolve(gpu, model, knobs)
+    return figures(run_virtual(cfg, reqs, token_times=True, max_concurrency=conc).records)
 
 
 def old_cases() -> list[dict]:
-    """`calibration.py`'s cases as runs of the set (their requests made by their own functions), with the
-    flags their source states that `Knobs` does not hold."""
+    """`calibration.py`'s cases as runs of the set (their requests made by their own functions)."""
     out = []
     for label, source, model, gpu, knobs, make, published in CASES:
         out.append({"id": "case-" + str(zlib.crc32(label.encode())), "source": source, "label": label, "model": model,
-                    "gpu": gpu, "dtype": None, "_knobs": knobs, "_make": make, "flags": SOURCE_FLAGS.get(source, {}),
+                    "gpu": gpu, "dtype": None, "_knobs": knobs, "_make": make,
                     "figures": {{"out_tok_per_s": "output_tok_per_s"}.get(k, k): v for k, v in published.items()}})
     return out
 
 
-def all_runs() -> list[dict]:
-    return yaml.safe_load(DATA.read_text()) + old_cases()
-
-
-def gpu_key(run: dict) -> str:
-    try:
-        return get_gpu(run["gpu"]).key
-    except (UserError, KeyError):
-        return str(run["gpu"])
-
-
-def evaluate(params: CostParams | None = None, only=None, part: bool | None = None, gpus: dict | None = None):
-    """(rows, skipped): one row per figure, (run id, held out, kind, metric, published, simulated, GPU);
-    `part` False/True keeps the fitted/held-out runs only (a fit passes False); `gpus`: GPU profile fields
-    a fit tries (key -> {field: value})."""
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--only", nargs="*", default=None, help="run ids")
+    args = ap.parse_args(argv)
+    runs = yaml.safe_load(DATA.read_text()) + old_cases()
     rows, skipped = [], []
-    for run in all_runs():
-        if (only and run["id"] not in only) or (part is not None and held_out(run["id"]) != part):
+    for run in runs:
+        if args.only and run["id"] not in args.only:
             continue
         try:
-            sim = simulate(run, params=params, gpus=gpus)
+            if "_make" in run:
+                cfg = resolve(get_gpu(run["gpu"]), get_model(run["model"]), run["_knobs"])
+                sim = figures(run_virtual(cfg, run["_make"](), token_times=True).records)
+            else:
+                sim = simulate(run)
         except (UserError, LaunchFailure, ValueError, KeyError) as e:
-            skipped.append((run["id"], str(e).splitlines()[0][:140]))
+            skipped.append((run["id"], str(e)[:120]))
             continue
         for metric, pub in (run.get("figures") or {}).items():
             if metric in KINDS and pub and metric in sim and math.isfinite(sim[metric]):
-                rows.append((run["id"], held_out(run["id"]), KINDS[metric], metric, float(pub), sim[metric],
-                             gpu_key(run)))
-    return rows, skipped
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--markdown", action="store_true", help="the results page's section (tables and a plot)")
-    ap.add_argument("--only", nargs="*", default=None, help="run ids")
-    args = ap.parse_args(argv)
-    rows, skipped = evaluate(only=args.only)
-    from _calib_report import markdown, text
-    print(markdown(rows, skipped) if args.markdown else text(rows, skipped))
+                rows.append((run["id"], held_out(run["id"]), KINDS[metric], metric, float(pub), sim[metric]))
+    for rid, out, kind, metric, pub, s in rows:
+        print(f"{'held-out' if out else 'fit':8s} {rid[:58]:58s} {metric:17s} pub {pub:10.2f} sim {s:10.2f} "
+              f"{s / pub - 1:+6.0%}")
+    print()
+    for part in (False, True):
+        sel = [r for r in rows if r[1] == part]
+        print(f"{'held-out' if part else 'fit'} part: {len(sel)} figures")
+        for kind in sorted({r[2] for r in sel}):
+            errs = [abs(r[5] / r[4] - 1) for r in sel if r[2] == kind]
+            print(f"  {kind:18s} {len(errs):3d} figures: within 25% {sum(e <= 0.25 for e in errs) / len(errs):.0%}, "
+                  f"within 10% {sum(e <= 0.10 for e in errs) / len(errs):.0%}, median |error| "
+                  f"{statistics.median(errs):.0%}")
+    for rid, why in skipped:
+        print(f"skipped {rid}: {why}")
     return 0
 
 

@@ -130,7 +130,7 @@ def _why(m: str, s: SingleStream, p: int, o: int, cost: CostModel, cfg: Resolved
     w_s = cost.decode_floor()
     step = s.last_step_s if m == "itl" else s.mean_step_s
     bw = cfg.gpu.bandwidth_gbs
-    return (f"{cost.streamed_weight_bytes / 1e9:.1f} GB of weights read a step / ({cost.params.bw_eff:g} x {bw:g} GB/s) = "
+    return (f"{cfg.weight_bytes / 1e9:.1f} GB of weights / ({cost.params.bw_eff:g} x {bw:g} GB/s) = "
             f"{w_s * 1e3:.1f} ms + {(step - w_s) * 1e3:.2g} ms of KV read and step overhead at "
             f"{p + (o - 1 if m == 'itl' else o // 2):,} tokens of context")
 

@@ -140,7 +140,7 @@ def feasibility(gpu: GPUProfile, model_name: str, slo: SLO | None, *, tp: int = 
     if lengths is not None:
         context = context_check(cfg, lengths, float(slo.target) if slo is not None else 1.0)  # type: ignore
     bw_eff = cost.params.bw_eff
-    arith = (f"{cost.streamed_weight_bytes / 1e9:.1f} GB of weights read a step{' per GPU' if tp > 1 else ''} / ({bw_eff:g} x "
+    arith = (f"{cfg.weight_bytes / 1e9:.1f} GB of weights{' per GPU' if tp > 1 else ''} / ({bw_eff:g} x "
              f"{gpu.bandwidth_gbs:g} GB/s) = {cost.decode_floor() * 1e3:.1f} ms")
     broken = [g.message for g in gates if not g.ok] + ([context.message] if context and not context.ok else [])
     at = f" (floors at {lengths.source})" if lengths is not None else ""
@@ -159,7 +159,7 @@ def feasibility(gpu: GPUProfile, model_name: str, slo: SLO | None, *, tp: int = 
         msg += "; TTFT and E2E floors not checked: give --mean-prompt-tokens and --mean-output-tokens"
     return Feasibility(feasible=not broken, tpot_floor_ms=tpot_floor * 1e3, weight_floor_ms=cost.decode_floor() * 1e3,
                        tpot_slo_ms=slo.tpot.max_ms if slo is not None and slo.tpot is not None else None,
-                       weight_gb=cost.streamed_weight_bytes / 1e9, bandwidth_gbs=gpu.bandwidth_gbs, bw_eff=bw_eff, tp=tp,
+                       weight_gb=cfg.weight_bytes / 1e9, bandwidth_gbs=gpu.bandwidth_gbs, bw_eff=bw_eff, tp=tp,
                        lengths_source=lengths.source if lengths is not None else None, gates=gates,
                        context=context, message=msg)
 

@@ -41,7 +41,7 @@ def test_an_exact_quotient_is_not_rounded_up_by_float_error():
 
 def test_decode_floor_matches_the_reference_and_the_simulator():
     f = feasibility(get_gpu(GPU), QWEN, SLO(tpot=50))
-    assert f.weight_floor_ms == pytest.approx(18.7, abs=0.2)     # 14.1 GB read a step / (0.75 x 1008 GB/s)
+    assert f.weight_floor_ms == pytest.approx(21.5, abs=0.2)     # 15.2 GB / (0.7 x 1008 GB/s)
     # the TPOT floor is the simulator's own single-stream step: the weights plus KV and step overhead
     cost = CostModel(resolve(get_gpu(GPU), get_model(QWEN), Knobs()))
     assert f.weight_floor_ms == pytest.approx(cost.decode_floor() * 1000, rel=1e-9)
@@ -97,7 +97,7 @@ def test_tpot_floor_is_the_simulated_mean_decode_step():
     _, rec = single_request(QWEN, GPU, 2000, 300)
     g = gate(SLO(tpot=20), QWEN, GPU, 2000, 300)
     assert g.floor_ms == pytest.approx(rec.tpot * 1000, rel=1e-9)
-    assert not g.ok and "14.1 GB of weights read a step" in g.message
+    assert not g.ok and "15.2 GB of weights" in g.message
     # the ITL floor is the request's last (largest) step: above the mean step
     i = gate(SLO(itl=20), QWEN, GPU, 2000, 300)
     assert i.floor_ms > g.floor_ms and i.floor_ms == pytest.approx(max(rec.itls) * 1000, rel=1e-6)

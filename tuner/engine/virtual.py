@@ -134,7 +134,7 @@ def run_virtual(cfg: ResolvedConfig, requests: Sequence[SimRequest], *,
             _sample(sampler, rel, core, samples, lora_samples)
         if rel > sends.deadline and (sends.i >= n or not max_concurrency):
             break
-        if FUSED_DECODE and not max_concurrency and core.multi_step == 1:  # plain decode steps up to the next arrival
+        if FUSED_DECODE and not max_concurrency:  # plain decode steps up to the next arrival, in one call
             until = sends.next_at
             if fused_sampler is None:  # ... or sample
                 until = min(until, sampler.next_t)

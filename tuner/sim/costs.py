@@ -30,15 +30,11 @@ from tuner.sim.config import ResolvedConfig
 
 @dataclass(frozen=True)
 class CostParams:
-    #: Fitted on the fitted part of benchmarks/data/calibration_published.yaml (benchmarks/calibration_fit.py;
-    #: docs/calibration.md): one value for every GPU and model, the GPU's own share in its profile
-    #: (`GPUProfile.tensor_sustained`).
-    bw_eff: float = 0.75          # achieved / peak HBM bandwidth for weight and KV streaming
-    gemm_eff: float = 0.55        # achieved / sustained tensor throughput for large GEMMs
-    attn_eff: float = 0.43        # achieved / sustained for (flash) attention FLOPs
-    step_overhead_s: float = 0.0014  # per step: the CPU's scheduling, input preparation, launch and sampling
-    per_seq_overhead_s: float = 12e-6  # per running sequence per step: its slot in the input tensors, its
-    #                                    sampled row, its detokenisation and streamed output
+    bw_eff: float = 0.70          # achieved / peak HBM bandwidth for weight and KV streaming
+    gemm_eff: float = 0.55        # achieved / peak tensor throughput for large GEMMs
+    attn_eff: float = 0.50        # achieved / peak for (flash) attention FLOPs
+    step_overhead_s: float = 0.0015
+    per_seq_overhead_s: float = 8e-6
     gemm_half_tokens: float = 64.0  # GEMM efficiency is half its peak at this many tokens (tile/wave
     #                                 quantisation): small chunks cost more per token than big ones
     marlin_tile_tokens: float = 16.0  # the same floor for the Marlin mixed-precision kernel (M tiles of 16)
@@ -55,15 +51,6 @@ class CostParams:
     #                                    (an estimate: vLLM runs the drafter's passes in CUDA graphs)
 
 
-def streamed_weight_bytes(cfg: ResolvedConfig) -> float:
-    """Weight bytes one forward pass reads, per GPU: all of them but an untied input embedding, of which
-    a step gathers only its tokens' rows (the lm_head, tied or not, is read whole for the logits). For
-    Llama-3.1-8B that is 1.05 of 16.1 GB, for Qwen3-8B 1.24 of 16.4 GB: the decode floor was 7% high."""
-    model = cfg.model
-    table = 0.0 if model.tie_word_embeddings else 2.0 * model.lm_head_params()
-    return cfg.weight_bytes - table / cfg.tensor_parallel_size
-
-
 class CostModel:
     """Step time for a batch, with everything that does not depend on the batch precomputed."""
 
@@ -72,8 +59,7 @@ class CostModel:
         gpu, model = cfg.gpu, cfg.model
         fam = cfg.quantization
         native_fp8 = fam == "fp8" and gpu.fp8_native
-        sustained = gpu.tensor_sustained
-        gemm_peak = (gpu.fp8_tflops if native_fp8 else gpu.bf16_tflops) * 1e12 * sustained
+        gemm_peak = (gpu.fp8_tflops if native_fp8 else gpu.bf16_tflops) * 1e12
         dequant = 1.0 if native_fp8 else QUANT_DEQUANT_FACTOR.get(fam, 1.0)
         if fam == "fp8" and not gpu.fp8_native:
             dequant = 1.15  # FP8 weight-only Marlin on Ampere
@@ -84,15 +70,13 @@ class CostModel:
         # per layer (after attention and after the MLP) over the GPU-to-GPU link
         tp = cfg.tensor_parallel_size
         self._mem_bw = gpu.bandwidth * p.bw_eff
-        self.streamed_weight_bytes = streamed_weight_bytes(cfg)
-        self._weight_time = self.streamed_weight_bytes / self._mem_bw
+        self._weight_time = cfg.weight_bytes / self._mem_bw
         # seconds of GEMM compute per token through the decoder layers / the lm_head
         self._gemm_per_token = 2.0 * model.linear_params / tp * dequant / (gemm_peak * p.gemm_eff)
         # tile padding: a GEMM of M tokens costs about M + m_half tokens of tensor work (no dequant)
         self._gemm_floor = floor_tokens * 2.0 * model.linear_params / tp / (gemm_peak * p.gemm_eff)
-        bf16_peak = gpu.bf16_tflops * 1e12 * sustained
-        self._lm_head_per_token = 2.0 * model.lm_head_params() / tp / (bf16_peak * p.gemm_eff)
-        attn_peak = bf16_peak * p.attn_eff
+        self._lm_head_per_token = 2.0 * model.lm_head_params() / tp / (gpu.bf16_tflops * 1e12 * p.gemm_eff)
+        attn_peak = gpu.bf16_tflops * 1e12 * p.attn_eff
         # attention: 4 FLOPs per (query token, context token, head dim, head, layer): QK^T and AV
         self._attn_flop_per_pair = 4.0 * model.q_dim / tp * model.num_hidden_layers / attn_peak
         self._kv_read_per_token = cfg.kv_bytes_per_token_per_gpu / self._mem_bw

@@ -32,7 +32,6 @@ from tuner.sim.config import ResolvedConfig
 from tuner.sim.costs import CostModel, CostParams
 from tuner.sim.kvcache import BlockPool
 from tuner.sim.lora import AdapterSlots
-from tuner.sim.multistep import multi_step
 from tuner.sim.seq import Seq
 from tuner.speculative import acceptance_of, expected_tokens
 
@@ -79,9 +78,6 @@ class EngineCore:
         self.spec_accepted = 0
         # multi-LoRA: adapter slots, CPU cache, loads and the max_loras scheduling rule (`tuner.sim.lora`)
         self.lora = AdapterSlots(cfg, cfg.lora) if cfg.lora is not None else None
-        # V0's multi-step scheduling (`--num-scheduler-steps N`, vLLM 0.5-0.7): `tuner.sim.multistep`
-        self.multi_step = 1
-        self._burst: list = []  # [first step index, steps left, sequences finished in it]
 
     # -- requests -------------------------------------------------------------------------------
     def check(self, prompt_len: int, output_len: int) -> str | None:
@@ -146,8 +142,8 @@ class EngineCore:
         if self.prefilling:
             budget, preempted_prefills = self._schedule_prefills(t, budget, chunks)
             preempted = preempted or preempted_prefills
-        # admit waiting requests FCFS (not in a step that had to preempt, as vLLM; not inside a multi-step burst)
-        if not preempted and self.waiting and not self._burst:
+        # admit waiting requests FCFS (not in a step that had to preempt, as vLLM)
+        if not preempted and self.waiting:
             self._admit(now, budget, chunks)
 
         dur, prefill_tokens, completing = self._batch_time(chunks)
@@ -171,8 +167,6 @@ class EngineCore:
         for seq, n in chunks:
             self._land_chunk(seq, n, t + g - 1, end, finished, events)
         self.step_idx += g
-        if self.multi_step > 1:
-            multi_step(self, t, bool(chunks), end, finished)
         return dur, finished
 
     def _schedule_decodes(self, t: int, g: int) -> bool:
