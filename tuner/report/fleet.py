@@ -57,15 +57,15 @@ def fleet_blocks(v: FleetVerification, timeline: bool) -> list[Block]:
 def write_fleet(v: FleetVerification, out: Path) -> list[Path]:
     """fleet.json, fleet.md, fleet.html and fleet-timeline.svg under `out`."""
     out.mkdir(parents=True, exist_ok=True)
-    svg = timeline_svg(v)
+    chart = timeline_svg(v)
     files = [out / "fleet.json", out / "fleet.md", out / "fleet.html"]
     files[0].write_text(v.model_dump_json(indent=2))
-    if svg:
-        (out / f"{TIMELINE}.svg").write_text(svg)
+    if chart:
+        (out / f"{TIMELINE}.svg").write_text(chart)
         files.append(out / f"{TIMELINE}.svg")
-    page = fleet_blocks(v, timeline=svg is not None)
+    page = fleet_blocks(v, timeline=chart is not None)
     files[1].write_text(page_markdown(page, fig_src="{}.svg"))
-    files[2].write_text(page_html(f"Fleet verification: {v.run_dir}", page, {TIMELINE: svg} if svg else {}))
+    files[2].write_text(page_html(f"Fleet verification: {v.run_dir}", page, {TIMELINE: chart} if chart else {}))
     return files
 
 
