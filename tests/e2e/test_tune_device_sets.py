@@ -9,6 +9,7 @@ against the same study run one trial at a time, and that no worker outlives the 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -30,11 +31,15 @@ def grid_args(out: Path, *extra: str, workload: Path = WORKLOAD, slo: Path = SLO
                              "--out", out, *extra)]
 
 
-def best(out: Path) -> str:
+def capacities(out: Path) -> dict[str, float]:
     from optuna.trial import TrialState
 
-    done = [t for t in load_trials(sqlite_url(out)) if t.state == TrialState.COMPLETE and record(t)["capacity_rps"]]
-    return knobs_of(max(done, key=lambda t: record(t)["capacity_rps"]))
+    done = [t for t in load_trials(sqlite_url(out)) if t.state == TrialState.COMPLETE]
+    return {knobs_of(t): round(record(t)["capacity_rps"] or 0.0, 9) for t in done}
+
+
+def recommended(out: Path) -> dict:
+    return json.loads((out / "report.json").read_text())["tuned"]["knobs"]
 
 
 @pytest.mark.skipif(not TWO_CORES, reason="needs two CPU cores to make two sets")
@@ -61,8 +66,11 @@ def test_a_grid_on_two_core_sets_measures_each_configuration_once_and_agrees(tmp
     assert len(keys) == len(set(keys)) == 9, sorted(keys)  # the baseline and the 8 configurations, once each
     sets = {record(t)["device_set"] for t in done}
     assert sets == {"0", "1"}, sets  # both sets ran trials; each trial says where
-    # virtual time: a trial's capacity does not depend on its core, so the answer is the same
-    assert best(split) == best(alone)
+    # virtual time: a trial's capacity does not depend on its core or on when it ran, so each configuration
+    # measures the same and the report recommends the same (the highest capacity alone is no answer here:
+    # two configurations tie on the chat workload, and trial order, which the sets change, would pick one)
+    assert capacities(split) == capacities(alone)
+    assert recommended(split) == recommended(alone)
     assert not processes_mentioning("tuner.cli", "worker", str(split)), "a worker outlived the tool"
 
 
