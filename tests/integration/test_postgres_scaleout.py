@@ -145,6 +145,21 @@ def assert_grid_done_once(url: str, grid: int) -> list:
     return trials
 
 
+def wait_under_load(worker, run_dir: Path) -> dict:
+    """The pidfile record of the worker's server once it has been up for 2 s: its trial is in the middle of
+    its load runs (`tune worker` prints no progress, so its run directory tells)."""
+    seen: dict[int, float] = {}
+
+    def under_load():
+        assert worker.poll() is None, worker.output()
+        recs = [r for r in server_pidfiles(run_dir) if not port_is_free(r["port"])]
+        if len(recs) != 1:
+            return None
+        first = seen.setdefault(recs[0]["pid"], time.monotonic())
+        return recs[0] if time.monotonic() - first > 2.0 else None
+    return wait_for(under_load, 120, 0.2, f"the worker's trial in {run_dir} to be under load")
+
+
 def test_two_workers_share_the_grid_each_configuration_once(tmp_path: Path, pg_url: str, spawn) -> None:
     start_leader(tmp_path, pg_url, "sim", TUNE_FIX / "space_grid8.yaml", grid=8)
     # two hosts: each its own run directory, the database shared
@@ -166,18 +181,7 @@ def test_the_queue_drains_when_a_worker_is_killed_mid_trial(tmp_path: Path, pg_q
     pg_url = pg_queued
     env = tune_env(**HEARTBEAT_ENV)
     victim = spawn(worker_args(tmp_path / "w1", pg_url), tmp_path / "w1.log", env=env)
-    seen: dict[int, float] = {}
-
-    def under_load():
-        """The first worker's server has been up for 2 s: its trial is in the middle of its load runs
-        (`tune worker` prints no progress, so its run directory tells)."""
-        assert victim.poll() is None, victim.output()
-        recs = [r for r in server_pidfiles(tmp_path / "w1") if not port_is_free(r["port"])]
-        if len(recs) != 1:
-            return None
-        first = seen.setdefault(recs[0]["pid"], time.monotonic())
-        return recs[0] if time.monotonic() - first > 2.0 else None
-    srv = wait_for(under_load, 120, 0.2, "the first worker's trial to be under load")
+    srv = wait_under_load(victim, tmp_path / "w1")
     (running,) = [t for t in load_trials(pg_url) if t.state == TrialState.RUNNING]
 
     survivor = spawn(worker_args(tmp_path / "w2", pg_url), tmp_path / "w2.log", env=env)
@@ -258,16 +262,7 @@ def test_a_host_with_two_device_sets_lost_mid_trial_loses_nothing(tmp_path: Path
     env = tune_env(**HEARTBEAT_ENV)
     sets = ["--device-kind", "cpu", "--devices", "0-1", "--set-size", "1"]
     victim = spawn([*worker_args(tmp_path / "w1", pg_url), *sets], tmp_path / "w1.log", env=env)
-    seen: dict[int, float] = {}
-
-    def under_load():
-        assert victim.poll() is None, victim.output()
-        recs = [r for r in server_pidfiles(tmp_path / "w1") if not port_is_free(r["port"])]
-        if len(recs) != 1:
-            return None
-        first = seen.setdefault(recs[0]["pid"], time.monotonic())
-        return recs[0] if time.monotonic() - first > 2.0 else None
-    srv = wait_for(under_load, 120, 0.2, "the first host's trial to be under load")
+    srv = wait_under_load(victim, tmp_path / "w1")
     (running,) = [t for t in load_trials(pg_url) if t.state == TrialState.RUNNING]
     assert running.user_attrs.get("device_set") in ("0", "1"), running.user_attrs
     set_workers = processes_mentioning("tuner.cli", "--device-set", str(tmp_path / "w1"))
